@@ -1,0 +1,54 @@
+# Helpers that keep every lesson's CMakeLists.txt a few lines long.
+
+# tvllm_add_lesson(NUMBER 04 NAME rmsnorm SOURCES rmsnorm_cpu.cpp rmsnorm.cu LIBS tvllm_l03
+#                  [MAIN main.cpp] [COURSE_ARGS --kernel v2])
+# Builds:
+#   tvllm_l04                  the stage's library (its folder is the include directory)
+#   bin/lesson04_rmsnorm       the lesson executable (from MAIN, default main.cpp)
+# and registers the course tests: the executable on the bundled model, once on the CPU (labels
+# course;lesson04;cpu) and once on the GPU (labels course;lesson04;gpu). The GPU run exits 77 when no
+# GPU is present, which CTest reports as skipped.
+function(tvllm_add_lesson)
+  cmake_parse_arguments(L "" "NUMBER;NAME;MAIN" "SOURCES;LIBS;COURSE_ARGS" ${ARGN})
+  set(lib tvllm_l${L_NUMBER})
+  set(exe lesson${L_NUMBER}_${L_NAME})
+  if(L_SOURCES)
+    add_library(${lib} STATIC ${L_SOURCES})
+    target_include_directories(${lib} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+    target_link_libraries(${lib} PUBLIC tvllm_common ${L_LIBS})
+    set_target_properties(${lib} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+  else()
+    add_library(${lib} INTERFACE)
+    target_include_directories(${lib} INTERFACE ${CMAKE_CURRENT_SOURCE_DIR})
+    target_link_libraries(${lib} INTERFACE tvllm_common ${L_LIBS})
+  endif()
+  if(NOT L_MAIN)
+    set(L_MAIN main.cpp)
+  endif()
+  add_executable(${exe} ${L_MAIN})
+  target_link_libraries(${exe} PRIVATE ${lib})
+  target_compile_definitions(${exe} PRIVATE TVLLM_LESSON_NAME="${exe}")
+  set_property(GLOBAL APPEND PROPERTY TVLLM_LESSON_EXES ${exe})
+  foreach(dev cpu gpu)
+    if(dev STREQUAL "gpu")
+      set(flag cuda)
+    else()
+      set(flag cpu)
+    endif()
+    add_test(NAME course.${exe}.${dev} COMMAND ${exe} --device ${flag} ${L_COURSE_ARGS})
+    set_tests_properties(course.${exe}.${dev} PROPERTIES
+      LABELS "course;lesson${L_NUMBER};${dev}" SKIP_RETURN_CODE 77)
+  endforeach()
+endfunction()
+
+# tvllm_add_test(NAME test_04_rmsnorm LABELS "lesson04;cpu" SOURCES ... LIBS ...)
+# One GoogleTest executable; every test in it gets the labels. Tests that call GTEST_SKIP() (GPU tests
+# on a machine without a GPU) are reported by CTest as skipped, never as passed.
+function(tvllm_add_test)
+  cmake_parse_arguments(T "" "NAME" "LABELS;SOURCES;LIBS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} tvllm_testing GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(${T_NAME}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "${T_LABELS}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+endfunction()
