@@ -1,5 +1,6 @@
 #include "common/buffer.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -9,7 +10,12 @@
 namespace tvllm {
 
 namespace {
-std::string mib(size_t bytes) { return std::to_string(bytes / (1024.0 * 1024.0)).substr(0, 8) + " MiB"; }
+// "1073741824 bytes (1024.0 MiB)": the exact count and a readable size, whatever the magnitude
+std::string size_text(size_t bytes) {
+  char text[80];
+  std::snprintf(text, sizeof text, "%zu bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
@@ -18,7 +24,8 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (err != cudaSuccess) {
     ptr_ = nullptr;
     cudaGetLastError();
-    throw CudaError("cudaMalloc of " + mib(bytes) + " failed: " + cudaGetErrorString(err));
+    throw CudaError("cudaMalloc of " + size_text(bytes) + " failed: " + cudaGetErrorName(err) + " (" +
+                    cudaGetErrorString(err) + ")");
   }
 }
 
@@ -45,7 +52,13 @@ void DeviceBuffer::fill_zero() {
 HostBuffer::HostBuffer(size_t bytes, Kind kind) : bytes_(bytes), kind_(kind) {
   if (bytes == 0) return;
   if (kind == Kind::Pinned) {
-    TVLLM_CUDA_CHECK(cudaMallocHost(&ptr_, bytes));
+    cudaError_t err = cudaMallocHost(&ptr_, bytes);
+    if (err != cudaSuccess) {
+      ptr_ = nullptr;
+      cudaGetLastError();
+      throw CudaError("cudaMallocHost of " + size_text(bytes) + " failed: " + cudaGetErrorName(err) + " (" +
+                      cudaGetErrorString(err) + ")");
+    }
   } else {
     // 64-byte alignment: any element type, and whole cache lines for vectorised CPU loops
     ptr_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);

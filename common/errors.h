@@ -13,13 +13,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-namespace tvllm {
+#include "common/input_error.h"  // InputError and TVLLM_REQUIRE (CUDA-free, for the parsers)
 
-// Bad input from the user: a file, a config field, a command-line argument. Exit code 2.
-class InputError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace tvllm {
 
 // A CUDA runtime or library call returned an error. Exit code 1.
 class CudaError : public std::runtime_error {
@@ -54,9 +50,3 @@ const char* cublas_status_name(cublasStatus_t status);
 // After every kernel launch: a launch returns nothing, so a bad configuration (too many threads,
 // too much shared memory) only shows up in cudaGetLastError().
 #define TVLLM_CHECK_LAUNCH() TVLLM_CUDA_CHECK(cudaGetLastError())
-
-// Input validation: TVLLM_REQUIRE(n > 0, "hidden_size must be positive, got " + std::to_string(n));
-#define TVLLM_REQUIRE(cond, message)                                               \
-  do {                                                                             \
-    if (!(cond)) throw ::tvllm::InputError(message);                               \
-  } while (0)

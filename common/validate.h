@@ -2,8 +2,9 @@
 //
 // An element passes when |actual - expected| <= atol + rtol * |expected|   (numpy.allclose's rule).
 // atol covers values near zero, where a relative error means nothing; rtol covers the rest.
-// Each lesson states its atol/rtol and why (bf16 keeps 8 significant bits: one rounding is a
-// relative error of up to 2^-9 = 0.2%).
+// Each lesson states its atol/rtol and why (bf16 keeps 8 significant bits: one rounding to nearest is a
+// relative error of up to 2^-8 = 0.39%, half the spacing 2^-7 between bf16 values in [1, 2); lesson 02
+// measures it).
 //
 // Reported beside the verdict:
 //   max_abs  the largest |a - b|

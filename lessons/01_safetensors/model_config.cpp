@@ -1,0 +1,232 @@
+// config.json -> ModelConfig, one field at a time. Every error names the field and shows what was there:
+//   config.json: num_key_value_heads must be a positive integer, got "8"
+#include "model_config.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "common/input_error.h"
+#include "json_strict.h"
+#include "safetensors.h"  // MappedFile
+
+namespace tvllm {
+
+using nlohmann::json;
+
+namespace {
+
+const std::string kWhere = "config.json: ";
+
+// Sizes beyond int32 make no sense for a model and would overflow the int indexing of kernels.
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+
+bool is_integer(const json& v) { return v.is_number_integer(); }  // signed or unsigned, never 2.0
+
+int64_t positive_int(const json& v, const std::string& field) {
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    x = u > uint64_t(kMaxDim) ? kMaxDim + 1 : static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else {
+    throw InputError(kWhere + field + " must be a positive integer, got " + json_snippet(v));
+  }
+  if (x <= 0) throw InputError(kWhere + field + " must be a positive integer, got " + json_snippet(v));
+  if (x > kMaxDim)
+    throw InputError(kWhere + field + " must be at most " + std::to_string(kMaxDim) + ", got " + json_snippet(v));
+  return x;
+}
+
+int64_t required_positive_int(const json& j, const std::string& field) {
+  if (!j.contains(field) || j[field].is_null()) throw InputError(kWhere + "missing required field \"" + field + "\"");
+  return positive_int(j[field], field);
+}
+
+double positive_number(const json& v, const std::string& field) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0)
+    throw InputError(kWhere + field + " must be a positive number, got " + json_snippet(v));
+  return v.get<double>();
+}
+
+// A token id: a non-negative integer (it indexes the vocabulary; checked against vocab_size below).
+int64_t token_id(const json& v, const std::string& field) {
+  if (!is_integer(v) || (!v.is_number_unsigned() && v.get<int64_t>() < 0) ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMaxDim)))
+    throw InputError(kWhere + field + " must be a non-negative integer token id, got " + json_snippet(v));
+  return v.get<int64_t>();
+}
+
+const json* optional_field(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+RopeScaling parse_rope_scaling(const json& rs, const std::string& name) {
+  RopeScaling r;
+  if (!rs.is_object()) throw InputError(kWhere + name + " must be null or an object, got " + json_snippet(rs));
+  // "rope_type" is the current spelling; older configs say "type".
+  const json* type = optional_field(rs, "rope_type");
+  if (!type) type = optional_field(rs, "type");
+  if (!type) throw InputError(kWhere + name + " has no \"rope_type\"");
+  if (!type->is_string()) throw InputError(kWhere + name + ".rope_type must be a string, got " + json_snippet(*type));
+  r.rope_type = type->get<std::string>();
+  if (r.rope_type == "default") return r;
+  if (r.rope_type != "llama3")
+    throw InputError(kWhere + name + ".rope_type \"" + r.rope_type +
+                     "\" is not supported (tiny-vllm implements \"default\" and \"llama3\")");
+  auto need = [&](const char* f) -> const json& {
+    const json* v = optional_field(rs, f);
+    if (!v) throw InputError(kWhere + name + " (llama3) is missing \"" + f + "\"");
+    return *v;
+  };
+  r.factor = positive_number(need("factor"), name + ".factor");
+  r.low_freq_factor = positive_number(need("low_freq_factor"), name + ".low_freq_factor");
+  r.high_freq_factor = positive_number(need("high_freq_factor"), name + ".high_freq_factor");
+  r.original_max_position_embeddings =
+      positive_int(need("original_max_position_embeddings"), name + ".original_max_position_embeddings");
+  // The llama3 rule interpolates between the two wavelengths low/high; equal factors divide by zero.
+  if (!(r.high_freq_factor > r.low_freq_factor))
+    throw InputError(kWhere + name + ".high_freq_factor (" + json_snippet(need("high_freq_factor")) +
+                     ") must be greater than low_freq_factor (" + json_snippet(need("low_freq_factor")) + ")");
+  return r;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& j) {
+  if (!j.is_object()) throw InputError(kWhere + "must be a JSON object, got " + json_snippet(j));
+  ModelConfig c;
+
+  // What kind of model: we implement the Llama architecture only. Mistral, Qwen2, Gemma... differ in
+  // details (sliding windows, biases, norms) that would silently give wrong answers.
+  const json* mt = optional_field(j, "model_type");
+  if (!mt) throw InputError(kWhere + "missing required field \"model_type\" (expected \"llama\")");
+  if (!mt->is_string()) throw InputError(kWhere + "model_type must be a string, got " + json_snippet(*mt));
+  c.model_type = mt->get<std::string>();
+  if (c.model_type != "llama")
+    throw InputError(kWhere + "model_type is \"" + c.model_type +
+                     "\": tiny-vllm runs Llama-architecture models (model_type \"llama\") only");
+  if (const json* arch = optional_field(j, "architectures")) {
+    bool ok = arch->is_array();
+    bool causal_lm = false;
+    if (ok)
+      for (const json& a : *arch) {
+        if (!a.is_string()) ok = false;
+        else if (a.get_ref<const std::string&>() == "LlamaForCausalLM") causal_lm = true;
+      }
+    if (!ok) throw InputError(kWhere + "architectures must be an array of strings, got " + json_snippet(*arch));
+    if (!causal_lm)
+      throw InputError(kWhere + "architectures is " + json_snippet(*arch) + ": expected \"LlamaForCausalLM\"");
+  }
+
+  c.vocab_size = required_positive_int(j, "vocab_size");
+  c.hidden_size = required_positive_int(j, "hidden_size");
+  c.intermediate_size = required_positive_int(j, "intermediate_size");
+  c.num_hidden_layers = required_positive_int(j, "num_hidden_layers");
+  c.num_attention_heads = required_positive_int(j, "num_attention_heads");
+  c.max_position_embeddings = required_positive_int(j, "max_position_embeddings");
+
+  // Grouped-query attention: each KV head serves num_attention_heads / num_key_value_heads query heads.
+  // Absent means one KV head per query head (plain multi-head attention), as in Hugging Face.
+  if (const json* kv = optional_field(j, "num_key_value_heads")) c.num_key_value_heads = positive_int(*kv, "num_key_value_heads");
+  else c.num_key_value_heads = c.num_attention_heads;
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    throw InputError(kWhere + "num_attention_heads (" + std::to_string(c.num_attention_heads) +
+                     ") must be a multiple of num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
+
+  // head_dim: given explicitly (then q_dim = heads * head_dim may differ from hidden_size), or derived.
+  if (const json* hd = optional_field(j, "head_dim")) {
+    c.head_dim = positive_int(*hd, "head_dim");
+  } else {
+    if (c.hidden_size % c.num_attention_heads != 0)
+      throw InputError(kWhere + "head_dim is absent, so hidden_size (" + std::to_string(c.hidden_size) +
+                       ") must be a multiple of num_attention_heads (" + std::to_string(c.num_attention_heads) + ")");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  // RoPE rotates pairs of dimensions: an odd head_dim has a dimension without a partner.
+  if (c.head_dim % 2 != 0)
+    throw InputError(kWhere + "head_dim must be even (RoPE rotates pairs), got " + std::to_string(c.head_dim));
+  if (c.q_dim() > kMaxDim)
+    throw InputError(kWhere + "num_attention_heads * head_dim = " + std::to_string(c.q_dim()) + " is too large");
+
+  // Activation and biases: Llama uses SiLU and no biases; anything else would compute a different model.
+  if (const json* act = optional_field(j, "hidden_act")) {
+    if (!act->is_string() || act->get<std::string>() != "silu")
+      throw InputError(kWhere + "hidden_act must be \"silu\" for a Llama model, got " + json_snippet(*act));
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    if (const json* b = optional_field(j, bias)) {
+      if (!b->is_boolean()) throw InputError(kWhere + bias + " must be true or false, got " + json_snippet(*b));
+      if (b->get<bool>())
+        throw InputError(kWhere + std::string(bias) + " is true: tiny-vllm implements Llama without biases");
+    }
+  }
+
+  // HF LlamaConfig's default when absent.
+  c.rms_norm_eps = 1e-6;
+  if (const json* eps = optional_field(j, "rms_norm_eps")) c.rms_norm_eps = positive_number(*eps, "rms_norm_eps");
+
+  // RoPE: transformers < 5 writes rope_theta + rope_scaling; transformers 5 writes one "rope_parameters"
+  // object holding rope_theta and rope_type (+ the llama3 fields). Accept both spellings.
+  if (const json* rp = optional_field(j, "rope_parameters")) {
+    if (!rp->is_object()) throw InputError(kWhere + "rope_parameters must be an object, got " + json_snippet(*rp));
+    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters");
+    if (const json* th = optional_field(*rp, "rope_theta")) c.rope_theta = positive_number(*th, "rope_parameters.rope_theta");
+  } else {
+    if (const json* rs = optional_field(j, "rope_scaling")) c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling");
+  }
+  if (const json* th = optional_field(j, "rope_theta")) c.rope_theta = positive_number(*th, "rope_theta");
+
+  if (const json* tie = optional_field(j, "tie_word_embeddings")) {
+    if (!tie->is_boolean()) throw InputError(kWhere + "tie_word_embeddings must be true or false, got " + json_snippet(*tie));
+    c.tie_word_embeddings = tie->get<bool>();
+  }
+
+  if (const json* bos = optional_field(j, "bos_token_id")) c.bos_token_id = token_id(*bos, "bos_token_id");
+  if (const json* eos = optional_field(j, "eos_token_id")) {
+    if (eos->is_array()) {
+      for (size_t i = 0; i < eos->size(); ++i)
+        c.eos_token_ids.push_back(token_id((*eos)[i], "eos_token_id[" + std::to_string(i) + "]"));
+    } else {
+      c.eos_token_ids.push_back(token_id(*eos, "eos_token_id"));
+    }
+  }
+  if (c.bos_token_id >= c.vocab_size)
+    throw InputError(kWhere + "bos_token_id " + std::to_string(c.bos_token_id) + " is outside the vocabulary (vocab_size " +
+                     std::to_string(c.vocab_size) + ")");
+  for (int64_t id : c.eos_token_ids)
+    if (id >= c.vocab_size)
+      throw InputError(kWhere + "eos_token_id " + std::to_string(id) + " is outside the vocabulary (vocab_size " +
+                       std::to_string(c.vocab_size) + ")");
+
+  // Informative only ("torch_dtype" before transformers 5, "dtype" after).
+  for (const char* f : {"torch_dtype", "dtype"}) {
+    if (const json* td = optional_field(j, f)) {
+      if (!td->is_string()) throw InputError(kWhere + f + " must be a string, got " + json_snippet(*td));
+      if (c.torch_dtype.empty()) c.torch_dtype = td->get<std::string>();
+    }
+  }
+  return c;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
+  std::error_code ec;
+  std::filesystem::path file = std::filesystem::is_directory(dir_or_file, ec) ? dir_or_file / "config.json" : dir_or_file;
+  if (!std::filesystem::exists(file, ec)) throw InputError(file.string() + ": no such file");
+  MappedFile mapped(file);
+  std::string_view text(reinterpret_cast<const char*>(mapped.data()), mapped.size());
+  json j = parse_json_strict(text, file.string());
+  try {
+    return parse_model_config(j);
+  } catch (const InputError& e) {
+    // Keep "config.json: field ..." and say which file it was when it is not literally config.json.
+    if (file.filename() == "config.json") throw InputError(file.parent_path().string() + "/" + e.what());
+    throw InputError(file.string() + ": " + e.what());
+  }
+}
+
+}  // namespace tvllm

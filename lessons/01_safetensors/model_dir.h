@@ -1,0 +1,52 @@
+// A model directory as the lessons use it: config.json, the weights, and (when present) the Hugging
+// Face reference outputs under reference/ that every lesson executable checks itself against.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+#include "model_config.h"
+#include "safetensors.h"
+
+namespace tvllm {
+
+// MODEL_DIR/reference/: activations.safetensors (per-prompt intermediate tensors, fp32), generate.safetensors
+// (greedy continuations), manifest.json (what was run). weights/README.md documents every name.
+class ReferenceSet {
+ public:
+  // Throws InputError if DIR/reference/activations.safetensors is missing or malformed.
+  static ReferenceSet open(const std::filesystem::path& model_dir);
+
+  int num_prompts() const { return num_prompts_; }   // prompts p0, p1, ... in activations.safetensors
+  bool has(const std::string& name) const;
+  // A host view of a stored tensor, e.g. get("p0.layers.0.input_layernorm"). Throws InputError if absent.
+  TensorView get(const std::string& name) const;
+  // The same, prefixed for prompt i: prompt(1, "embed_tokens") -> "p1.embed_tokens".
+  TensorView prompt(int i, const std::string& name) const;
+  // Token ids of prompt i (I32 on the host, copied out).
+  std::vector<int32_t> prompt_ids(int i) const;
+  // Layers whose per-stage tensors were captured (layer 0 and the last layer).
+  const std::vector<int>& captured_layers() const { return captured_layers_; }
+  const SafetensorsFile& activations() const { return *activations_; }
+  // generate.safetensors, or nullptr when absent.
+  const SafetensorsFile* generations() const { return generations_.get(); }
+
+ private:
+  std::unique_ptr<SafetensorsFile> activations_;
+  std::unique_ptr<SafetensorsFile> generations_;
+  int num_prompts_ = 0;
+  std::vector<int> captured_layers_;
+};
+
+struct ModelDir {
+  std::filesystem::path path;
+  ModelConfig config;
+  WeightStore weights;
+  // Opens config.json and the weights (mapped, not yet uploaded). Throws InputError.
+  static ModelDir open(const std::filesystem::path& path);
+};
+
+}  // namespace tvllm

@@ -1,0 +1,159 @@
+// Lesson 02, the GPU side: conversion kernels and their launchers.
+//
+// Every kernel here is a grid-stride loop (lesson 00): a grid sized to fill the GPU once, each thread
+// walking the array in steps of the grid's width. A conversion reads 4 bytes and writes 2 per element
+// (or the reverse): memory-bound, so its ceiling is the device copy bandwidth.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "bf16.h"
+#include "common/errors.h"
+
+namespace tvllm {
+
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+
+// v1's rounding: common/dtype.h's f32_to_bf16, for the GPU. __float_as_uint reinterprets the bits of a
+// float register (what std::memcpy does on the host); everything else is the same integer arithmetic.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(uint32_t u) {
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep it NaN
+  uint32_t lsb = (u >> 16) & 1u;  // the last bit we keep: on a tie we round towards making it 0
+  return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
+}
+
+// v1: the hand-written rounding. The input is read as integers: no float register ever holds it, so
+// not even a signalling NaN's payload can be touched on the way.
+__global__ void f32_to_bf16_v1_kernel(uint16_t* out, const uint32_t* x, int64_t n) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = f32_to_bf16_bits(x[i]);
+  }
+}
+
+// v2: CUDA's intrinsic. On sm_80 and later it is one cvt.rn.bf16.f32 instruction.
+__global__ void f32_to_bf16_v2_kernel(__nv_bfloat16* out, const float* x, int64_t n) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+// Four bf16 values, 8 bytes: stored with one 64-bit instruction.
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+
+// v3: four elements per thread per step. __float22bfloat162_rn converts a float2 into a bf16 pair
+// (.x to the lower address) in one cvt.rn.bf16x2.f32 instruction. x must be 16-byte aligned and out
+// 8-byte aligned (the launcher checks). The n % 4 tail elements: one each for the first threads.
+__global__ void f32_to_bf16_v3_kernel(__nv_bfloat16* out, const float* x, int64_t n) {
+  int64_t n4 = n / 4;
+  int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  Bf16x4* out4 = reinterpret_cast<Bf16x4*>(out);
+  for (int64_t i = start; i < n4; i += stride) {
+    float4 v = x4[i];
+    Bf16x4 r;
+    r.lo = __float22bfloat162_rn(make_float2(v.x, v.y));
+    r.hi = __float22bfloat162_rn(make_float2(v.z, v.w));
+    out4[i] = r;
+  }
+  int64_t tail = 4 * n4 + start;
+  if (tail < n) out[tail] = __float2bfloat16_rn(x[tail]);
+}
+
+// bf16 -> fp32: the bf16 bits become the top half of the fp32 bits. Exact for every value.
+__global__ void bf16_to_f32_kernel(uint32_t* out, const uint16_t* x, int64_t n) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = static_cast<uint32_t>(x[i]) << 16;
+  }
+}
+
+// fp32 -> fp16 with CUDA's intrinsic (cvt.rn.f16.f32): round to nearest even, overflow to inf.
+__global__ void f32_to_f16_kernel(__half* out, const float* x, int64_t n) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = __float2half_rn(x[i]);
+  }
+}
+
+// x[i] = the bits first + i, wrapping at 2^32 (unsigned arithmetic), written as integers.
+__global__ void fill_bit_patterns_kernel(uint32_t* x, int64_t n, uint32_t first) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    x[i] = first + static_cast<uint32_t>(i);
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One wave: as many blocks as fit on all SMs at once (lesson 00), queried once per kernel.
+template <class Kernel>
+int64_t blocks_for_one_wave(Kernel kernel) {
+  int device = 0, sms = 0, per_sm = 0;
+  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreadsPerBlock, 0));
+  return static_cast<int64_t>(sms) * std::max(per_sm, 1);
+}
+
+// Blocks for `work` items: never more than one wave (the loop covers the rest), never zero.
+unsigned grid_for(int64_t wave, int64_t work) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(wave, ceil_div(work, kThreadsPerBlock))));
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void f32_to_bf16_cuda(uint16_t* out, const float* x, int64_t n, const std::string& kernel) {
+  if (n == 0) return;  // a grid of zero blocks is an invalid launch
+  if (kernel == "v1") {
+    static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v1_kernel);
+    f32_to_bf16_v1_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(out, reinterpret_cast<const uint32_t*>(x), n);
+    TVLLM_CHECK_LAUNCH();
+    return;
+  }
+  auto* bout = reinterpret_cast<__nv_bfloat16*>(out);
+  if (kernel == "v3" && aligned(x, 16) && aligned(out, 8)) {
+    static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v3_kernel);
+    f32_to_bf16_v3_kernel<<<grid_for(wave, n / 4 + 1), kThreadsPerBlock>>>(bout, x, n);  // +1: the tail
+    TVLLM_CHECK_LAUNCH();
+    return;
+  }
+  TVLLM_REQUIRE(kernel == "v2" || kernel == "v3", "f32_to_bf16: unknown kernel '" + kernel + "'");
+  // v2, and v3 on pointers that are not aligned for its wide loads and stores
+  static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v2_kernel);
+  f32_to_bf16_v2_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(bout, x, n);
+  TVLLM_CHECK_LAUNCH();
+}
+
+void bf16_to_f32_cuda(float* out, const uint16_t* x, int64_t n) {
+  if (n == 0) return;
+  static const int64_t wave = blocks_for_one_wave(bf16_to_f32_kernel);
+  bf16_to_f32_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(reinterpret_cast<uint32_t*>(out), x, n);
+  TVLLM_CHECK_LAUNCH();
+}
+
+void f32_to_f16_cuda(uint16_t* out, const float* x, int64_t n) {
+  if (n == 0) return;
+  static const int64_t wave = blocks_for_one_wave(f32_to_f16_kernel);
+  f32_to_f16_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(reinterpret_cast<__half*>(out), x, n);
+  TVLLM_CHECK_LAUNCH();
+}
+
+void fill_f32_bit_patterns_cuda(uint32_t* x, int64_t n, uint32_t first) {
+  if (n == 0) return;
+  static const int64_t wave = blocks_for_one_wave(fill_bit_patterns_kernel);
+  fill_bit_patterns_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(x, n, first);
+  TVLLM_CHECK_LAUNCH();
+}
+
+}  // namespace tvllm

@@ -1,0 +1,282 @@
+// Lesson 01: config.json, field by field. Real configs parse to the right numbers; every malformed field is
+// an InputError whose message names the field and shows what was there.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+#include "model_config.h"
+#include "testing/safetensors_builder.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+using nlohmann::json;
+
+// Llama 3.2 1B Instruct's config.json (the fields that matter; as published by Meta on Hugging Face).
+json llama_3_2_1b() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256})");
+}
+
+// The bundled tiny model's shapes (conventions.md): q_dim 384 != hidden 320.
+json tiny() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 320,
+    "intermediate_size": 600, "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
+    "head_dim": 64, "vocab_size": 1000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 64}})");
+}
+
+void expect_rejected(const json& j, const std::string& needle) {
+  try {
+    parse_model_config(j);
+    ADD_FAILURE() << "accepted: " << j.dump() << "\nexpected an error mentioning: " << needle;
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message: " << e.what() << "\nexpected it to mention: " << needle;
+  }
+}
+
+TEST(ModelConfig, ParsesLlama32_1B) {
+  ModelConfig c = parse_model_config(llama_3_2_1b());
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.intermediate_size, 8192);
+  EXPECT_EQ(c.num_hidden_layers, 16);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.q_dim(), 2048);
+  EXPECT_EQ(c.kv_dim(), 512);
+  EXPECT_EQ(c.group_size(), 4);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.rope_type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 128000);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfig, ParsesTinyModelWhereQDimDiffersFromHidden) {
+  ModelConfig c = parse_model_config(tiny());
+  EXPECT_EQ(c.hidden_size, 320);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.q_dim(), 384);
+  EXPECT_EQ(c.kv_dim(), 128);
+  EXPECT_EQ(c.group_size(), 3);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{2}));  // a single id becomes a list of one
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 64);
+}
+
+TEST(ModelConfig, DefaultsFollowHuggingFace) {
+  json j = tiny();
+  for (const char* f : {"num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+                        "tie_word_embeddings", "bos_token_id", "eos_token_id"})
+    j.erase(f);
+  j["hidden_size"] = 384;  // head_dim absent: derived as hidden / heads = 64
+  ModelConfig c = parse_model_config(j);
+  EXPECT_EQ(c.num_key_value_heads, 6);  // absent: one KV head per query head
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rope_scaling.rope_type, "default");
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_TRUE(c.eos_token_ids.empty());
+  // null means absent too
+  j["head_dim"] = nullptr;
+  j["rope_scaling"] = nullptr;
+  EXPECT_EQ(parse_model_config(j).head_dim, 64);
+}
+
+TEST(ModelConfig, AcceptsTransformers5RopeParameters) {
+  json j = tiny();
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = json::parse(R"({"rope_type": "llama3", "rope_theta": 250000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64})");
+  ModelConfig c = parse_model_config(j);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 250000.0);
+  EXPECT_EQ(c.rope_scaling.rope_type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  j["rope_parameters"] = json::parse(R"({"rope_type": "default", "rope_theta": 10000.0})");
+  EXPECT_EQ(parse_model_config(j).rope_scaling.rope_type, "default");
+}
+
+TEST(ModelConfig, TypeErrorsNameTheFieldAndTheValue) {
+  json j = tiny();
+  j["num_key_value_heads"] = "8";
+  expect_rejected(j, "config.json: num_key_value_heads must be a positive integer, got \"8\"");
+  j = tiny();
+  j["hidden_size"] = 320.5;
+  expect_rejected(j, "hidden_size must be a positive integer, got 320.5");
+  j = tiny();
+  j["vocab_size"] = true;
+  expect_rejected(j, "vocab_size must be a positive integer, got true");
+  j = tiny();
+  j["num_hidden_layers"] = json::array({2});
+  expect_rejected(j, "num_hidden_layers must be a positive integer, got [2]");
+  j = tiny();
+  j["rms_norm_eps"] = "1e-5";
+  expect_rejected(j, "rms_norm_eps must be a positive number, got \"1e-5\"");
+  j = tiny();
+  j["tie_word_embeddings"] = 1;
+  expect_rejected(j, "tie_word_embeddings must be true or false, got 1");
+  j = tiny();
+  j["rope_theta"] = -1;
+  expect_rejected(j, "rope_theta must be a positive number, got -1");
+}
+
+TEST(ModelConfig, RejectsMissingRequiredFields) {
+  for (const char* f : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "max_position_embeddings"}) {
+    json j = tiny();
+    j.erase(f);
+    expect_rejected(j, std::string("missing required field \"") + f + "\"");
+  }
+  json j = tiny();
+  j.erase("model_type");
+  expect_rejected(j, "missing required field \"model_type\"");
+}
+
+TEST(ModelConfig, RejectsZeroNegativeAndHugeSizes) {
+  for (const char* f : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "head_dim", "max_position_embeddings"}) {
+    for (json bad : {json(0), json(-3)}) {
+      json j = tiny();
+      j[f] = bad;
+      expect_rejected(j, std::string(f) + " must be a positive integer, got " + bad.dump());
+    }
+    json j = tiny();
+    j[f] = uint64_t{1} << 40;
+    expect_rejected(j, std::string(f) + " must be at most 2147483647");
+  }
+}
+
+TEST(ModelConfig, RejectsInconsistentHeads) {
+  json j = tiny();
+  j["num_key_value_heads"] = 4;  // 6 % 4 != 0
+  expect_rejected(j, "num_attention_heads (6) must be a multiple of num_key_value_heads (4)");
+  j = tiny();
+  j.erase("head_dim");  // 320 / 6 is not whole
+  expect_rejected(j, "hidden_size (320) must be a multiple of num_attention_heads (6)");
+  j = tiny();
+  j["head_dim"] = 63;
+  expect_rejected(j, "head_dim must be even");
+  j = tiny();
+  j["num_attention_heads"] = 65536;
+  j["num_key_value_heads"] = 65536;
+  j["head_dim"] = 65536;  // q_dim 2^32
+  expect_rejected(j, "is too large");
+}
+
+TEST(ModelConfig, RejectsUnsupportedRope) {
+  json j = tiny();
+  j["rope_scaling"] = json::parse(R"({"rope_type": "yarn", "factor": 4.0})");
+  expect_rejected(j, "rope_scaling.rope_type \"yarn\" is not supported");
+  j["rope_scaling"] = json::parse(R"({"type": "linear", "factor": 4.0})");  // the older spelling
+  expect_rejected(j, "rope_type \"linear\" is not supported");
+  j["rope_scaling"] = "llama3";
+  expect_rejected(j, "rope_scaling must be null or an object");
+  j["rope_scaling"] = json::object({{"factor", 8.0}});
+  expect_rejected(j, "has no \"rope_type\"");
+  for (const char* f : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    json k = tiny();
+    k["rope_scaling"].erase(f);
+    expect_rejected(k, std::string("is missing \"") + f + "\"");
+  }
+  j = tiny();
+  j["rope_scaling"]["high_freq_factor"] = 1.0;  // equal to low: the interpolation divides by zero
+  expect_rejected(j, "high_freq_factor (1.0) must be greater than low_freq_factor (1.0)");
+  j = tiny();
+  j["rope_scaling"]["factor"] = 0;
+  expect_rejected(j, "rope_scaling.factor must be a positive number, got 0");
+}
+
+TEST(ModelConfig, RejectsOtherArchitectures) {
+  json j = tiny();
+  j["model_type"] = "mistral";
+  expect_rejected(j, "model_type is \"mistral\"");
+  j = tiny();
+  j["architectures"] = json::array({"MistralForCausalLM"});
+  expect_rejected(j, "expected \"LlamaForCausalLM\"");
+  j["architectures"] = "LlamaForCausalLM";
+  expect_rejected(j, "architectures must be an array of strings");
+  j = tiny();
+  j["hidden_act"] = "gelu";
+  expect_rejected(j, "hidden_act must be \"silu\"");
+  j = tiny();
+  j["attention_bias"] = true;
+  expect_rejected(j, "attention_bias is true");
+  j = tiny();
+  j["mlp_bias"] = "no";
+  expect_rejected(j, "mlp_bias must be true or false");
+}
+
+TEST(ModelConfig, RejectsBadTokenIds) {
+  json j = tiny();
+  j["eos_token_id"] = json::array({2, "3"});
+  expect_rejected(j, "eos_token_id[1] must be a non-negative integer token id, got \"3\"");
+  j["eos_token_id"] = -1;
+  expect_rejected(j, "eos_token_id must be a non-negative integer token id, got -1");
+  j["eos_token_id"] = 1000;  // vocab_size 1000: ids are 0..999
+  expect_rejected(j, "eos_token_id 1000 is outside the vocabulary");
+  j = tiny();
+  j["bos_token_id"] = 5000;
+  expect_rejected(j, "bos_token_id 5000 is outside the vocabulary");
+}
+
+TEST(ModelConfig, RejectsNonObject) {
+  expect_rejected(json::array(), "must be a JSON object");
+  expect_rejected(json("config"), "must be a JSON object");
+}
+
+TEST(ModelConfig, LoadFromDirectoryAndFile) {
+  testing::TempDir dir;
+  testing::write_file(dir / "config.json", tiny().dump(2));
+  EXPECT_EQ(load_model_config(dir.path()).hidden_size, 320);
+  EXPECT_EQ(load_model_config(dir / "config.json").q_dim(), 384);
+
+  auto expect_load_error = [](const std::filesystem::path& p, const std::string& needle) {
+    try {
+      load_model_config(p);
+      ADD_FAILURE() << "loaded " << p;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what() << "\nexpected: " << needle;
+    }
+  };
+  testing::TempDir empty;
+  expect_load_error(empty.path(), "config.json: no such file");
+  testing::write_file(dir / "config.json", std::string("{\"hidden_size\": 320,"));
+  expect_load_error(dir.path(), "not valid JSON");
+  testing::write_file(dir / "config.json", std::string(R"({"hidden_size": 320, "hidden_size": 640})"));
+  expect_load_error(dir.path(), "duplicate key \"hidden_size\"");
+  json j = tiny();
+  j["num_key_value_heads"] = "8";
+  testing::write_file(dir / "config.json", j.dump());
+  // the message keeps "config.json: field ..." and says which directory it came from
+  expect_load_error(dir.path(), dir.path().string() + "/config.json: num_key_value_heads must be a positive integer");
+}
+
+}  // namespace
+}  // namespace tvllm

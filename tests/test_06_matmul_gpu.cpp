@@ -1,0 +1,257 @@
+// Lesson 06, GPU: every kernel version against the CPU reference on random inputs and edge cases.
+//
+// The inputs are random values rounded to bf16 once, and the CPU reference gets those SAME values in
+// fp32, so there is no input rounding between the two: a bf16-output kernel may differ from the
+// reference only by its final rounding (<= 2^-8 relative) and its fp32 summation order (tiny). That is
+// kBf16OutVsCpu (matmul_check.h), far tighter than the check against Hugging Face.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "common/random.h"
+#include "matmul.h"
+#include "matmul_check.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+// Random values that bf16 holds exactly.
+std::vector<float> bf16_exact(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+// One problem: the same values as fp32 on the host (for the reference) and bf16 on the device.
+struct Problem {
+  int64_t tokens, in, out;
+  std::vector<float> x, w;  // [T, in], [out, in], bf16-exact
+  Tensor x_dev, w_dev;      // bf16 on the GPU
+  Tensor expected;          // [T, out] fp32, the CPU reference
+
+  Problem(int64_t tokens_, int64_t in_, int64_t out_, uint64_t seed, float x_scale = 1.f)
+      : tokens(tokens_), in(in_), out(out_) {
+    x = bf16_exact(random_uniform(static_cast<size_t>(tokens * in), seed, -x_scale, x_scale));
+    w = bf16_exact(random_normal(static_cast<size_t>(out * in), seed + 1, 1.0f / std::sqrt(float(in))));
+    x_dev = Tensor::from_f32(x, {tokens, in}, DType::BF16, Device::CUDA);
+    w_dev = Tensor::from_f32(w, {out, in}, DType::BF16, Device::CUDA);
+    Tensor x_cpu = Tensor::from_f32(x, {tokens, in}, DType::F32, Device::CPU);
+    Tensor w_cpu = Tensor::from_f32(w, {out, in}, DType::F32, Device::CPU);
+    expected = Tensor::empty({tokens, out}, DType::F32, Device::CPU);
+    linear(expected, x_cpu, w_cpu);
+  }
+  std::string describe() const {
+    return "T=" + std::to_string(tokens) + " in=" + std::to_string(in) + " out=" + std::to_string(out);
+  }
+};
+
+// An output filled with 0xFF bytes: NaN in bf16 and in fp32, so any element left unwritten fails.
+Tensor poisoned(Shape shape, DType dtype) {
+  Tensor y = Tensor::empty(std::move(shape), dtype, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.view().nbytes()));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // done before a kernel on another stream may start
+  return y;
+}
+
+Tensor run(const Problem& p, MatmulKernel kernel, CublasHandle& handle, DType out_dtype = DType::BF16) {
+  Tensor y = poisoned({p.tokens, p.out}, out_dtype);
+  linear(y, p.x_dev, p.w_dev, kernel, &handle);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  return y;
+}
+
+std::string describe(const CompareResult& r) {
+  std::string s = "bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) + ", max_abs " +
+                  std::to_string(r.max_abs) + ", rel_l2 " + std::to_string(r.rel_l2) + " " + r.error;
+  for (const Mismatch& m : r.first_mismatches)
+    s += "\n  [" + std::to_string(m.index) + "] got " + std::to_string(m.actual) + ", expected " +
+         std::to_string(m.expected);
+  return s;
+}
+
+class Matmul06Kernel : public ::testing::TestWithParam<MatmulKernel> {};
+
+std::string kernel_name(const ::testing::TestParamInfo<MatmulKernel>& info) {
+  return std::string(matmul_kernel_version(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVersions, Matmul06Kernel,
+                         ::testing::Values(MatmulKernel::V1Naive, MatmulKernel::V2Tiled, MatmulKernel::V3Cublas,
+                                           MatmulKernel::V4CublasLt),
+                         kernel_name);
+
+TEST_P(Matmul06Kernel, MatchesTheCpuReferenceOnManyShapes) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  // (in, out) pairs: size 1, odd sizes, not multiples of any tile (7, 600, 1000), the tiny model's
+  // projections (320 -> 384, 384 -> 320, 320 -> 128, 320 -> 600, 600 -> 320) and hidden 2048.
+  const std::vector<std::pair<int64_t, int64_t>> in_out = {
+      {1, 1},     {1, 7},     {7, 1},     {7, 64},     {64, 7},      {320, 384},   {384, 320},
+      {320, 128}, {320, 600}, {600, 320}, {2048, 1000}, {1000, 2048}, {2048, 2048}};
+  uint64_t seed = 100;
+  for (int64_t tokens : {1, 3, 17, 128}) {
+    for (const auto& [in, out] : in_out) {
+      const Problem p(tokens, in, out, seed += 2);
+      SCOPED_TRACE(p.describe());
+      const CompareResult r = compare_rows("y", run(p, GetParam(), handle), p.expected, kBf16OutVsCpu);
+      EXPECT_TRUE(r.pass()) << describe(r);
+    }
+  }
+}
+
+TEST_P(Matmul06Kernel, Fp32OutputMatchesTheCpuReference) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  for (const Problem& p : {Problem(1, 2048, 1000, 7), Problem(17, 600, 320, 8), Problem(128, 320, 7, 9)}) {
+    SCOPED_TRACE(p.describe());
+    const CompareResult r = compare_rows("y", run(p, GetParam(), handle, DType::F32), p.expected, kF32OutVsCpu);
+    EXPECT_TRUE(r.pass()) << describe(r);
+  }
+}
+
+TEST_P(Matmul06Kernel, UnalignedViews) {
+  // Views that start 1 element (2 bytes) and 8 elements (16 bytes) into their buffers: the tiled
+  // kernel must fall back from 16-byte loads, and cuBLASLt must not pick an algorithm that assumes
+  // 256-byte alignment.
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const Problem p(17, 64, 40, 77);
+  for (int64_t offset : {1, 8}) {
+    SCOPED_TRACE("offset " + std::to_string(offset) + " elements");
+    Tensor x_buf = Tensor::empty({offset + p.tokens * p.in}, DType::BF16, Device::CUDA);
+    Tensor w_buf = Tensor::empty({offset + p.out * p.in}, DType::BF16, Device::CUDA);
+    Tensor y_buf = poisoned({offset + p.tokens * p.out}, DType::BF16);
+    const TensorView x = x_buf.view().rows(offset, p.tokens * p.in).reshape({p.tokens, p.in});
+    const TensorView w = w_buf.view().rows(offset, p.out * p.in).reshape({p.out, p.in});
+    const TensorView y = y_buf.view().rows(offset, p.tokens * p.out).reshape({p.tokens, p.out});
+    copy_view(x, p.x_dev);
+    copy_view(w, p.w_dev);
+    linear(y, x, w, GetParam(), &handle);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const CompareResult r = compare_rows("y", y, p.expected, kBf16OutVsCpu);
+    EXPECT_TRUE(r.pass()) << describe(r);
+  }
+}
+
+TEST_P(Matmul06Kernel, RowsOfVeryDifferentSizes) {
+  // Rows of x scaled from 2^-30 to 2^30: every row must keep its own relative accuracy (a kernel that
+  // summed in bf16, or mixed rows up, would fail the row-scaled check on the small rows).
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  Problem p(21, 320, 96, 55);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(3 * t) - 30);
+    for (int64_t i = 0; i < p.in; ++i) p.x[t * p.in + i] *= scale;  // exact: a power of two
+  }
+  p.x_dev = Tensor::from_f32(p.x, {p.tokens, p.in}, DType::BF16, Device::CUDA);
+  Tensor x_cpu = Tensor::from_f32(p.x, {p.tokens, p.in}, DType::F32, Device::CPU);
+  Tensor w_cpu = Tensor::from_f32(p.w, {p.out, p.in}, DType::F32, Device::CPU);
+  linear(p.expected, x_cpu, w_cpu);
+  const CompareResult r = compare_rows("y", run(p, GetParam(), handle), p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+}
+
+TEST_P(Matmul06Kernel, MoreTokensThanOneGridHolds) {
+  // gridDim.y is at most 65535: with 64-token tiles that is 4,194,240 tokens, and the naive kernel's
+  // 8-token rows cover only 524,280. Beyond that the kernels stride over the grid.
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const Problem p(int64_t{65535} * 64 + 100, 3, 2, 91);
+  const CompareResult r = compare_rows("y", run(p, GetParam(), handle), p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+}
+
+TEST_P(Matmul06Kernel, SameInputsSameBits) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const Problem p(33, 600, 320, 61);
+  const std::vector<float> first = to_f32_vector(run(p, GetParam(), handle));
+  const std::vector<float> second = to_f32_vector(run(p, GetParam(), handle));
+  ASSERT_EQ(first.size(), second.size());
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+}
+
+TEST_P(Matmul06Kernel, RunsOnTheHandlesStream) {
+  TVLLM_REQUIRE_GPU();
+  struct Stream {
+    cudaStream_t s = nullptr;
+    Stream() { TVLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+    ~Stream() { cudaStreamDestroy(s); }
+  } stream;
+  CublasHandle handle;
+  handle.set_stream(stream.s);
+  const Problem p(40, 2048, 512, 71);
+  Tensor y = poisoned({p.tokens, p.out}, DType::BF16);
+  linear(y, p.x_dev, p.w_dev, GetParam(), &handle);
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  const CompareResult r = compare_rows("y", y, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+}
+
+TEST(Matmul06Gpu, CublasAgreesWithTheTiledKernel) {
+  // Two independent implementations, each one bf16 rounding from the exact result: they may differ by
+  // two roundings (2 * 2^-8 relative) and nothing more.
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const Problem p(128, 2048, 1000, 201);
+  Tensor tiled = run(p, MatmulKernel::V2Tiled, handle);
+  for (MatmulKernel k : {MatmulKernel::V3Cublas, MatmulKernel::V4CublasLt}) {
+    SCOPED_TRACE(std::string(matmul_kernel_version(k)));
+    const CompareResult r = compare_rows("y", run(p, k, handle), tiled, LinearTolerance{1.0 / 2048, 1.0 / 128});
+    EXPECT_TRUE(r.pass()) << describe(r);
+    EXPECT_LT(r.rel_l2, 2e-3);  // most elements agree exactly or by one bf16 step
+  }
+}
+
+TEST(Matmul06Gpu, ZeroTokensLaunchesNothing) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  Tensor x = Tensor::empty({0, 64}, DType::BF16, Device::CUDA);
+  Tensor w = Tensor::from_f32(std::vector<float>(64 * 8, 1.f), {8, 64}, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty({0, 8}, DType::BF16, Device::CUDA);
+  for (MatmulKernel k : all_matmul_kernels()) EXPECT_NO_THROW(linear(y, x, w, k, &handle));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(Matmul06Gpu, RejectsWrongDtypesOnRealTensors) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  Tensor x = Tensor::empty({4, 16}, DType::F32, Device::CUDA);
+  Tensor w = Tensor::empty({8, 16}, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::empty({4, 8}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(linear(y, x, w, MatmulKernel::V3Cublas, &handle), InputError);
+}
+
+TEST(Matmul06Gpu, FillUniformIsDeterministicAndInRange) {
+  TVLLM_REQUIRE_GPU();
+  Tensor a = Tensor::empty({100000}, DType::BF16, Device::CUDA);
+  Tensor b = Tensor::empty({100000}, DType::BF16, Device::CUDA);
+  fill_uniform_bf16(a, 5, -2.f, 2.f);
+  fill_uniform_bf16(b, 5, -2.f, 2.f);
+  const std::vector<float> va = to_f32_vector(a), vb = to_f32_vector(b);
+  EXPECT_EQ(va, vb);
+  double sum = 0.0;
+  float lo = 10.f, hi = -10.f;
+  for (float v : va) {
+    sum += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GE(lo, -2.f);
+  EXPECT_LE(hi, 2.f);  // bf16 rounding may reach the upper bound itself
+  EXPECT_LT(lo, -1.9f);
+  EXPECT_GT(hi, 1.9f);
+  EXPECT_NEAR(sum / va.size(), 0.0, 0.02);
+  fill_uniform_bf16(b, 6, -2.f, 2.f);
+  EXPECT_NE(to_f32_vector(b), va);
+}
+
+}  // namespace
+}  // namespace tvllm
