@@ -49,6 +49,8 @@ else
   prefix_arg=
 fi
 
+# A report per invocation; a second invocation into the same $OUT keeps the first one's.
+[ -f "$report" ] && mv "$report" "$OUT/report.$(date +%s).md"
 : >"$report"
 note "# tiny-vllm GPU pass, $(date -u +%Y-%m-%dT%H:%MZ)"
 note ""
@@ -130,13 +132,14 @@ fi
     echo ""
     echo "### $(basename "$log" .log)"
     echo '```'
-    grep -E "^(PASS|FAIL)|FAIL$|^== bench|^ceilings|^ +bf16 GEMM|GB/s|TFLOP|^[a-zA-Z0-9_.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+%" "$log" | head -80
+    # from the first table on: the comparison table, its verdict and any benchmark tables
+    sed -n '/^== /,$p' "$log" | grep -v '^[[:space:]]*$' | tail -70
     echo '```'
   done
 } >>"$report"
 
 # Full logs in one archive (the device tool brings back a few files only).
-tar -czf "$OUT/logs.tar.gz" -C "$OUT" --exclude logs.tar.gz --exclude report.md $(cd "$OUT" && ls *.log *.xml 2>/dev/null) 2>/dev/null
+tar -czf "$OUT/logs.$(date +%s).tar.gz" -C "$OUT" --exclude report.md $(cd "$OUT" && ls *.log *.xml 2>/dev/null) 2>/dev/null
 find "$OUT" -maxdepth 1 -name '*.log' -delete
 find "$OUT" -maxdepth 1 -name '*.xml' -delete
 echo "GPU pass: $([ $status -eq 0 ] && echo PASS || echo FAIL) (report: $report)"

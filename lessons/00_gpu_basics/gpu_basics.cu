@@ -14,6 +14,7 @@
 #include "common/buffer.h"
 #include "common/errors.h"
 #include "gpu_basics.h"
+#include "launch.h"
 
 namespace tvllm {
 
@@ -62,19 +63,6 @@ __global__ void saxpy_v3_kernel(float* out, float a, const float* x, const float
   if (tail < n) out[tail] = fmaf(a, x[tail], y[tail]);
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Blocks that fill the GPU once: how many of this kernel's blocks fit on one SM at the same time
-// (the occupancy calculator knows its registers and the SM's limits) times the number of SMs.
-// Queried once per kernel, on the current device.
-template <class Kernel>
-int64_t blocks_for_one_wave(Kernel kernel) {
-  int device = 0, sms = 0, per_sm = 0;
-  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
-  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreadsPerBlock, 0));
-  return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
-}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -91,7 +79,7 @@ void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, 
   }
   bool vectorised = kernel == "v3" && aligned16(out) && aligned16(x) && aligned16(y);
   if (vectorised) {
-    static const int64_t wave = blocks_for_one_wave(saxpy_v3_kernel);
+    static const int64_t wave = blocks_for_one_wave(saxpy_v3_kernel, kThreadsPerBlock);
     int64_t blocks = std::min(wave, ceil_div(n / 4 + 1, kThreadsPerBlock));  // +1: room for the tail
     saxpy_v3_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock>>>(out, a, x, y, n);
     TVLLM_CHECK_LAUNCH();
@@ -99,7 +87,7 @@ void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, 
   }
   TVLLM_REQUIRE(kernel == "v2" || kernel == "v3", "saxpy: unknown kernel '" + kernel + "'");
   // v2, and v3 on pointers that are not 16-byte aligned (a view that starts mid-buffer, say)
-  static const int64_t wave = blocks_for_one_wave(saxpy_v2_kernel);
+  static const int64_t wave = blocks_for_one_wave(saxpy_v2_kernel, kThreadsPerBlock);
   int64_t blocks = std::min(wave, ceil_div(n, kThreadsPerBlock));
   saxpy_v2_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock>>>(out, a, x, y, n);
   TVLLM_CHECK_LAUNCH();

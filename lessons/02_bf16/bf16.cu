@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "bf16.h"
+#include "launch.h"  // lesson 00: ceil_div, blocks_for_one_wave
 #include "common/errors.h"
 
 namespace tvllm {
@@ -92,17 +93,6 @@ __global__ void fill_bit_patterns_kernel(uint32_t* x, int64_t n, uint32_t first)
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// One wave: as many blocks as fit on all SMs at once (lesson 00), queried once per kernel.
-template <class Kernel>
-int64_t blocks_for_one_wave(Kernel kernel) {
-  int device = 0, sms = 0, per_sm = 0;
-  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
-  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreadsPerBlock, 0));
-  return static_cast<int64_t>(sms) * std::max(per_sm, 1);
-}
 
 // Blocks for `work` items: never more than one wave (the loop covers the rest), never zero.
 unsigned grid_for(int64_t wave, int64_t work) {
@@ -116,42 +106,42 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 void f32_to_bf16_cuda(uint16_t* out, const float* x, int64_t n, const std::string& kernel) {
   if (n == 0) return;  // a grid of zero blocks is an invalid launch
   if (kernel == "v1") {
-    static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v1_kernel);
+    static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v1_kernel, kThreadsPerBlock);
     f32_to_bf16_v1_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(out, reinterpret_cast<const uint32_t*>(x), n);
     TVLLM_CHECK_LAUNCH();
     return;
   }
   auto* bout = reinterpret_cast<__nv_bfloat16*>(out);
   if (kernel == "v3" && aligned(x, 16) && aligned(out, 8)) {
-    static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v3_kernel);
+    static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v3_kernel, kThreadsPerBlock);
     f32_to_bf16_v3_kernel<<<grid_for(wave, n / 4 + 1), kThreadsPerBlock>>>(bout, x, n);  // +1: the tail
     TVLLM_CHECK_LAUNCH();
     return;
   }
   TVLLM_REQUIRE(kernel == "v2" || kernel == "v3", "f32_to_bf16: unknown kernel '" + kernel + "'");
   // v2, and v3 on pointers that are not aligned for its wide loads and stores
-  static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v2_kernel);
+  static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v2_kernel, kThreadsPerBlock);
   f32_to_bf16_v2_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(bout, x, n);
   TVLLM_CHECK_LAUNCH();
 }
 
 void bf16_to_f32_cuda(float* out, const uint16_t* x, int64_t n) {
   if (n == 0) return;
-  static const int64_t wave = blocks_for_one_wave(bf16_to_f32_kernel);
+  static const int64_t wave = blocks_for_one_wave(bf16_to_f32_kernel, kThreadsPerBlock);
   bf16_to_f32_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(reinterpret_cast<uint32_t*>(out), x, n);
   TVLLM_CHECK_LAUNCH();
 }
 
 void f32_to_f16_cuda(uint16_t* out, const float* x, int64_t n) {
   if (n == 0) return;
-  static const int64_t wave = blocks_for_one_wave(f32_to_f16_kernel);
+  static const int64_t wave = blocks_for_one_wave(f32_to_f16_kernel, kThreadsPerBlock);
   f32_to_f16_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(reinterpret_cast<__half*>(out), x, n);
   TVLLM_CHECK_LAUNCH();
 }
 
 void fill_f32_bit_patterns_cuda(uint32_t* x, int64_t n, uint32_t first) {
   if (n == 0) return;
-  static const int64_t wave = blocks_for_one_wave(fill_bit_patterns_kernel);
+  static const int64_t wave = blocks_for_one_wave(fill_bit_patterns_kernel, kThreadsPerBlock);
   fill_bit_patterns_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(x, n, first);
   TVLLM_CHECK_LAUNCH();
 }

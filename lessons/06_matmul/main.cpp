@@ -229,7 +229,7 @@ void run_bench(const ModelConfig& c, int64_t prefill_tokens) {
                 "memory-bound (decode), above it compute-bound (prefill)\n",
                 ceilings.bf16_tflops, ceilings.copy_gbs, ceilings.bf16_tflops * 1e12 / (ceilings.copy_gbs * 1e9));
   std::printf("cuBLAS on x[%lld, %lld] W^T, W [%lld, %lld]: v3 %.0f TFLOP/s, v4 %.0f TFLOP/s "
-              "(target >= 700; PyTorch measured 749 at T = 4096 on an H200)\n",
+              "(target >= 700; for PyTorch on the same GPU run weights/tools/torch_kernel_baseline.py)\n",
               static_cast<long long>(prefill_tokens), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.intermediate_size), static_cast<long long>(c.hidden_size), target_tflops[0],
               target_tflops[1]);
