@@ -58,7 +58,9 @@ TEST(WeightStoreGpu, UploadIsByteExactAndAligned) {
     const size_t n = e.end - e.begin;
     Bytes back = read_back(d, n);
     EXPECT_EQ(std::memcmp(back.data(), w.file_of(name).tensor_bytes(e), n), 0) << name;
-    if (n) EXPECT_TRUE(starts.insert(reinterpret_cast<uintptr_t>(d.data)).second) << name << " shares an address";
+    if (n) {
+      EXPECT_TRUE(starts.insert(reinterpret_cast<uintptr_t>(d.data)).second) << name << " shares an address";
+    }
     EXPECT_EQ(w.get(name, Device::CUDA).data, d.data);
   }
   // all views inside the one allocation: the span from the first to the last byte fits device_bytes()
