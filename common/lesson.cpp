@@ -52,7 +52,7 @@ int LessonCli::run(int argc, char** argv, const std::function<int(const LessonOp
     if (device_text_ == "auto" && options_.device == Device::CPU)
       std::printf("notice: no CUDA GPU found; running the CPU reference path\n");
     if (options_.bench && options_.device == Device::CPU)
-      std::printf("notice: --bench times GPU kernels; there is no GPU here, so only the check runs\n");
+      std::printf("notice: --bench times GPU kernels; without a GPU only the CPU timings (if any) are printed\n");
     return body(options_);
   } catch (const InputError& e) {
     std::fprintf(stderr, "%s: error: %s\n", name_.c_str(), e.what());

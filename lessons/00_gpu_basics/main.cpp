@@ -54,7 +54,7 @@ void print_device_query(const DeviceProps& p) {
 }
 
 void print_bandwidths(const CopyBandwidths& bw) {
-  std::printf("\n== copy bandwidth (cudaMemcpy, median of 10) ==\n");
+  std::printf("\n== copy bandwidth (cudaMemcpy, median of 10 runs; device -> device of 20) ==\n");
   std::printf("  host -> device, pageable     %8.1f GB/s   (the driver stages it through a pinned buffer)\n",
               bw.h2d_pageable_gbs);
   std::printf("  host -> device, pinned       %8.1f GB/s   (DMA straight from our memory)\n", bw.h2d_pinned_gbs);

@@ -121,7 +121,7 @@ std::string fnv1a64_hex(uint64_t hash) {
 namespace {
 
 // The reference implementation refuses headers above 100 MB: a real header needs 100-150 bytes per
-// tensor (the 1B model has 146), and without a cap a 4-byte lie in the length field would make us
+// tensor (the 1B model has 146), and without a cap an 8-byte lie in the length field would make us
 // allocate and parse gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 

@@ -80,7 +80,7 @@ struct RangeRow {
 std::vector<RangeRow> range_experiments();
 
 // The largest relative rounding error of the format, measured over n values spread log-uniformly
-// across [1, 2^20) (seeded), next to the bound 2^-p of a format with p significant bits.
+// across [2^-10, 2^10) (seeded; inside fp16's normal range), next to the bound 2^-p of a format with p significant bits.
 struct PrecisionRow {
   std::string format;
   int significant_bits;

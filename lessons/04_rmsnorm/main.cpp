@@ -1,13 +1,13 @@
 // lesson04_rmsnorm: run RMSNorm on the reference inputs of every prompt and compare with Hugging Face:
-//   input_layernorm of each captured layer (input: embed_tokens for layer 0, else the previous layer's
-//   output) post_attention_layernorm of each captured layer (input: attn_residual) the final norm (input: the
-//   last layer's output)
+//   - input_layernorm of each captured layer (input: embed_tokens for layer 0, else the previous layer's output)
+//   - post_attention_layernorm of each captured layer (input: attn_residual)
+//   - the final norm (input: the last layer's output)
 // and the fused add_rmsnorm the decoder will use between sublayers:
 //   residual = layer input, x = o_proj     -> residual == attn_residual, out == post_attention_layernorm
 //   residual = attn_residual, x = down_proj (last layer) -> residual == that layer's output, out == norm
 //
-//   build/bin/lesson04_rmsnorm [--model DIR] [--device auto|cpu|cuda] [--kernel v1|v2|v3] [--bench] [--tokens
-//   N]
+//   build/bin/lesson04_rmsnorm [--model DIR] [--device auto|cpu|cuda] [--kernel v1|v2|v3] [--bench]
+//                              [--tokens N]
 #include <algorithm>
 #include <cstdio>
 #include <cstring>

@@ -1,7 +1,7 @@
 // Lesson 06 on the GPU: y = x W^T in four versions, from one thread per output to the tensor cores.
 //
 // Shapes throughout: x [T, in], w [out, in], y [T, out], all row-major. In GEMM letters:
-// M = T (tokens), N = out, K = in. All three kernels below read x and w along K, their contiguous
+// M = T (tokens), N = out, K = in. All four versions below read x and w along K, their contiguous
 // dimension, which is why y = x W^T needs no transpose anywhere: both operands are "K-major".
 #include <cublasLt.h>
 #include <cuda_bf16.h>

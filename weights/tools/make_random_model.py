@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Make a random-weight model with the exact shapes of a real Llama checkpoint, for benchmarks and tests
-without downloading anything. No tokenizer: use token ids (--prompt-ids) with it.
+without downloading anything. No tokenizer: make_reference.py feeds it seeded random token ids.
 
     python3 weights/tools/make_random_model.py --preset llama-3.2-1b --out weights/random-llama-3.2-1b \
         [--seed 0] [--layers N] [--device auto|cpu|cuda]
