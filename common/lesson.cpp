@@ -48,6 +48,7 @@ int LessonCli::run(int argc, char** argv, const std::function<int(const LessonOp
       std::printf("%s: skipped: --device cuda was asked for, but no CUDA GPU is available\n", name_.c_str());
       return kExitSkip;
     }
+    options_.bench_tokens_given = app_.get_option("--tokens")->count() > 0;
     options_.device = resolve_device(device_text_);
     if (device_text_ == "auto" && options_.device == Device::CPU)
       std::printf("notice: no CUDA GPU found; running the CPU reference path\n");

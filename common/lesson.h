@@ -39,6 +39,7 @@ struct LessonOptions {
   std::string kernel;               // --kernel, one of the lesson's versions ("" if it has none)
   bool bench = false;               // --bench
   int64_t bench_tokens = 16384;     // --tokens: tokens in the benchmark batch
+  bool bench_tokens_given = false;  // whether --tokens was on the command line (a lesson may pick its own default)
 };
 
 // The bundled model's directory (compiled in from the source tree).

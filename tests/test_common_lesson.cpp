@@ -52,6 +52,7 @@ TEST(LessonCli, DefaultsAndExplicitOptions) {
   EXPECT_EQ(d.options.kernel, "v2");  // the default version
   EXPECT_FALSE(d.options.bench);
   EXPECT_EQ(d.options.bench_tokens, 16384);
+  EXPECT_FALSE(d.options.bench_tokens_given);
 
   Outcome o = run_fresh({"--device", "cpu", "--model", "/tmp/some-model", "--kernel", "v1", "--bench", "--tokens", "128"});
   EXPECT_EQ(o.exit_code, kExitPass);
@@ -59,6 +60,7 @@ TEST(LessonCli, DefaultsAndExplicitOptions) {
   EXPECT_EQ(o.options.kernel, "v1");
   EXPECT_TRUE(o.options.bench);
   EXPECT_EQ(o.options.bench_tokens, 128);
+  EXPECT_TRUE(o.options.bench_tokens_given);
 }
 
 TEST(LessonCli, TheBodysResultIsTheExitCode) {

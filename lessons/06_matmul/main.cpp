@@ -261,8 +261,7 @@ int main(int argc, char** argv) {
                        : check_cuda(model, ref, projections, parse_matmul_kernel(opt.kernel));
     if (opt.bench && opt.device == Device::CUDA) {
       // 4096 tokens unless --tokens says otherwise (see the top of this file).
-      const bool tokens_given = cli.app().get_option("--tokens")->count() > 0;
-      run_bench(model.config, tokens_given ? opt.bench_tokens : 4096);
+      run_bench(model.config, opt.bench_tokens_given ? opt.bench_tokens : 4096);
     }
     return rc;
   });
