@@ -1,10 +1,12 @@
 // Lesson 00 on the GPU: every SAXPY kernel equals the CPU's std::fma bit for bit, on sizes that are not
-// multiples of the block size or of 4, on misaligned views, in place, with the output poisoned first.
+// multiples of the block size or of 4, on misaligned views, in place, with the output poisoned first; and
+// on a stream of the test's own.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
+#include "common/cuda_stream.h"
 #include "common/errors.h"
 #include "common/random.h"
 #include "common/tensor.h"
@@ -113,6 +115,24 @@ TEST(SaxpyGpu, ZeroElementsLaunchesNothing) {
   Tensor empty = Tensor::empty({0}, DType::F32, Device::CUDA);
   for (const std::string& kernel : saxpy_kernel_versions()) EXPECT_NO_THROW(saxpy(empty, 1.0f, empty, empty, kernel));
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(SaxpyGpu, RunsOnTheCallersStream) {
+  TVLLM_REQUIRE_GPU();
+  const int64_t n = 100003;
+  std::vector<float> x = random_uniform(static_cast<size_t>(n), 61), y = random_uniform(static_cast<size_t>(n), 62);
+  std::vector<float> want(x.size());
+  saxpy_cpu(want.data(), 0.3f, x.data(), y.data(), n);
+  Tensor xd = Tensor::from_f32(x, {n}, DType::F32, Device::CUDA), yd = Tensor::from_f32(y, {n}, DType::F32, Device::CUDA);
+  CudaStream stream;  // non-blocking: nothing orders it after the legacy stream but our synchronisation
+  for (const std::string& kernel : saxpy_kernel_versions()) {
+    Tensor out = Tensor::empty({n}, DType::F32, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemset(out.data(), 0xff, out.view().nbytes()));
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    saxpy(out, 0.3f, xd, yd, kernel, stream);
+    stream.synchronize();
+    expect_same_bits(download(out), want, kernel + " on a stream");
+  }
 }
 
 TEST(CopyBandwidthsGpu, Plausible) {

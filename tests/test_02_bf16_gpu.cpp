@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "common/cuda_stream.h"
 #include "common/errors.h"
 #include "common/random.h"
 #include "testing/testing.h"
@@ -154,6 +155,34 @@ TEST(Bf16Gpu, FillBitPatternsWritesConsecutiveBits) {
   std::vector<uint32_t> got(n);
   TVLLM_CUDA_CHECK(cudaMemcpy(got.data(), x.data(), n * 4, cudaMemcpyDeviceToHost));
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 0xfffffff0u + static_cast<uint32_t>(i)) << i;
+}
+
+TEST(Bf16Gpu, ConversionsRunOnTheCallersStream) {
+  TVLLM_REQUIRE_GPU();
+  const int64_t n = 70001;
+  const std::vector<float> values = random_normal(static_cast<size_t>(n), 71, 100.0f);
+  Tensor x = Tensor::from_f32(values, {n}, DType::F32, Device::CUDA);
+  CudaStream stream;  // non-blocking: nothing orders it after the legacy stream but our synchronisation
+  for (const std::string& v : bf16_kernel_versions()) {
+    Tensor b = Tensor::empty({n}, DType::BF16, Device::CUDA), back = Tensor::empty({n}, DType::F32, Device::CUDA);
+    Tensor h = Tensor::empty({n}, DType::F16, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    convert_f32_to_bf16(b, x, v, stream);
+    convert_bf16_to_f32(back, b, stream);
+    convert_f32_to_f16(h, x, stream);
+    stream.synchronize();
+    const std::vector<float> widened = to_f32_vector(back), halves = to_f32_vector(h);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(widened[i], bf16_to_f32(f32_to_bf16(values[i]))) << v << " element " << i;
+      ASSERT_EQ(halves[i], f16_to_f32(f32_to_f16(values[i]))) << "f16 element " << i;
+    }
+  }
+  Tensor bits = Tensor::empty({n}, DType::F32, Device::CUDA);
+  fill_f32_bit_patterns(bits, 0x3f800000u, stream);
+  stream.synchronize();
+  std::vector<uint32_t> got(static_cast<size_t>(n));
+  TVLLM_CUDA_CHECK(cudaMemcpy(got.data(), bits.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 0x3f800000u + static_cast<uint32_t>(i));
 }
 
 TEST(Bf16Gpu, ZeroElements) {

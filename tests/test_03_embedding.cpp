@@ -35,7 +35,7 @@ TEST(Embedding03, KnownAnswerF32Table) {
   Tensor table = Tensor::from_f32(table_values, {4, 3}, DType::F32, Device::CPU);
   std::vector<int32_t> ids{2, 0, 2, 3};
   Tensor out = Tensor::empty({4, 3}, DType::F32, Device::CPU);
-  embedding(out, host_ids(ids), table);
+  embedding_cpu(out, host_ids(ids), table);
   const std::vector<float> expected{21, 22, 23, 1, 2, 3, 21, 22, 23, 31, 32, 33};
   EXPECT_EQ(to_f32_vector(out), expected);
 }
@@ -51,7 +51,7 @@ TEST(Embedding03, Bf16AndF16TablesWidenExactly) {
   for (DType dtype : {DType::BF16, DType::F16}) {
     Tensor table = Tensor::from_f32(values, {vocab, hidden}, dtype, Device::CPU);
     Tensor out = Tensor::empty({static_cast<int64_t>(ids.size()), hidden}, DType::F32, Device::CPU);
-    embedding(out, host_ids(ids), table);
+    embedding_cpu(out, host_ids(ids), table);
     std::vector<float> got = to_f32_vector(out);
     for (size_t t = 0; t < ids.size(); ++t) {
       for (int64_t h = 0; h < hidden; ++h) {
@@ -68,7 +68,7 @@ TEST(Embedding03, Bf16WideningIsTheTopHalfOfFp32) {
   TensorView table = TensorView::contiguous(raw.data(), DType::BF16, Device::CPU, {3, 1});
   std::vector<int32_t> ids{1, 2, 0};
   Tensor out = Tensor::empty({3, 1}, DType::F32, Device::CPU);
-  embedding(out, host_ids(ids), table);
+  embedding_cpu(out, host_ids(ids), table);
   const float* y = static_cast<const float*>(out.data());
   EXPECT_EQ(f32_bits(y[0]), 0xc0400000u);
   EXPECT_EQ(f32_bits(y[1]), 0x00010000u);
@@ -83,7 +83,7 @@ TEST(Embedding03, OutOfRangeIdsAreRefusedAndOutIsUntouched) {
     std::vector<int32_t> ids{0, 4, bad, 1};
     Tensor out = Tensor::empty({4, hidden}, DType::F32, Device::CPU);
     std::memset(out.data(), 0x7f, out.view().nbytes());
-    expect_input_error([&] { embedding(out, host_ids(ids), table); },
+    expect_input_error([&] { embedding_cpu(out, host_ids(ids), table); },
                        {"token id " + std::to_string(bad), "position 2", "[0, 5)"});
     // The ids are checked before anything is written.
     const auto* bytes = static_cast<const unsigned char*>(out.data());
@@ -101,7 +101,7 @@ TEST(Embedding03, ZeroTokensIsANoOp) {
   Tensor table = Tensor::from_f32({1, 2, 3, 4}, {2, 2}, DType::F32, Device::CPU);
   std::vector<int32_t> ids;
   Tensor out = Tensor::empty({0, 2}, DType::F32, Device::CPU);
-  EXPECT_NO_THROW(embedding(out, host_ids(ids), table));
+  EXPECT_NO_THROW(embedding_cpu(out, host_ids(ids), table));
 }
 
 TEST(Embedding03, ShapeDtypeAndDeviceChecks) {
@@ -110,25 +110,26 @@ TEST(Embedding03, ShapeDtypeAndDeviceChecks) {
   Tensor out = Tensor::empty({2, 3}, DType::F32, Device::CPU);
   // out with the wrong hidden size, the wrong token count, or the wrong dtype on the CPU
   Tensor wide = Tensor::empty({2, 4}, DType::F32, Device::CPU);
-  expect_input_error([&] { embedding(wide, host_ids(ids), table); }, {"out must be [2, 3]"});
+  expect_input_error([&] { embedding_cpu(wide, host_ids(ids), table); }, {"out must be [2, 3]"});
   Tensor long_out = Tensor::empty({3, 3}, DType::F32, Device::CPU);
-  expect_input_error([&] { embedding(long_out, host_ids(ids), table); }, {"out must be [2, 3]"});
+  expect_input_error([&] { embedding_cpu(long_out, host_ids(ids), table); }, {"out must be [2, 3]"});
   Tensor bf16_out = Tensor::empty({2, 3}, DType::BF16, Device::CPU);
-  expect_input_error([&] { embedding(bf16_out, host_ids(ids), table); }, {"F32"});
+  expect_input_error([&] { embedding_cpu(bf16_out, host_ids(ids), table); }, {"F32"});
   // ids that are not I32
   std::vector<float> float_ids{1.f, 2.f};
   TensorView f_ids = TensorView::contiguous(float_ids.data(), DType::F32, Device::CPU, {2});
-  expect_input_error([&] { embedding(out, f_ids, table); }, {"ids must be I32"});
+  expect_input_error([&] { embedding_cpu(out, f_ids, table); }, {"ids must be I32"});
   // a table of rank 1 or of integers
-  expect_input_error([&] { embedding(out, host_ids(ids), table.view().reshape({12})); }, {"[vocab, hidden]"});
+  expect_input_error([&] { embedding_cpu(out, host_ids(ids), table.view().reshape({12})); }, {"[vocab, hidden]"});
   std::vector<int32_t> int_table(12, 0);
   TensorView itab = TensorView::contiguous(int_table.data(), DType::I32, Device::CPU, {4, 3});
-  expect_input_error([&] { embedding(out, host_ids(ids), itab); }, {"floating point"});
+  expect_input_error([&] { embedding_cpu(out, host_ids(ids), itab); }, {"floating point"});
   // Mixed devices are caught before any CUDA call, so this runs without a GPU.
   TensorView gpu_out = TensorView::contiguous(nullptr, DType::BF16, Device::CUDA, {2, 3});
-  expect_input_error([&] { embedding(gpu_out, host_ids(ids), table); }, {"table must be too"});
+  expect_input_error([&] { check_embedding_args(gpu_out, host_ids(ids), table); }, {"table must be too"});
+  expect_input_error([&] { embedding_cpu(gpu_out, host_ids(ids), table); }, {"out must be on the CPU"});
   TensorView gpu_table = TensorView::contiguous(nullptr, DType::BF16, Device::CUDA, {4, 3});
-  expect_input_error([&] { embedding(out, host_ids(ids), gpu_table); }, {"must be too"});
+  expect_input_error([&] { embedding_cpu(out, host_ids(ids), gpu_table); }, {"must be too"});
 }
 
 TEST(Embedding03, KernelNames) {

@@ -1,12 +1,14 @@
 // Lesson 03 on the GPU: every kernel version equals the CPU reference bit for bit (a gather copies
 // values, so the tolerance is zero), on odd and large hidden sizes, misaligned views (the 16-byte kernels
-// must fall back), bad ids checked by the kernel, and the deferred check of embedding_async.
+// must fall back), bad ids checked by the kernel, the deferred check of embedding_async with one
+// caller-owned flag, a stream of the test's own, and a CUDA graph capture (no allocation, no sync).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/cuda_stream.h"
 #include "common/errors.h"
 #include "common/random.h"
 #include "common/validate.h"
@@ -34,12 +36,30 @@ std::vector<int32_t> random_ids(int64_t count, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
+// Runs f, expects an InputError whose message contains every one of `parts`.
+template <class F>
+void expect_input_error(F f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg;
+  }
+}
+
 // 0xFF bytes: NaN in every float format, so a row the kernel never writes fails the comparison.
 void poison(const TensorView& t) { TVLLM_CUDA_CHECK(cudaMemset(t.data, 0xFF, t.nbytes())); }
 
+// One flag for the whole test program, allocated once, as an engine holds one.
+BadTokenFlag& shared_flag() {
+  static BadTokenFlag flag;
+  return flag;
+}
+
 // Runs one kernel on the GPU and expects exactly the CPU reference's rows.
 void expect_matches_cpu(const TensorView& table, std::vector<int32_t> ids, EmbeddingKernel kernel,
-                        bool ids_on_device, const TensorView* out_view = nullptr) {
+                        const TensorView* out_view = nullptr) {
   const int64_t T = static_cast<int64_t>(ids.size()), hidden = table.dim(1);
   Tensor own_out;
   TensorView out;
@@ -50,16 +70,14 @@ void expect_matches_cpu(const TensorView& table, std::vector<int32_t> ids, Embed
     out = own_out.view();
   }
   poison(out);
-  Tensor device_ids;
-  if (ids_on_device) device_ids = Tensor::from_i32(ids, {T}, Device::CUDA);
-  embedding(out, ids_on_device ? device_ids.view() : host_ids(ids), table, kernel);
+  Tensor device_ids = Tensor::from_i32(ids, {T}, Device::CUDA);
+  embedding(out, device_ids, table, shared_flag(), kernel);
 
   Tensor host_table = Tensor::copy_of(table, Device::CPU);
   Tensor expected = Tensor::empty({T, hidden}, DType::F32, Device::CPU);
   embedding_cpu(expected, host_ids(ids), host_table);
   const std::string what = std::string(embedding_kernel_name(kernel)) + " T=" + std::to_string(T) +
-                           " hidden=" + std::to_string(hidden) + " " + std::string(dtype_name(table.dtype)) +
-                           (ids_on_device ? " device ids" : " host ids");
+                           " hidden=" + std::to_string(hidden) + " " + std::string(dtype_name(table.dtype));
   CompareResult r = compare(what, out, expected, kExact);
   EXPECT_TRUE(r.pass()) << what << ": " << r.bad << " of " << r.count << " elements differ" << r.error
                         << (r.first_mismatches.empty()
@@ -75,8 +93,8 @@ TEST(Embedding03Gpu, EveryKernelEqualsTheReference) {
                                     {vocab, hidden}, DType::BF16, Device::CUDA);
     for (int64_t T : {1, 3, 17}) {
       for (EmbeddingKernel k : all_embedding_kernels()) {
-        expect_matches_cpu(table, random_ids(T, vocab, 100 + T), k, /*ids_on_device=*/true);
-        expect_matches_cpu(table, random_ids(T, vocab, 200 + T), k, /*ids_on_device=*/false);
+        expect_matches_cpu(table, random_ids(T, vocab, 100 + T), k);
+        expect_matches_cpu(table, random_ids(T, vocab, 200 + T), k);
       }
     }
   }
@@ -90,7 +108,7 @@ TEST(Embedding03Gpu, ManyTokensCoverEveryBlockAndTheTail) {
     Tensor table = Tensor::from_f32(random_uniform(static_cast<size_t>(vocab * hidden), T), {vocab, hidden},
                                     DType::BF16, Device::CUDA);
     for (EmbeddingKernel k : all_embedding_kernels())
-      expect_matches_cpu(table, random_ids(T, vocab, 7), k, true);
+      expect_matches_cpu(table, random_ids(T, vocab, 7), k);
   }
 }
 
@@ -102,7 +120,7 @@ TEST(Embedding03Gpu, F32AndF16TablesCopyToo) {
       Tensor table = Tensor::from_f32(random_normal(static_cast<size_t>(vocab * hidden), 5), {vocab, hidden},
                                       dtype, Device::CUDA);
       for (EmbeddingKernel k : all_embedding_kernels())
-        expect_matches_cpu(table, random_ids(17, vocab, 9), k, true);
+        expect_matches_cpu(table, random_ids(17, vocab, 9), k);
     }
   }
 }
@@ -121,7 +139,7 @@ TEST(Embedding03Gpu, MisalignedViewsFallBackAndStayCorrect) {
     TensorView out = TensorView::contiguous(static_cast<uint16_t*>(out_storage.data()) + offset_elems,
                                             DType::BF16, Device::CUDA, {T, hidden});
     for (EmbeddingKernel k : all_embedding_kernels())
-      expect_matches_cpu(table, random_ids(T, vocab, 4), k, true, &out);
+      expect_matches_cpu(table, random_ids(T, vocab, 4), k, &out);
   }
 }
 
@@ -138,7 +156,7 @@ TEST(Embedding03Gpu, BadDeviceIdsThrowAndTheirRowsAreZero) {
       Tensor out = Tensor::empty({5, hidden}, DType::BF16, Device::CUDA);
       poison(out);
       try {
-        embedding(out, device_ids, table, k);
+        embedding(out, device_ids, table, shared_flag(), k);
         ADD_FAILURE() << "bad ids accepted by " << embedding_kernel_name(k);
       } catch (const InputError& e) {
         const std::string msg = e.what();
@@ -159,16 +177,18 @@ TEST(Embedding03Gpu, BadDeviceIdsThrowAndTheirRowsAreZero) {
   }
 }
 
-TEST(Embedding03Gpu, BadHostIdsAreRefusedBeforeAnyLaunch) {
+TEST(Embedding03Gpu, HostIdsAreRefusedBeforeAnyLaunch) {
   TVLLM_REQUIRE_GPU();
   Tensor table = Tensor::from_f32(random_uniform(4 * 64, 1), {4, 64}, DType::BF16, Device::CUDA);
-  std::vector<int32_t> ids{0, 4};
+  std::vector<int32_t> ids{0, 1};
   Tensor out = Tensor::empty({2, 64}, DType::BF16, Device::CUDA);
   poison(out);
-  EXPECT_THROW(embedding(out, host_ids(ids), table), InputError);
+  expect_input_error([&] { embedding(out, host_ids(ids), table, shared_flag()); }, {"ids must be on the GPU"});
+  expect_input_error([&] { embedding_async(out, host_ids(ids), table, shared_flag()); },
+                     {"ids must be on the GPU"});
   std::vector<uint16_t> bits(2 * 64);
   TVLLM_CUDA_CHECK(cudaMemcpy(bits.data(), out.data(), bits.size() * 2, cudaMemcpyDeviceToHost));
-  for (uint16_t b : bits) ASSERT_EQ(b, 0xFFFF) << "out was written although the ids were refused";
+  for (uint16_t b : bits) ASSERT_EQ(b, 0xFFFF) << "out was written although the call was refused";
 }
 
 TEST(Embedding03Gpu, AsyncCheckIsDeferredAndNamesTheLowestBadPosition) {
@@ -187,26 +207,82 @@ TEST(Embedding03Gpu, AsyncCheckIsDeferredAndNamesTheLowestBadPosition) {
   Tensor bad3 = Tensor::from_i32({0, 1, 2, -7, 4, 5}, {6}, Device::CUDA);
   EXPECT_NO_THROW(embedding_async(out, bad5, table, flag));  // no synchronisation, no throw yet
   EXPECT_NO_THROW(embedding_async(out, bad3, table, flag, EmbeddingKernel::V1));
-  try {
-    flag.check();
-    ADD_FAILURE() << "the flag missed the bad ids";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("token id -7 at position 3"), std::string::npos) << e.what();
-  }
+  expect_input_error([&] { flag.check(); }, {"token id -7 at position 3", "[0, 10)"});
   EXPECT_NO_THROW(flag.check());  // check() cleared it
-  // embedding_async wants device ids: host ids go through embedding(), which checks them first.
-  EXPECT_THROW(embedding_async(out, host_ids(good), table, flag), InputError);
+  // clear() forgets a bad id recorded since the last check (queued on the stream, like the gather).
+  embedding_async(out, bad5, table, flag);
+  flag.clear();
+  EXPECT_NO_THROW(flag.check());
 }
 
 TEST(Embedding03Gpu, GpuArgumentChecks) {
   TVLLM_REQUIRE_GPU();
   Tensor table = Tensor::from_f32(random_uniform(4 * 8, 1), {4, 8}, DType::BF16, Device::CUDA);
-  std::vector<int32_t> ids{0, 1};
+  Tensor ids = Tensor::from_i32({0, 1}, {2}, Device::CUDA);
   Tensor f32_out = Tensor::empty({2, 8}, DType::F32, Device::CUDA);
-  EXPECT_THROW(embedding(f32_out, host_ids(ids), table), InputError);  // GPU out has the table's dtype
+  expect_input_error([&] { embedding(f32_out, ids, table, shared_flag()); }, {"table's dtype"});
   Tensor host_table = Tensor::copy_of(table, Device::CPU);
   Tensor out = Tensor::empty({2, 8}, DType::BF16, Device::CUDA);
-  EXPECT_THROW(embedding(out, host_ids(ids), host_table), InputError);  // the table must be on the GPU
+  expect_input_error([&] { embedding(out, ids, host_table, shared_flag()); }, {"table must be too"});
+  Tensor host_out = Tensor::empty({2, 8}, DType::F32, Device::CPU);
+  expect_input_error([&] { embedding(host_out, ids, table, shared_flag()); }, {"embedding_cpu"});
+}
+
+// The gather of a [T, hidden] table on `stream`, from random ids, as fp32 bits for comparison.
+struct StreamCase {
+  static constexpr int64_t kVocab = 97, kHidden = 320, kTokens = 33;
+  Tensor table = Tensor::from_f32(random_normal(static_cast<size_t>(kVocab * kHidden), 31), {kVocab, kHidden},
+                                  DType::BF16, Device::CUDA);
+  Tensor ids = Tensor::from_i32(random_ids(kTokens, kVocab, 32), {kTokens}, Device::CUDA);
+  Tensor out = Tensor::empty({kTokens, kHidden}, DType::BF16, Device::CUDA);
+};
+
+TEST(Embedding03Gpu, OwnStreamEqualsDefaultStream) {
+  TVLLM_REQUIRE_GPU();
+  StreamCase c;
+  for (EmbeddingKernel k : all_embedding_kernels()) {
+    poison(c.out);
+    embedding(c.out, c.ids, c.table, shared_flag(), k);  // the legacy default stream
+    const std::vector<float> on_default = to_f32_vector(c.out);
+
+    CudaStream stream;  // non-blocking: ordered only by what we synchronise
+    BadTokenFlag flag;  // one flag per stream that embeds
+    poison(c.out);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // the poison (legacy stream) lands before the gather
+    embedding_async(c.out, c.ids, c.table, flag, k, stream);
+    flag.check(stream);  // waits for the stream
+    EXPECT_EQ(to_f32_vector(c.out), on_default) << embedding_kernel_name(k);
+
+    embedding(c.out, c.ids, c.table, flag, k, stream);  // the checked form on the stream too
+    EXPECT_EQ(to_f32_vector(c.out), on_default) << embedding_kernel_name(k);
+  }
+}
+
+TEST(Embedding03Gpu, GraphCaptureReplaysTheEagerResult) {
+  TVLLM_REQUIRE_GPU();
+  StreamCase c;
+  CudaStream stream;
+  BadTokenFlag flag;  // allocated before the capture: embedding_async allocates nothing
+  for (EmbeddingKernel k : all_embedding_kernels()) {
+    poison(c.out);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    embedding_async(c.out, c.ids, c.table, flag, k, stream);
+    flag.check(stream);
+    const std::vector<float> eager = to_f32_vector(c.out);
+
+    // Recording fails if the call allocates or synchronises (capture mode global).
+    CudaGraph graph = CudaGraph::capture(stream, [&] {
+      flag.clear(stream);  // the async clear is capturable too
+      embedding_async(c.out, c.ids, c.table, flag, k, stream);
+    });
+    EXPECT_GE(graph.num_nodes(), 2u);  // the memset and the gather
+    poison(c.out);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    graph.launch(stream);
+    graph.launch(stream);  // a second replay: the same bits
+    flag.check(stream);
+    EXPECT_EQ(to_f32_vector(c.out), eager) << embedding_kernel_name(k);
+  }
 }
 
 }  // namespace

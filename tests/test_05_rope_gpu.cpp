@@ -1,6 +1,7 @@
 // Lesson 05, GPU: every kernel version against the fp32 CPU reference, on random inputs of many shapes,
 // at arbitrary positions, with guard values around q and k (the kernels work in place, so instead of
-// poisoning the output we check that nothing outside q and k changes).
+// poisoning the output we check that nothing outside q and k changes); on a stream of the test's own and
+// captured in a CUDA graph (no allocation, no synchronisation), equal to the default-stream result.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "common/buffer.h"
 #include "common/dtype.h"
+#include "common/cuda_stream.h"
 #include "common/errors.h"
 #include "common/random.h"
 #include "common/tensor.h"
@@ -232,6 +234,96 @@ TEST(RopeGpu, BadArgumentsAreRejected) {
   Tensor q0 = Tensor::empty({0, 128}, DType::BF16, Device::CUDA), k0 = Tensor::empty({0, 64}, DType::BF16, Device::CUDA);
   for (RopeKernel kernel : all_rope_kernels())
     EXPECT_NO_THROW(apply_rope(q0, k0, Tensor::empty({0}, DType::I32, Device::CUDA), table, kernel));
+}
+
+// q and k of a Llama-3.2-1B-like token batch (GQA: 8 q heads, 2 kv heads of 64), positions 5..5+T.
+struct RopeOnStream {
+  static constexpr int64_t kTokens = 23, kHeadDim = 64, kQHeads = 8, kKHeads = 2;
+  RopeTable table = [] {
+    RopeTable t = RopeTable::build(llama3_config(kHeadDim, 4096));
+    t.upload_to_device();  // once, at load: apply_rope never uploads
+    return t;
+  }();
+  std::vector<float> q_in = random_bf16_values(kTokens * kQHeads * kHeadDim, 51);
+  std::vector<float> k_in = random_bf16_values(kTokens * kKHeads * kHeadDim, 52);
+  Tensor q = Tensor::empty({kTokens, kQHeads * kHeadDim}, DType::BF16, Device::CUDA);
+  Tensor k = Tensor::empty({kTokens, kKHeads * kHeadDim}, DType::BF16, Device::CUDA);
+  Tensor positions = [] {
+    std::vector<int32_t> p(kTokens);
+    for (int64_t t = 0; t < kTokens; ++t) p[t] = static_cast<int32_t>(5 + 97 * t);
+    return Tensor::from_i32(p, {kTokens}, Device::CUDA);
+  }();
+
+  // The unrotated inputs again (RoPE works in place), copied into the same buffers (a captured graph
+  // keeps the pointers it recorded) and waited for.
+  void reset() {
+    for (auto [dst, src] : {std::pair<Tensor*, const std::vector<float>*>{&q, &q_in}, {&k, &k_in}}) {
+      const Tensor fresh = Tensor::from_f32(*src, dst->view().shape, DType::BF16, Device::CPU);
+      TVLLM_CUDA_CHECK(cudaMemcpy(dst->data(), fresh.data(), fresh.view().nbytes(), cudaMemcpyHostToDevice));
+    }
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // Trusted: the engine's mode; Validate would copy the positions back and wait.
+  void run(RopeKernel kernel, cudaStream_t stream) {
+    apply_rope(q, k, positions, table, kernel, PositionCheck::Trusted, stream);
+  }
+  std::vector<std::vector<float>> results() const { return {to_f32_vector(q), to_f32_vector(k)}; }
+};
+
+TEST(RopeGpu, OwnStreamEqualsDefaultStream) {
+  TVLLM_REQUIRE_GPU();
+  RopeOnStream c;
+  CudaStream stream;
+  for (RopeKernel kernel : all_rope_kernels()) {
+    c.reset();
+    c.run(kernel, nullptr);
+    const auto on_default = c.results();
+    c.reset();
+    c.run(kernel, stream);
+    stream.synchronize();
+    EXPECT_EQ(c.results(), on_default) << rope_kernel_name(kernel);
+    // Validate on the stream: the positions are read back on it (a synchronisation, allowed here).
+    c.reset();
+    apply_rope(c.q, c.k, c.positions, c.table, kernel, PositionCheck::Validate, stream);
+    stream.synchronize();
+    EXPECT_EQ(c.results(), on_default) << rope_kernel_name(kernel) << " (validated)";
+  }
+}
+
+TEST(RopeGpu, GraphCaptureReplaysTheEagerResult) {
+  TVLLM_REQUIRE_GPU();
+  RopeOnStream c;
+  CudaStream stream;
+  for (RopeKernel kernel : all_rope_kernels()) {
+    c.reset();
+    c.run(kernel, stream);
+    stream.synchronize();
+    const auto eager = c.results();
+    c.reset();
+    // Recording fails if apply_rope allocates or synchronises (capture mode global).
+    CudaGraph graph = CudaGraph::capture(stream, [&] { c.run(kernel, stream); });
+    EXPECT_GE(graph.num_nodes(), 1u);  // v1: two kernels (q, k); v2, v3: one
+    EXPECT_EQ(c.results(), std::vector<std::vector<float>>({c.q_in, c.k_in}))
+        << "capturing must not run anything";
+    graph.launch(stream);
+    stream.synchronize();
+    EXPECT_EQ(c.results(), eager) << rope_kernel_name(kernel);
+  }
+}
+
+TEST(RopeGpu, ValidatedPositionsCannotBeCaptured) {
+  TVLLM_REQUIRE_GPU();
+  // The Validate mode reads the positions back and waits: exactly what a capture forbids. The error
+  // surfaces as an exception, and the stream leaves capture mode (CudaGraph::capture ends it).
+  RopeOnStream c;
+  c.reset();
+  CudaStream stream;
+  EXPECT_ANY_THROW(CudaGraph::capture(stream, [&] {
+    apply_rope(c.q, c.k, c.positions, c.table, RopeKernel::V2, PositionCheck::Validate, stream);
+  }));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  TVLLM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
 }
 
 }  // namespace

@@ -207,9 +207,11 @@ TEST(Matmul06Cpu, RejectsWrongCudaArgumentsBeforeLaunching) {
   const TensorView x = fake_cuda(DType::BF16, {2, 8}, 0x10000);
   const TensorView w = fake_cuda(DType::BF16, {4, 8}, 0x20000);
   const TensorView y = fake_cuda(DType::BF16, {2, 4}, 0x30000);
-  // cuBLAS versions need a handle; v1 and v2 do not (not launched here: there may be no GPU).
-  EXPECT_THROW(linear(y, x, w, MatmulKernel::V3Cublas, nullptr), InputError);
-  EXPECT_THROW(linear(y, x, w, MatmulKernel::V4CublasLt, nullptr), InputError);
+  // cuBLAS versions need a handle; v1 to v4 do not (not launched here: there may be no GPU).
+  EXPECT_THROW(linear(y, x, w, MatmulKernel::V5Cublas, nullptr), InputError);
+  EXPECT_THROW(linear(y, x, w, MatmulKernel::V6CublasLt, nullptr), InputError);
+  for (MatmulKernel k : all_matmul_kernels())
+    EXPECT_EQ(matmul_kernel_needs_handle(k), k == MatmulKernel::V5Cublas || k == MatmulKernel::V6CublasLt);
   // The GPU path is bf16 in: fp32 x or w is an error, as is an fp16 y.
   EXPECT_THROW(linear(y, fake_cuda(DType::F32, {2, 8}, 0x10000), w, MatmulKernel::V2Tiled), InputError);
   EXPECT_THROW(linear(y, x, fake_cuda(DType::F16, {4, 8}, 0x20000), MatmulKernel::V2Tiled), InputError);
@@ -219,10 +221,17 @@ TEST(Matmul06Cpu, RejectsWrongCudaArgumentsBeforeLaunching) {
 }
 
 TEST(Matmul06Cpu, KernelNamesRoundTrip) {
-  ASSERT_EQ(all_matmul_kernels().size(), 4u);
+  ASSERT_EQ(all_matmul_kernels().size(), 6u);
   for (MatmulKernel k : all_matmul_kernels()) EXPECT_EQ(parse_matmul_kernel(matmul_kernel_version(k)), k);
-  EXPECT_EQ(parse_matmul_kernel("v3"), MatmulKernel::V3Cublas);
-  EXPECT_THROW(parse_matmul_kernel("v5"), InputError);
+  // The order of the chapter: v1 naive, v2 tiled, v3 WMMA, v4 mma.sync, v5 cuBLAS, v6 cuBLASLt.
+  EXPECT_EQ(parse_matmul_kernel("v3"), MatmulKernel::V3Wmma);
+  EXPECT_EQ(parse_matmul_kernel("v4"), MatmulKernel::V4MmaSync);
+  EXPECT_EQ(parse_matmul_kernel("v5"), MatmulKernel::V5Cublas);
+  EXPECT_EQ(parse_matmul_kernel("v6"), MatmulKernel::V6CublasLt);
+  EXPECT_EQ(matmul_kernel_description(MatmulKernel::V4MmaSync), "mma.sync");
+  EXPECT_EQ(kDefaultMatmulKernel, MatmulKernel::V5Cublas);
+  EXPECT_THROW(parse_matmul_kernel("v7"), InputError);
+  EXPECT_THROW(parse_matmul_kernel("v0"), InputError);
   EXPECT_THROW(parse_matmul_kernel(""), InputError);
 }
 

@@ -1,4 +1,6 @@
-// Lesson 06, GPU: every kernel version against the CPU reference on random inputs and edge cases.
+// Lesson 06, GPU: every kernel version against the CPU reference on random inputs and edge cases; the
+// tensor-core kernels (v3 WMMA, v4 mma.sync) on tile edges; streams, CUDA graph capture, and the cuBLAS
+// handle's math mode.
 //
 // The inputs are random values rounded to bf16 once, and the CPU reference gets those SAME values in
 // fp32, so there is no input rounding between the two: a bf16-output kernel may differ from the
@@ -10,9 +12,14 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <cublas_v2.h>
+
 #include "common/buffer.h"
+#include "common/cublas.h"
+#include "common/cuda_stream.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
@@ -67,6 +74,13 @@ Tensor run(const Problem& p, MatmulKernel kernel, CublasHandle& handle, DType ou
   return y;
 }
 
+// The raw bytes of a device tensor, for bit-for-bit comparisons.
+std::vector<unsigned char> bytes_of(const TensorView& t) {
+  std::vector<unsigned char> b(t.nbytes());
+  TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), t.data, b.size(), cudaMemcpyDeviceToHost));
+  return b;
+}
+
 std::string describe(const CompareResult& r) {
   std::string s = "bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) + ", max_abs " +
                   std::to_string(r.max_abs) + ", rel_l2 " + std::to_string(r.rel_l2) + " " + r.error;
@@ -82,10 +96,7 @@ std::string kernel_name(const ::testing::TestParamInfo<MatmulKernel>& info) {
   return std::string(matmul_kernel_version(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(AllVersions, Matmul06Kernel,
-                         ::testing::Values(MatmulKernel::V1Naive, MatmulKernel::V2Tiled, MatmulKernel::V3Cublas,
-                                           MatmulKernel::V4CublasLt),
-                         kernel_name);
+INSTANTIATE_TEST_SUITE_P(AllVersions, Matmul06Kernel, ::testing::ValuesIn(all_matmul_kernels()), kernel_name);
 
 TEST_P(Matmul06Kernel, MatchesTheCpuReferenceOnManyShapes) {
   TVLLM_REQUIRE_GPU();
@@ -160,11 +171,12 @@ TEST_P(Matmul06Kernel, RowsOfVeryDifferentSizes) {
 }
 
 TEST_P(Matmul06Kernel, MoreTokensThanOneGridHolds) {
-  // gridDim.y is at most 65535: with 64-token tiles that is 4,194,240 tokens, and the naive kernel's
-  // 8-token rows cover only 524,280. Beyond that the kernels stride over the grid.
+  // gridDim.y is at most 65535: with the tensor-core kernels' 128-token tiles that is 8,388,480 tokens,
+  // with v2's 64-token tiles 4,194,240, and the naive kernel's 8-token rows cover only 524,280. Beyond
+  // that the kernels stride over the grid.
   TVLLM_REQUIRE_GPU();
   CublasHandle handle;
-  const Problem p(int64_t{65535} * 64 + 100, 3, 2, 91);
+  const Problem p(int64_t{65535} * 128 + 100, 3, 2, 91);
   const CompareResult r = compare_rows("y", run(p, GetParam(), handle), p.expected, kBf16OutVsCpu);
   EXPECT_TRUE(r.pass()) << describe(r);
 }
@@ -181,29 +193,163 @@ TEST_P(Matmul06Kernel, SameInputsSameBits) {
 
 TEST_P(Matmul06Kernel, RunsOnTheHandlesStream) {
   TVLLM_REQUIRE_GPU();
-  struct Stream {
-    cudaStream_t s = nullptr;
-    Stream() { TVLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-    ~Stream() { cudaStreamDestroy(s); }
-  } stream;
+  CudaStream stream;
   CublasHandle handle;
-  handle.set_stream(stream.s);
+  handle.set_stream(stream);
   const Problem p(40, 2048, 512, 71);
   Tensor y = poisoned({p.tokens, p.out}, DType::BF16);
   linear(y, p.x_dev, p.w_dev, GetParam(), &handle);
-  TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  stream.synchronize();
   const CompareResult r = compare_rows("y", y, p.expected, kBf16OutVsCpu);
   EXPECT_TRUE(r.pass()) << describe(r);
 }
 
-TEST(Matmul06Gpu, CublasAgreesWithTheTiledKernel) {
+TEST_P(Matmul06Kernel, GraphCaptureReplaysEqualToEager) {
+  // What lesson 14 will do with a whole forward step: capture the launches on a stream into a CUDA
+  // graph, then replay it. A capture fails if the call allocates, synchronises or touches the legacy
+  // default stream; the replay must write the same bits as the eager call.
+  TVLLM_REQUIRE_GPU();
+  CudaStream stream;
+  CublasHandle handle(CublasHandle::kDefaultWorkspaceBytes, stream);
+  const Problem p(129, 1032, 390, 301);
+  Tensor eager = poisoned({p.tokens, p.out}, DType::BF16);
+  linear(eager, p.x_dev, p.w_dev, GetParam(), &handle);  // also the warm-up: v6 makes its plan here
+  stream.synchronize();
+  const CompareResult r = compare_rows("y", eager, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+
+  Tensor replayed = poisoned({p.tokens, p.out}, DType::BF16);
+  const CudaGraph graph =
+      CudaGraph::capture(stream, [&] { linear(replayed, p.x_dev, p.w_dev, GetParam(), &handle); });
+  EXPECT_GE(graph.num_nodes(), 1u);  // the launches were recorded...
+  EXPECT_EQ(bytes_of(replayed), std::vector<unsigned char>(replayed.view().nbytes(), 0xFF))
+      << "...not run: the capture must record the work";
+  for (int replay = 0; replay < 2; ++replay) {
+    TVLLM_CUDA_CHECK(cudaMemsetAsync(replayed.data(), 0xFF, replayed.view().nbytes(), stream));
+    graph.launch(stream);
+    stream.synchronize();
+    EXPECT_EQ(bytes_of(replayed), bytes_of(eager)) << "replay " << replay;
+  }
+}
+
+// ---- the tensor-core kernels: tile edges ----------------------------------------------------------------
+
+class Matmul06TensorCore : public ::testing::TestWithParam<MatmulKernel> {};
+
+INSTANTIATE_TEST_SUITE_P(TensorCores, Matmul06TensorCore,
+                         ::testing::Values(MatmulKernel::V3Wmma, MatmulKernel::V4MmaSync), kernel_name);
+
+TEST_P(Matmul06TensorCore, EdgeShapesWithBf16AndFp32Outputs) {
+  // Block tiles are 128 tokens x 128 outputs x 32 of K; a warp's mma tiles are 16 x 8 (x 16).
+  // T = 1, 7, 129: one row, a part of one mma tile, one row into a second block tile.
+  // out = 8, 100, 1000: one mma tile, not a multiple of 16 or 128, 7.8 block tiles.
+  // in = 8, 24, 2048: one 16-byte chunk (the rest of the K slice zero-filled), part of one slice, 64 slices.
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  uint64_t seed = 500;
+  for (int64_t tokens : {1, 7, 129}) {
+    for (int64_t out : {8, 100, 1000}) {
+      for (int64_t in : {8, 24, 2048}) {
+        const Problem p(tokens, in, out, seed += 2);
+        SCOPED_TRACE(p.describe());
+        const CompareResult bf16 = compare_rows("y bf16", run(p, GetParam(), handle), p.expected, kBf16OutVsCpu);
+        EXPECT_TRUE(bf16.pass()) << describe(bf16);
+        const CompareResult f32 =
+            compare_rows("y fp32", run(p, GetParam(), handle, DType::F32), p.expected, kF32OutVsCpu);
+        EXPECT_TRUE(f32.pass()) << describe(f32);
+      }
+    }
+  }
+}
+
+TEST_P(Matmul06TensorCore, SeveralBlockTilesEachWay) {
+  // 5 token tiles (the last one 8 rows), 4 output tiles (the last one 6 columns), and K = 1032 = 32
+  // slices and one chunk: every pipeline stage is used many times, and the last slice is mostly zeros.
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const Problem p(520, 1032, 390, 401);
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const CompareResult r = compare_rows("y", run(p, GetParam(), handle, dtype), p.expected,
+                                         dtype == DType::F32 ? kF32OutVsCpu : kBf16OutVsCpu);
+    EXPECT_TRUE(r.pass()) << describe(r);
+  }
+}
+
+TEST_P(Matmul06TensorCore, ElementCopiesGiveTheSameBitsAsSixteenByteCopies) {
+  // Views 1 element (2 bytes) into their buffers cannot use 16-byte copies: the kernel copies element by
+  // element instead. The tile arithmetic is the same, so the result must be the same, bit for bit.
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const Problem p(129, 264, 100, 411);
+  const std::vector<unsigned char> fast = bytes_of(run(p, GetParam(), handle));
+  Tensor x_buf = Tensor::empty({1 + p.tokens * p.in}, DType::BF16, Device::CUDA);
+  Tensor w_buf = Tensor::empty({1 + p.out * p.in}, DType::BF16, Device::CUDA);
+  const TensorView x = x_buf.view().rows(1, p.tokens * p.in).reshape({p.tokens, p.in});
+  const TensorView w = w_buf.view().rows(1, p.out * p.in).reshape({p.out, p.in});
+  copy_view(x, p.x_dev);
+  copy_view(w, p.w_dev);
+  Tensor y = poisoned({p.tokens, p.out}, DType::BF16);
+  linear(y, x, w, GetParam(), &handle);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(bytes_of(y), fast);
+}
+
+TEST_P(Matmul06TensorCore, WithoutAHandleRunsOnTheDefaultStream) {
+  TVLLM_REQUIRE_GPU();
+  const Problem p(33, 320, 600, 421);
+  Tensor y = poisoned({p.tokens, p.out}, DType::BF16);
+  linear(y, p.x_dev, p.w_dev, GetParam(), nullptr);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  const CompareResult r = compare_rows("y", y, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+}
+
+// ---- the cuBLAS handle ----------------------------------------------------------------------------------
+
+TEST(Matmul06Gpu, TheHandleKeepsSplitKReductionsInFp32) {
+  // The default math mode may add split-K partial sums in the output type (bf16); the project's handle
+  // forbids it (common/cublas.h, README "v5"). Still so after a change of stream.
+  TVLLM_REQUIRE_GPU();
+  CudaStream stream;  // outlives the handle that runs on it
+  CublasHandle handle;
+  for (int step = 0; step < 2; ++step) {
+    cublasMath_t mode{};
+    TVLLM_CUBLAS_CHECK(cublasGetMathMode(handle.blas(), &mode));
+    EXPECT_NE(static_cast<unsigned>(mode) & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, 0u) << "step " << step;
+    EXPECT_EQ(static_cast<unsigned>(mode) & ~static_cast<unsigned>(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+              static_cast<unsigned>(CUBLAS_DEFAULT_MATH))
+        << "no other mode (TF32, pedantic) on top of the default";
+    handle.set_stream(stream);
+  }
+}
+
+TEST(Matmul06Gpu, CublasLtPlansOutliveTheHandleThatMadeThem) {
+  // v6's plans are cached per (device, shape, dtype, alignment, workspace), not per handle: a plan made
+  // through one handle serves another, and the same algorithm gives the same bits.
+  TVLLM_REQUIRE_GPU();
+  const Problem p(64, 512, 300, 431);
+  std::vector<unsigned char> first;
+  {
+    CublasHandle handle;
+    first = bytes_of(run(p, MatmulKernel::V6CublasLt, handle));
+  }
+  CublasHandle other;
+  const Tensor again = run(p, MatmulKernel::V6CublasLt, other);
+  EXPECT_EQ(bytes_of(again), first);
+  const CompareResult r = compare_rows("y", again, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+}
+
+TEST(Matmul06Gpu, TensorCoresAgreeWithTheTiledKernel) {
   // Two independent implementations, each one bf16 rounding from the exact result: they may differ by
   // two roundings (2 * 2^-8 relative) and nothing more.
   TVLLM_REQUIRE_GPU();
   CublasHandle handle;
   const Problem p(128, 2048, 1000, 201);
   Tensor tiled = run(p, MatmulKernel::V2Tiled, handle);
-  for (MatmulKernel k : {MatmulKernel::V3Cublas, MatmulKernel::V4CublasLt}) {
+  for (MatmulKernel k : {MatmulKernel::V3Wmma, MatmulKernel::V4MmaSync, MatmulKernel::V5Cublas,
+                         MatmulKernel::V6CublasLt}) {
     SCOPED_TRACE(std::string(matmul_kernel_version(k)));
     const CompareResult r = compare_rows("y", run(p, k, handle), tiled, LinearTolerance{1.0 / 2048, 1.0 / 128});
     EXPECT_TRUE(r.pass()) << describe(r);
@@ -227,15 +373,17 @@ TEST(Matmul06Gpu, RejectsWrongDtypesOnRealTensors) {
   Tensor x = Tensor::empty({4, 16}, DType::F32, Device::CUDA);
   Tensor w = Tensor::empty({8, 16}, DType::BF16, Device::CUDA);
   Tensor y = Tensor::empty({4, 8}, DType::BF16, Device::CUDA);
-  EXPECT_THROW(linear(y, x, w, MatmulKernel::V3Cublas, &handle), InputError);
+  for (MatmulKernel k : all_matmul_kernels()) EXPECT_THROW(linear(y, x, w, k, &handle), InputError);
 }
 
 TEST(Matmul06Gpu, FillUniformIsDeterministicAndInRange) {
   TVLLM_REQUIRE_GPU();
   Tensor a = Tensor::empty({100000}, DType::BF16, Device::CUDA);
   Tensor b = Tensor::empty({100000}, DType::BF16, Device::CUDA);
+  CudaStream stream;
   fill_uniform_bf16(a, 5, -2.f, 2.f);
-  fill_uniform_bf16(b, 5, -2.f, 2.f);
+  fill_uniform_bf16(b, 5, -2.f, 2.f, stream);  // the same values, made on another stream
+  stream.synchronize();
   const std::vector<float> va = to_f32_vector(a), vb = to_f32_vector(b);
   EXPECT_EQ(va, vb);
   double sum = 0.0;

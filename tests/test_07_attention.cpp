@@ -1,7 +1,10 @@
-// Lesson 07 on the CPU: the reference attention against answers worked out by hand and properties that
-// any correct causal GQA attention has; and the argument checks at the API boundary.
+// Lesson 07 on the CPU: the reference attention against answers worked out by hand, an element-by-element
+// loop of the definition (queries after earlier keys, decode, empty sequences), strided views into a fused
+// QKV buffer, properties any correct causal GQA attention has; the batch layout, the workspace limits and
+// the argument checks at the API boundary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -28,18 +31,73 @@ Inputs random_inputs(int64_t T, const AttentionShape& s, uint64_t seed) {
           random_uniform(static_cast<size_t>(T * s.kv_dim()), seed + 2)};
 }
 
-// Runs the CPU reference on host vectors; returns out [T, q_dim].
-std::vector<float> run_cpu(const Inputs& in, const std::vector<int64_t>& lengths, const AttentionShape& s) {
-  VarlenBatch batch = VarlenBatch::from_lengths(lengths, Device::CPU);
-  const int64_t T = batch.total_tokens();
-  Tensor q = Tensor::from_f32(in.q, {T, s.q_dim()}, DType::F32, Device::CPU);
-  Tensor k = Tensor::from_f32(in.k, {T, s.kv_dim()}, DType::F32, Device::CPU);
-  Tensor v = Tensor::from_f32(in.v, {T, s.kv_dim()}, DType::F32, Device::CPU);
-  Tensor out = Tensor::empty({T, s.q_dim()}, DType::F32, Device::CPU);
-  std::vector<float> nan(static_cast<size_t>(T * s.q_dim()), NAN);  // poison
-  std::copy(nan.begin(), nan.end(), out.view().ptr<float>());
-  attention_prefill(out, q, k, v, batch, s);
+// Runs the CPU reference on host vectors (q [sum q_lens, q_dim], k/v [sum k_lens, kv_dim]); returns out.
+std::vector<float> run_cpu(const Inputs& in, const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
+                           const AttentionShape& s) {
+  AttentionBatch batch = AttentionBatch::with_lengths(q_lens, k_lens, Device::CPU);
+  const int64_t Tq = batch.total_q(), Tk = batch.total_k();
+  Tensor q = Tensor::from_f32(in.q, {Tq, s.q_dim()}, DType::F32, Device::CPU);
+  Tensor k = Tensor::from_f32(in.k, {Tk, s.kv_dim()}, DType::F32, Device::CPU);
+  Tensor v = Tensor::from_f32(in.v, {Tk, s.kv_dim()}, DType::F32, Device::CPU);
+  Tensor out = Tensor::empty({Tq, s.q_dim()}, DType::F32, Device::CPU);
+  std::fill(out.view().ptr<float>(), out.view().ptr<float>() + Tq * s.q_dim(), NAN);  // poison
+  attention(out, q, k, v, batch, s);
   return to_f32_vector(out);
+}
+// Prefill: every token is a query.
+std::vector<float> run_cpu(const Inputs& in, const std::vector<int64_t>& lengths, const AttentionShape& s) {
+  return run_cpu(in, lengths, lengths, s);
+}
+
+int64_t total(const std::vector<int64_t>& lengths) {
+  int64_t t = 0;
+  for (int64_t n : lengths) t += n;
+  return t;
+}
+
+// The definition, element by element, written independently of attention_cpu.cpp: for every query
+// (sequence b, index i, head h) the full row of scores over ALL k_len keys of its sequence, the keys
+// after its position pos = k_len - q_len + i set to -inf, a softmax over the row, the weighted sum.
+std::vector<float> naive_attention(const Inputs& in, const std::vector<int64_t>& q_lens,
+                                   const std::vector<int64_t>& k_lens, const AttentionShape& s) {
+  std::vector<float> out(static_cast<size_t>(total(q_lens) * s.q_dim()), NAN);
+  int64_t q_row = 0, k_row = 0;
+  for (size_t b = 0; b < q_lens.size(); ++b) {
+    const int64_t nq = q_lens[b], nk = k_lens[b];
+    for (int64_t i = 0; i < nq; ++i) {
+      for (int64_t h = 0; h < s.n_heads; ++h) {
+        const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
+        std::vector<double> w(static_cast<size_t>(nk));
+        for (int64_t j = 0; j < nk; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < s.head_dim; ++d)
+            dot += static_cast<double>(in.q[(q_row + i) * s.q_dim() + h * s.head_dim + d]) *
+                   in.k[(k_row + j) * s.kv_dim() + kvh * s.head_dim + d];
+          const bool visible = j <= nk - nq + i;
+          w[j] = visible ? dot / std::sqrt(static_cast<double>(s.head_dim)) : -INFINITY;
+        }
+        const double m = *std::max_element(w.begin(), w.end());
+        double sum = 0.0;
+        for (double& x : w) sum += (x = std::exp(x - m));
+        for (int64_t d = 0; d < s.head_dim; ++d) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < nk; ++j) acc += w[j] / sum * in.v[(k_row + j) * s.kv_dim() + kvh * s.head_dim + d];
+          out[(q_row + i) * s.q_dim() + h * s.head_dim + d] = static_cast<float>(acc);
+        }
+      }
+    }
+    q_row += nq;
+    k_row += nk;
+  }
+  return out;
+}
+
+// Random q for the queries and k, v for the keys of a batch with the given lengths.
+Inputs random_batch(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens, const AttentionShape& s,
+                    uint64_t seed) {
+  return {random_normal(static_cast<size_t>(total(q_lens) * s.q_dim()), seed),
+          random_normal(static_cast<size_t>(total(k_lens) * s.kv_dim()), seed + 1),
+          random_uniform(static_cast<size_t>(total(k_lens) * s.kv_dim()), seed + 2)};
 }
 
 // Expects an InputError whose message contains `needle`.
@@ -206,60 +264,238 @@ TEST(Attention07Cpu, ShapeFromConfigAndScale) {
   EXPECT_DOUBLE_EQ(s.scale(), 0.125);
 }
 
-TEST(Attention07Cpu, VarlenBatchFromLengths) {
-  VarlenBatch b = VarlenBatch::from_lengths({3, 0, 5}, Device::CPU);
-  EXPECT_EQ(b.cu_seqlens(), (std::vector<int32_t>{0, 3, 3, 8}));
+// ---- queries after earlier keys: q_len < k_len ------------------------------------------------------
+
+TEST(Attention07Cpu, QueriesAfterEarlierKeysMatchTheDefinition) {
+  // A chunk of 3 new queries after 5 earlier tokens, one decode step (1 query after 7), a prefill, an
+  // empty sequence with keys but no queries, and a fully empty one: all against the element-wise loop.
+  const AttentionShape s{4, 2, 8};
+  const std::vector<int64_t> q_lens{3, 1, 4, 0, 0}, k_lens{8, 8, 4, 6, 0};
+  const Inputs in = random_batch(q_lens, k_lens, s, 81);
+  const std::vector<float> got = run_cpu(in, q_lens, k_lens, s);
+  const std::vector<float> want = naive_attention(in, q_lens, k_lens, s);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], kExactish) << "element " << i;
+}
+
+TEST(Attention07Cpu, ChunkedPrefillEqualsOnePrefill) {
+  // The last 6 queries of a 10-token prompt, attending to all 10 keys, are exactly the last 6 rows of
+  // the prefill of the whole prompt (the same arithmetic in the same order: equal bits).
+  const AttentionShape s{6, 2, 16};
+  const int64_t n = 10, chunk = 6;
+  const Inputs whole = random_inputs(n, s, 91);
+  const std::vector<float> prefill = run_cpu(whole, {n}, s);
+  Inputs tail = whole;
+  tail.q.assign(whole.q.begin() + (n - chunk) * s.q_dim(), whole.q.end());
+  const std::vector<float> chunked = run_cpu(tail, {chunk}, {n}, s);
+  for (int64_t c = 0; c < chunk * s.q_dim(); ++c)
+    ASSERT_EQ(chunked[c], prefill[(n - chunk) * s.q_dim() + c]) << "element " << c;
+}
+
+TEST(Attention07Cpu, DecodeStepSeesEveryKey) {
+  // q_len == 1: the one query sits at position k_len - 1 and sees all keys. With q = 0 every score is
+  // 0: the output is the mean of all k_len values (not of the first one, as a top-left mask would give).
+  const AttentionShape s{2, 1, 4};
+  const std::vector<int64_t> q_lens{1, 1}, k_lens{5, 3};
+  Inputs in = random_batch(q_lens, k_lens, s, 101);
+  std::fill(in.q.begin(), in.q.end(), 0.f);
+  const std::vector<float> out = run_cpu(in, q_lens, k_lens, s);
+  int64_t k_row = 0;
+  for (size_t b = 0; b < q_lens.size(); ++b) {
+    for (int64_t d = 0; d < s.head_dim; ++d) {
+      double mean = 0.0;
+      for (int64_t j = 0; j < k_lens[b]; ++j) mean += in.v[(k_row + j) * s.kv_dim() + d];
+      mean /= static_cast<double>(k_lens[b]);
+      for (int64_t h = 0; h < s.n_heads; ++h) EXPECT_NEAR(out[b * s.q_dim() + h * s.head_dim + d], mean, kExactish);
+    }
+    k_row += k_lens[b];
+  }
+}
+
+// ---- strided views: q, k, v inside one fused QKV buffer ----------------------------------------------
+
+TEST(Attention07Cpu, StridedViewsIntoAFusedQkvBuffer) {
+  // Prefill: q, k, v as column slices of qkv [T, q_dim + 2*kv_dim], out as a slice of a wider buffer.
+  // The reference must read and write through the row strides: the same bits as on packed copies.
+  const AttentionShape s{4, 2, 8};
+  const std::vector<int64_t> lengths{3, 6};
+  const int64_t T = 9, W = s.qkv_dim();
+  std::vector<float> fused = random_normal(static_cast<size_t>(T * W), 111);
+  Tensor qkv = Tensor::from_f32(fused, {T, W}, DType::F32, Device::CPU);
+  const QkvViews views = split_qkv(qkv, s);
+  EXPECT_EQ(views.q.strides, (Shape{W, 1}));
+  EXPECT_EQ(views.k.shape, (Shape{T, s.kv_dim()}));
+  EXPECT_EQ(views.v.data, static_cast<float*>(qkv.data()) + s.q_dim() + s.kv_dim());
+  Inputs packed;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = fused.data() + t * W;
+    packed.q.insert(packed.q.end(), row, row + s.q_dim());
+    packed.k.insert(packed.k.end(), row + s.q_dim(), row + s.q_dim() + s.kv_dim());
+    packed.v.insert(packed.v.end(), row + s.q_dim() + s.kv_dim(), row + W);
+  }
+  const std::vector<float> want = run_cpu(packed, lengths, s);
+
+  const int64_t out_width = s.q_dim() + 24;  // out is columns [8, 8 + q_dim) of a wider buffer
+  std::vector<float> wide(static_cast<size_t>(T * out_width), -7.f);
+  TensorView wide_view = TensorView::contiguous(wide.data(), DType::F32, Device::CPU, {T, out_width});
+  const TensorView out = column_slice(wide_view, 8, s.q_dim());
+  attention(out, views.q, views.k, views.v, AttentionBatch::prefill(lengths, Device::CPU), s);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < out_width; ++c) {
+      const float got = wide[t * out_width + c];
+      if (c < 8 || c >= 8 + s.q_dim()) ASSERT_EQ(got, -7.f) << "row " << t << " col " << c << " written outside out";
+      else ASSERT_EQ(got, want[t * s.q_dim() + c - 8]) << "row " << t << " col " << c;
+    }
+  }
+}
+
+TEST(Attention07Cpu, ColumnSliceAndSplitQkvChecks) {
+  const AttentionShape s{4, 2, 8};
+  Tensor qkv = Tensor::empty({3, s.qkv_dim()}, DType::F32, Device::CPU);
+  expect_input_error([&] { column_slice(qkv, 60, 8); }, "outside");
+  expect_input_error([&] { split_qkv(Tensor::empty({3, 48}, DType::F32, Device::CPU), s); }, "qkv must be [T, 64]");
+  const TensorView k = split_qkv(qkv, s).k;
+  EXPECT_EQ(k.data, static_cast<float*>(qkv.data()) + 32);
+  EXPECT_FALSE(k.is_contiguous());
+}
+
+// ---- the batch layout ------------------------------------------------------------------------------
+
+TEST(Attention07Cpu, AttentionBatchLayout) {
+  AttentionBatch b = AttentionBatch::with_lengths({3, 0, 1}, {3, 2, 6}, Device::CPU);
+  EXPECT_EQ(b.cu_seqlens_q(), (std::vector<int32_t>{0, 3, 3, 4}));
+  EXPECT_EQ(b.cu_seqlens_k(), (std::vector<int32_t>{0, 3, 5, 11}));
   EXPECT_EQ(b.batch_size(), 3);
-  EXPECT_EQ(b.total_tokens(), 8);
-  EXPECT_EQ(b.max_seqlen(), 5);
-  EXPECT_EQ(b.seq_begin(2), 3);
-  EXPECT_EQ(b.seq_len(1), 0);
-  EXPECT_EQ(b.cu_seqlens_device(), nullptr);
+  EXPECT_EQ(b.total_q(), 4);
+  EXPECT_EQ(b.total_k(), 11);
+  EXPECT_EQ(b.max_q_len(), 3);
+  EXPECT_EQ(b.max_k_len(), 6);
+  EXPECT_EQ(b.q_begin(2), 3);
+  EXPECT_EQ(b.k_begin(2), 5);
+  EXPECT_EQ(b.q_len(1), 0);
+  EXPECT_EQ(b.k_len(1), 2);
+  EXPECT_EQ(b.cu_seqlens_q_device(), nullptr);
+  EXPECT_EQ(b.cu_seqlens_k_device(), nullptr);
+  // Prefill: the two arrays are equal.
+  AttentionBatch p = AttentionBatch::prefill({3, 0, 5}, Device::CPU);
+  EXPECT_EQ(p.cu_seqlens_q(), (std::vector<int32_t>{0, 3, 3, 8}));
+  EXPECT_EQ(p.cu_seqlens_k(), p.cu_seqlens_q());
+}
+
+TEST(Attention07Cpu, AttentionBatchIsRefilledWithinItsCapacity) {
+  AttentionBatch b(4, Device::CPU);
+  EXPECT_EQ(b.capacity(), 4);
+  EXPECT_EQ(b.batch_size(), 0);
+  b.set_prefill({5, 7});
+  const int32_t* where = b.cu_seqlens_q().data();
+  b.set_lengths({1, 1, 1, 1}, {9, 3, 4, 1});  // a decode step of 4 sequences: no reallocation
+  EXPECT_EQ(b.cu_seqlens_q().data(), where);
+  EXPECT_EQ(b.total_q(), 4);
+  EXPECT_EQ(b.max_k_len(), 9);
+  // Beyond the capacity: an error naming it, and the batch is unchanged.
+  expect_input_error([&] { b.set_prefill({1, 2, 3, 4, 5}); }, "5 sequences exceed this batch's capacity of 4");
+  EXPECT_EQ(b.batch_size(), 4);
+  EXPECT_EQ(b.cu_seqlens_k(), (std::vector<int32_t>{0, 9, 12, 16, 17}));
+  expect_input_error([] { AttentionBatch(0, Device::CPU); }, "max_sequences must be in [1, 65535]");
+  expect_input_error([] { AttentionBatch(65536, Device::CPU); }, "max_sequences must be in [1, 65535]");
+  expect_input_error([] { AttentionBatch().set_prefill({1}); }, "capacity of 0");
 }
 
 TEST(Attention07Cpu, CuSeqlensValidation) {
-  expect_input_error([] { VarlenBatch::from_cu_seqlens({}, Device::CPU); }, "B+1 >= 2");
-  expect_input_error([] { VarlenBatch::from_cu_seqlens({0}, Device::CPU); }, "B+1 >= 2");
-  expect_input_error([] { VarlenBatch::from_cu_seqlens({1, 4}, Device::CPU); }, "cu_seqlens[0] must be 0");
-  expect_input_error([] { VarlenBatch::from_cu_seqlens({0, 4, 3}, Device::CPU); }, "cu_seqlens[2] = 3 < cu_seqlens[1] = 4");
-  expect_input_error([] { VarlenBatch::from_lengths({}, Device::CPU); }, "at least one sequence");
-  expect_input_error([] { VarlenBatch::from_lengths({2, -1}, Device::CPU); }, "sequence 1 has negative length");
-  expect_input_error([] { VarlenBatch::from_lengths({int64_t{1} << 31}, Device::CPU); }, "2^31-1");
-  std::vector<int32_t> too_many(static_cast<size_t>(VarlenBatch::kMaxSequences) + 2, 0);
-  expect_input_error([&] { VarlenBatch::from_cu_seqlens(too_many, Device::CPU); }, "at most 65535 sequences");
+  AttentionBatch b(8, Device::CPU);
+  expect_input_error([&] { b.set_cu_seqlens({}, {}); }, "cu_seqlens_q needs B+1 >= 2");
+  expect_input_error([&] { b.set_cu_seqlens({0}, {0}); }, "cu_seqlens_q needs B+1 >= 2");
+  expect_input_error([&] { b.set_cu_seqlens({1, 4}, {0, 4}); }, "cu_seqlens_q[0] must be 0");
+  expect_input_error([&] { b.set_cu_seqlens({0, 4}, {2, 4}); }, "cu_seqlens_k[0] must be 0");
+  expect_input_error([&] { b.set_cu_seqlens({0, 4, 3}, {0, 4, 5}); },
+                     "cu_seqlens_q[2] = 3 < cu_seqlens_q[1] = 4");
+  expect_input_error([&] { b.set_cu_seqlens({0, 4}, {0, 4, 5}); }, "cu_seqlens_q has 2 entries but cu_seqlens_k has 3");
+  expect_input_error([&] { b.set_cu_seqlens({0, 2, 5}, {0, 2, 4}); }, "sequence 1 has 3 queries but only 2 keys");
+  expect_input_error([&] { b.set_lengths({}, {}); }, "at least one sequence");
+  expect_input_error([&] { b.set_lengths({1, 2}, {1}); }, "2 query lengths but 1 key lengths");
+  expect_input_error([&] { b.set_prefill({2, -1}); }, "sequence 1 has negative query length -1");
+  expect_input_error([&] { b.set_prefill({int64_t{1} << 31}); }, "2^31-1");
 }
 
 TEST(Attention07Cpu, ArgumentValidation) {
   const AttentionShape s{4, 2, 8};
-  VarlenBatch batch = VarlenBatch::from_lengths({2, 3}, Device::CPU);
+  AttentionBatch batch = AttentionBatch::with_lengths({2, 3}, {2, 4}, Device::CPU);  // 5 queries, 6 keys
   Tensor q = Tensor::empty({5, 32}, DType::F32, Device::CPU);
-  Tensor kv = Tensor::empty({5, 16}, DType::F32, Device::CPU);
+  Tensor kv = Tensor::empty({6, 16}, DType::F32, Device::CPU);
   Tensor out = Tensor::empty({5, 32}, DType::F32, Device::CPU);
   // the happy path first, so the failures below are about the one thing each changes
-  EXPECT_NO_THROW(attention_prefill(out, q, kv, kv, batch, s));
+  EXPECT_NO_THROW(attention(out, q, kv, kv, batch, s));
 
-  VarlenBatch short_batch = VarlenBatch::from_lengths({2, 2}, Device::CPU);
-  expect_input_error([&] { attention_prefill(out, q, kv, kv, short_batch, s); }, "cu_seqlens covers 4 tokens");
-  expect_input_error([&] { attention_prefill(out, q, q, kv, batch, s); }, "k must be [5, 16]");
-  expect_input_error([&] { attention_prefill(kv, q, kv, kv, batch, s); }, "out must be [5, 32]");
-  expect_input_error([&] { attention_prefill(out, q, kv, kv, batch, AttentionShape{4, 3, 8}); },
+  AttentionBatch short_batch = AttentionBatch::prefill({2, 2}, Device::CPU);
+  expect_input_error([&] { attention(out, q, kv, kv, short_batch, s); }, "cu_seqlens_q covers 4 queries");
+  AttentionBatch prefill = AttentionBatch::prefill({2, 3}, Device::CPU);
+  expect_input_error([&] { attention(out, q, kv, kv, prefill, s); }, "k has 6 rows but cu_seqlens_k covers 5 keys");
+  Tensor kv5 = Tensor::empty({5, 16}, DType::F32, Device::CPU);
+  expect_input_error([&] { attention(out, q, kv5, kv, batch, s); }, "k has 5 rows but cu_seqlens_k covers 6 keys");
+  expect_input_error([&] { attention(out, q, q, kv, batch, s); }, "k has 5 rows");
+  expect_input_error([&] { attention(kv, q, kv, kv, batch, s); }, "out must be [5, 32]");
+  expect_input_error([&] { attention(out, q, kv, kv, batch, AttentionShape{4, 3, 8}); },
                      "must be a multiple of n_kv_heads");
-  expect_input_error([&] { attention_prefill(out, q, kv, kv, batch, AttentionShape{4, 0, 8}); }, "must be positive");
+  expect_input_error([&] { attention(out, q, kv, kv, batch, AttentionShape{4, 0, 8}); }, "must be positive");
   Tensor q_bf16 = Tensor::empty({5, 32}, DType::BF16, Device::CPU);
-  expect_input_error([&] { attention_prefill(out, q_bf16, kv, kv, batch, s); }, "q must be F32 on cpu");
+  expect_input_error([&] { attention(out, q_bf16, kv, kv, batch, s); }, "q must be F32 on cpu");
   Tensor q_3d = Tensor::empty({5, 4, 8}, DType::F32, Device::CPU);
-  expect_input_error([&] { attention_prefill(out, q_3d, kv, kv, batch, s); }, "q must be [5, 32]");
+  expect_input_error([&] { attention(out, q_3d, kv, kv, batch, s); }, "q must be [5, 32]");
+  // Strides: columns must be contiguous, rows may not overlap.
+  TensorView q_cols = q.view();
+  q_cols.strides = {32, 2};
+  expect_input_error([&] { attention(out, q_cols, kv, kv, batch, s); }, "column stride 1");
+  TensorView k_overlap = kv.view();
+  k_overlap.strides = {8, 1};
+  expect_input_error([&] { attention(out, q, k_overlap, kv, batch, s); }, "rows must be at least 16");
   expect_input_error([] { parse_attention_kernel("v3"); }, "unknown attention kernel 'v3'");
   EXPECT_EQ(parse_attention_kernel("v1"), AttentionKernel::V1Materialized);
   EXPECT_EQ(parse_attention_kernel("v2"), AttentionKernel::V2Flash);
 }
 
-TEST(Attention07Cpu, WorkspaceBytesGrowAsNSquared) {
+// ---- the workspace: sized once from limits ---------------------------------------------------------
+
+TEST(Attention07Cpu, WorkspaceBytesGrowAsQueriesTimesKeys) {
   const AttentionShape s{32, 8, 64};
-  VarlenBatch b = VarlenBatch::from_lengths({8192, 100}, Device::CPU);
-  // v1 holds the longest sequence's scores: 32 heads x 8192^2 x 4 bytes = 8 GiB
-  EXPECT_EQ(attention_workspace_bytes(AttentionKernel::V1Materialized, b, s), size_t{8} << 30);
-  EXPECT_EQ(attention_workspace_bytes(AttentionKernel::V2Flash, b, s), 0u);
+  // v1 holds the largest sequence's scores: 32 heads x 8192 x 8192 x 4 bytes = 8 GiB
+  EXPECT_EQ(attention_workspace_bytes(AttentionKernel::V1Materialized, s, {2, 8192, 8192}), size_t{8} << 30);
+  // decode (one query per sequence) needs q_len x k_len, not k_len^2: 32 x 1 x 8192 x 4 = 1 MiB
+  EXPECT_EQ(attention_workspace_bytes(AttentionKernel::V1Materialized, s, {64, 1, 8192}), size_t{1} << 20);
+  EXPECT_EQ(attention_workspace_bytes(AttentionKernel::V2Flash, s, {2, 8192, 8192}), 0u);
+}
+
+TEST(Attention07Cpu, WorkspaceLimitsAreNamedWhenExceeded) {
+  // A v2 workspace allocates nothing, so it can be made without a GPU; check() is what attention() runs.
+  const AttentionShape s{4, 2, 8};
+  AttentionWorkspace ws(s, AttentionLimits{2, 4, 16}, AttentionKernel::V2Flash);
+  EXPECT_EQ(ws.scratch_bytes(), 0u);
+  EXPECT_NO_THROW(ws.check(AttentionBatch::with_lengths({4, 1}, {16, 9}, Device::CPU), s, AttentionKernel::V2Flash));
+  expect_input_error([&] { ws.check(AttentionBatch::prefill({1, 1, 1}, Device::CPU), s, AttentionKernel::V2Flash); },
+                     "max_sequences = 2");
+  expect_input_error([&] { ws.check(AttentionBatch::prefill({5}, Device::CPU), s, AttentionKernel::V2Flash); },
+                     "max_q_len = 4");
+  expect_input_error(
+      [&] { ws.check(AttentionBatch::with_lengths({1}, {17}, Device::CPU), s, AttentionKernel::V2Flash); },
+      "max_k_len = 16");
+  expect_input_error([&] { ws.check(AttentionBatch::prefill({1}, Device::CPU), AttentionShape{4, 1, 8},
+                                    AttentionKernel::V2Flash); },
+                     "made for 4/2 heads of 8 dims");
+  expect_input_error(
+      [&] { ws.check(AttentionBatch::prefill({1}, Device::CPU), s, AttentionKernel::V1Materialized); },
+      "made for v2");
+  expect_input_error([&] { AttentionWorkspace(s, AttentionLimits{1, 8, 4}, AttentionKernel::V2Flash); },
+                     "max_q_len <= max_k_len");
+  expect_input_error([&] { AttentionWorkspace(s, AttentionLimits{1, 4, 8}, AttentionKernel::V1Materialized); },
+                     "needs a CublasHandle");
+}
+
+TEST(Attention07Cpu, FlashHeadDims) {
+  for (int64_t d : {8, 40, 64, 72, 80, 96, 112, 128, 136, 160, 192, 256}) EXPECT_TRUE(flash_supports_head_dim(d)) << d;
+  for (int64_t d : {0, 4, 60, 100, 264, 512}) EXPECT_FALSE(flash_supports_head_dim(d)) << d;
+  EXPECT_EQ(flash_path(64), "tensor cores, 64-wide tiles");
+  EXPECT_EQ(flash_path(96), "tensor cores, 128-wide tiles (head_dim 96 zero-padded)");
+  EXPECT_EQ(flash_path(40), "tensor cores, 64-wide tiles (head_dim 40 zero-padded)");
+  EXPECT_NE(flash_path(192).find("CUDA cores"), std::string::npos);
 }
 
 }  // namespace

@@ -12,9 +12,9 @@
 
 #include "common/bench.h"
 #include "common/buffer.h"
+#include "common/cuda_utils.cuh"  // ceil_div, blocks_for_one_wave (README section 4)
 #include "common/errors.h"
 #include "gpu_basics.h"
-#include "launch.h"
 
 namespace tvllm {
 
@@ -64,16 +64,17 @@ __global__ void saxpy_v3_kernel(float* out, float a, const float* x, const float
 }
 
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) { return pointer_alignment(p) == 16; }
 
 }  // namespace
 
-void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, const std::string& kernel) {
+void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, const std::string& kernel,
+                cudaStream_t stream) {
   if (n == 0) return;  // a grid of zero blocks is an invalid launch, not a no-op
   if (kernel == "v1") {
     int64_t blocks = ceil_div(n, kThreadsPerBlock);
     TVLLM_REQUIRE(blocks <= 0x7fffffff, "saxpy v1: n = " + std::to_string(n) + " needs more than 2^31-1 blocks");
-    saxpy_v1_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock>>>(out, a, x, y, n);
+    saxpy_v1_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(out, a, x, y, n);
     TVLLM_CHECK_LAUNCH();
     return;
   }
@@ -81,7 +82,7 @@ void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, 
   if (vectorised) {
     static const int64_t wave = blocks_for_one_wave(saxpy_v3_kernel, kThreadsPerBlock);
     int64_t blocks = std::min(wave, ceil_div(n / 4 + 1, kThreadsPerBlock));  // +1: room for the tail
-    saxpy_v3_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock>>>(out, a, x, y, n);
+    saxpy_v3_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(out, a, x, y, n);
     TVLLM_CHECK_LAUNCH();
     return;
   }
@@ -89,7 +90,7 @@ void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, 
   // v2, and v3 on pointers that are not 16-byte aligned (a view that starts mid-buffer, say)
   static const int64_t wave = blocks_for_one_wave(saxpy_v2_kernel, kThreadsPerBlock);
   int64_t blocks = std::min(wave, ceil_div(n, kThreadsPerBlock));
-  saxpy_v2_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock>>>(out, a, x, y, n);
+  saxpy_v2_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(out, a, x, y, n);
   TVLLM_CHECK_LAUNCH();
 }
 

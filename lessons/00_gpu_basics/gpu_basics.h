@@ -8,6 +8,8 @@
 // This header is included by gpu_basics.cu, so it stays C++17.
 #pragma once
 
+#include <cuda_runtime.h>  // cudaStream_t
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -30,20 +32,24 @@ inline constexpr const char* kSaxpyDefaultKernel = "v3";
 // so both give the same bits. x, y, out: contiguous F32 views with the same number of elements (any
 // shape: SAXPY is element-wise), all on the same device; out may be y itself (in place, as BLAS does
 // it). The device of the views picks the path; `kernel` picks the GPU version and is ignored on the CPU.
-// Throws InputError naming the problem for anything else.
+// On the GPU the kernel is queued on `stream` (nullptr: the legacy default stream, README section 5) and
+// saxpy returns without waiting. Throws InputError naming the problem for anything else.
 void saxpy(const TensorView& out, float a, const TensorView& x, const TensorView& y,
-           const std::string& kernel = kSaxpyDefaultKernel);
+           const std::string& kernel = kSaxpyDefaultKernel, cudaStream_t stream = nullptr);
 
 // ---- the pieces behind saxpy(), on raw pointers -------------------------------------------------------
 
 // CPU reference (gpu_basics_cpu.cpp): std::fma per element, the same single rounding as the GPU's FFMA.
 void saxpy_cpu(float* out, float a, const float* x, const float* y, int64_t n);
 // The same written the obvious way, `a * x[i] + y[i]`, with the product rounded to fp32 before the
-// add: two roundings. main.cpp counts how often it differs from the fused result (the chapter explains).
+// add: two roundings. That holds because the project compiles host code with -ffp-contract=off (top-level
+// CMakeLists.txt); otherwise GCC may fuse it on an FMA target. main.cpp counts how often it differs from
+// the fused result (the chapter explains).
 void saxpy_cpu_unfused(float* out, float a, const float* x, const float* y, int64_t n);
-// GPU launcher (gpu_basics.cu): device pointers, kernel "v1" | "v2" | "v3". Returns after the launch
-// (asynchronously), having checked that the launch itself was accepted.
-void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, const std::string& kernel);
+// GPU launcher (gpu_basics.cu): device pointers, kernel "v1" | "v2" | "v3", queued on `stream`. Returns
+// after the launch (asynchronously), having checked that the launch itself was accepted.
+void saxpy_cuda(float* out, float a, const float* x, const float* y, int64_t n, const std::string& kernel,
+                cudaStream_t stream = nullptr);
 
 // ---- the closed-form check --------------------------------------------------------------------------
 

@@ -20,14 +20,16 @@ void saxpy_cpu(float* out, float a, const float* x, const float* y, int64_t n) {
 
 void saxpy_cpu_unfused(float* out, float a, const float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    // Two roundings: the product is rounded to fp32, then the sum. The project compiles with -std=c++20
-    // (not gnu++20), under which GCC does not contract this into an FMA on its own.
+    // Two roundings: the product is rounded to fp32, then the sum. Only because the project compiles host
+    // code with -ffp-contract=off: GCC otherwise contracts a * x + y into one FMA whenever the target has
+    // one (-march=native, haswell), also under -std=c++20, and this would silently equal saxpy_cpu.
     float product = a * x[i];
     out[i] = product + y[i];
   }
 }
 
-void saxpy(const TensorView& out, float a, const TensorView& x, const TensorView& y, const std::string& kernel) {
+void saxpy(const TensorView& out, float a, const TensorView& x, const TensorView& y, const std::string& kernel,
+           cudaStream_t stream) {
   TVLLM_REQUIRE(x.dtype == DType::F32 && y.dtype == DType::F32 && out.dtype == DType::F32,
                 "saxpy: x, y and out must be F32, got x " + x.describe() + ", y " + y.describe() + ", out " +
                     out.describe());
@@ -46,7 +48,7 @@ void saxpy(const TensorView& out, float a, const TensorView& x, const TensorView
   if (out.device == Device::CPU) {
     saxpy_cpu(out.ptr<float>(), a, x.ptr<float>(), y.ptr<float>(), out.numel());
   } else {
-    saxpy_cuda(out.ptr<float>(), a, x.ptr<float>(), y.ptr<float>(), out.numel(), kernel);
+    saxpy_cuda(out.ptr<float>(), a, x.ptr<float>(), y.ptr<float>(), out.numel(), kernel, stream);
   }
 }
 

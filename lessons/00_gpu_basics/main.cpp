@@ -146,6 +146,14 @@ int run_cpu(const LessonOptions& opt, int64_t n) {
   }
   report.add_check("std::fma == exact, rounded once", not_nearest == 0,
                    std::to_string(not_nearest) + " elements are not the nearest float to a*x+y");
+  // And the unfused loop must really round twice: the chapter's example (section 4), a = x = 1 + 2^-12,
+  // y = -(1 + 2^-11), gives 0 with two roundings and 2^-24 with one. A compiler that contracted
+  // a * x + y into an FMA (no -ffp-contract=off, an FMA target) would make it 2^-24.
+  const float e = 1.0f + 0x1p-12f, minus_y = -(1.0f + 0x1p-11f);
+  float two_roundings = -1.0f;
+  saxpy_cpu_unfused(&two_roundings, e, &e, &minus_y, 1);
+  report.add_check("a*x, then +y: two roundings", two_roundings == 0.0f,
+                   "got " + std::to_string(two_roundings) + ": the compiler fused a*x + y into an FMA");
 
   if (opt.bench) {
     BenchResult r = bench_cpu([&] { saxpy(out, kClosedFormA, x, y); }, 1, 5);

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "bf16.h"
-#include "launch.h"  // lesson 00: ceil_div, blocks_for_one_wave
+#include "common/cuda_utils.cuh"  // ceil_div, blocks_for_one_wave (lesson 00)
 #include "common/errors.h"
 
 namespace tvllm {
@@ -19,9 +19,10 @@ namespace {
 
 constexpr int kThreadsPerBlock = 256;
 
-// v1's rounding: common/dtype.h's f32_to_bf16, for the GPU. __float_as_uint reinterprets the bits of a
-// float register (what std::memcpy does on the host); everything else is the same integer arithmetic.
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(uint32_t u) {
+// v1's rounding: common/dtype.h's f32_to_bf16, for the GPU, on the fp32 bits read as an integer;
+// everything is the same integer arithmetic. (common/cuda_utils.cuh's f32_to_bf16_bits, which later
+// kernels use, is the hardware instruction of v2 instead.)
+__device__ __forceinline__ uint16_t round_bits_to_bf16(uint32_t u) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep it NaN
   uint32_t lsb = (u >> 16) & 1u;  // the last bit we keep: on a tie we round towards making it 0
   return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
@@ -32,7 +33,7 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(uint32_t u) {
 __global__ void f32_to_bf16_v1_kernel(uint16_t* out, const uint32_t* x, int64_t n) {
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = f32_to_bf16_bits(x[i]);
+    out[i] = round_bits_to_bf16(x[i]);
   }
 }
 
@@ -103,46 +104,46 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-void f32_to_bf16_cuda(uint16_t* out, const float* x, int64_t n, const std::string& kernel) {
+void f32_to_bf16_cuda(uint16_t* out, const float* x, int64_t n, const std::string& kernel, cudaStream_t stream) {
   if (n == 0) return;  // a grid of zero blocks is an invalid launch
   if (kernel == "v1") {
     static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v1_kernel, kThreadsPerBlock);
-    f32_to_bf16_v1_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(out, reinterpret_cast<const uint32_t*>(x), n);
+    f32_to_bf16_v1_kernel<<<grid_for(wave, n), kThreadsPerBlock, 0, stream>>>(out, reinterpret_cast<const uint32_t*>(x), n);
     TVLLM_CHECK_LAUNCH();
     return;
   }
   auto* bout = reinterpret_cast<__nv_bfloat16*>(out);
   if (kernel == "v3" && aligned(x, 16) && aligned(out, 8)) {
     static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v3_kernel, kThreadsPerBlock);
-    f32_to_bf16_v3_kernel<<<grid_for(wave, n / 4 + 1), kThreadsPerBlock>>>(bout, x, n);  // +1: the tail
+    f32_to_bf16_v3_kernel<<<grid_for(wave, n / 4 + 1), kThreadsPerBlock, 0, stream>>>(bout, x, n);  // +1: the tail
     TVLLM_CHECK_LAUNCH();
     return;
   }
   TVLLM_REQUIRE(kernel == "v2" || kernel == "v3", "f32_to_bf16: unknown kernel '" + kernel + "'");
   // v2, and v3 on pointers that are not aligned for its wide loads and stores
   static const int64_t wave = blocks_for_one_wave(f32_to_bf16_v2_kernel, kThreadsPerBlock);
-  f32_to_bf16_v2_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(bout, x, n);
+  f32_to_bf16_v2_kernel<<<grid_for(wave, n), kThreadsPerBlock, 0, stream>>>(bout, x, n);
   TVLLM_CHECK_LAUNCH();
 }
 
-void bf16_to_f32_cuda(float* out, const uint16_t* x, int64_t n) {
+void bf16_to_f32_cuda(float* out, const uint16_t* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   static const int64_t wave = blocks_for_one_wave(bf16_to_f32_kernel, kThreadsPerBlock);
-  bf16_to_f32_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(reinterpret_cast<uint32_t*>(out), x, n);
+  bf16_to_f32_kernel<<<grid_for(wave, n), kThreadsPerBlock, 0, stream>>>(reinterpret_cast<uint32_t*>(out), x, n);
   TVLLM_CHECK_LAUNCH();
 }
 
-void f32_to_f16_cuda(uint16_t* out, const float* x, int64_t n) {
+void f32_to_f16_cuda(uint16_t* out, const float* x, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   static const int64_t wave = blocks_for_one_wave(f32_to_f16_kernel, kThreadsPerBlock);
-  f32_to_f16_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(reinterpret_cast<__half*>(out), x, n);
+  f32_to_f16_kernel<<<grid_for(wave, n), kThreadsPerBlock, 0, stream>>>(reinterpret_cast<__half*>(out), x, n);
   TVLLM_CHECK_LAUNCH();
 }
 
-void fill_f32_bit_patterns_cuda(uint32_t* x, int64_t n, uint32_t first) {
+void fill_f32_bit_patterns_cuda(uint32_t* x, int64_t n, uint32_t first, cudaStream_t stream) {
   if (n == 0) return;
   static const int64_t wave = blocks_for_one_wave(fill_bit_patterns_kernel, kThreadsPerBlock);
-  fill_bit_patterns_kernel<<<grid_for(wave, n), kThreadsPerBlock>>>(x, n, first);
+  fill_bit_patterns_kernel<<<grid_for(wave, n), kThreadsPerBlock, 0, stream>>>(x, n, first);
   TVLLM_CHECK_LAUNCH();
 }
 

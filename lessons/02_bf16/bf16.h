@@ -11,6 +11,8 @@
 // This header is included by bf16.cu, so it stays C++17.
 #pragma once
 
+#include <cuda_runtime.h>  // cudaStream_t
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,23 +34,27 @@ inline constexpr const char* kBf16DefaultKernel = "v3";
 
 // out[i] = bf16(x[i]), round to nearest, ties to even; overflow gives inf; NaN gives NaN.
 // x: F32, out: BF16, same element count (any shapes), contiguous, same device.
-// `kernel` picks the GPU version (ignored on the CPU). Throws InputError naming any problem.
-void convert_f32_to_bf16(const TensorView& out, const TensorView& x, const std::string& kernel = kBf16DefaultKernel);
+// `kernel` picks the GPU version (ignored on the CPU). On the GPU every function here is queued on
+// `stream` (nullptr: the legacy default stream) and returns without waiting. Throws InputError naming
+// any problem.
+void convert_f32_to_bf16(const TensorView& out, const TensorView& x, const std::string& kernel = kBf16DefaultKernel,
+                         cudaStream_t stream = nullptr);
 // out[i] = fp32(x[i]), exact for every value. x: BF16, out: F32.
-void convert_bf16_to_f32(const TensorView& out, const TensorView& x);
+void convert_bf16_to_f32(const TensorView& out, const TensorView& x, cudaStream_t stream = nullptr);
 // out[i] = fp16(x[i]), round to nearest even; overflow (|x| >= 65520) gives inf. x: F32, out: F16.
-void convert_f32_to_f16(const TensorView& out, const TensorView& x);
+void convert_f32_to_f16(const TensorView& out, const TensorView& x, cudaStream_t stream = nullptr);
 
 // Fills x (F32, contiguous, on the GPU) with consecutive bit patterns: x[i] has the bits first + i
 // (mod 2^32). Every NaN payload and denormal arrives as written: the kernel stores integers.
-void fill_f32_bit_patterns(const TensorView& x, uint32_t first);
+void fill_f32_bit_patterns(const TensorView& x, uint32_t first, cudaStream_t stream = nullptr);
 
-// GPU launchers behind the functions above (bf16.cu), on device pointers; n may be 0. They return
-// after the launch (asynchronously), having checked that the launch was accepted.
-void f32_to_bf16_cuda(uint16_t* out, const float* x, int64_t n, const std::string& kernel);
-void bf16_to_f32_cuda(float* out, const uint16_t* x, int64_t n);
-void f32_to_f16_cuda(uint16_t* out, const float* x, int64_t n);
-void fill_f32_bit_patterns_cuda(uint32_t* x, int64_t n, uint32_t first);
+// GPU launchers behind the functions above (bf16.cu), on device pointers; n may be 0. They queue the
+// kernel on `stream` and return (asynchronously), having checked that the launch was accepted.
+void f32_to_bf16_cuda(uint16_t* out, const float* x, int64_t n, const std::string& kernel,
+                      cudaStream_t stream = nullptr);
+void bf16_to_f32_cuda(float* out, const uint16_t* x, int64_t n, cudaStream_t stream = nullptr);
+void f32_to_f16_cuda(uint16_t* out, const float* x, int64_t n, cudaStream_t stream = nullptr);
+void fill_f32_bit_patterns_cuda(uint32_t* x, int64_t n, uint32_t first, cudaStream_t stream = nullptr);
 
 // ---- rounding by definition (bf16_cpu.cpp) -----------------------------------------------------------
 

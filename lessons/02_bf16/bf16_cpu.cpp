@@ -31,7 +31,8 @@ void require_pair(const char* what, const TensorView& out, DType out_dtype, cons
 
 }  // namespace
 
-void convert_f32_to_bf16(const TensorView& out, const TensorView& x, const std::string& kernel) {
+void convert_f32_to_bf16(const TensorView& out, const TensorView& x, const std::string& kernel,
+                         cudaStream_t stream) {
   require_pair("convert_f32_to_bf16", out, DType::BF16, x, DType::F32);
   const std::vector<std::string>& versions = bf16_kernel_versions();
   TVLLM_REQUIRE(std::find(versions.begin(), versions.end(), kernel) != versions.end(),
@@ -42,11 +43,11 @@ void convert_f32_to_bf16(const TensorView& out, const TensorView& x, const std::
     uint16_t* o = out.ptr<uint16_t>();
     for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(in[i]);
   } else {
-    f32_to_bf16_cuda(out.ptr<uint16_t>(), x.ptr<float>(), n, kernel);
+    f32_to_bf16_cuda(out.ptr<uint16_t>(), x.ptr<float>(), n, kernel, stream);
   }
 }
 
-void convert_bf16_to_f32(const TensorView& out, const TensorView& x) {
+void convert_bf16_to_f32(const TensorView& out, const TensorView& x, cudaStream_t stream) {
   require_pair("convert_bf16_to_f32", out, DType::F32, x, DType::BF16);
   const int64_t n = x.numel();
   if (x.device == Device::CPU) {
@@ -54,11 +55,11 @@ void convert_bf16_to_f32(const TensorView& out, const TensorView& x) {
     float* o = out.ptr<float>();
     for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(in[i]);
   } else {
-    bf16_to_f32_cuda(out.ptr<float>(), x.ptr<uint16_t>(), n);
+    bf16_to_f32_cuda(out.ptr<float>(), x.ptr<uint16_t>(), n, stream);
   }
 }
 
-void convert_f32_to_f16(const TensorView& out, const TensorView& x) {
+void convert_f32_to_f16(const TensorView& out, const TensorView& x, cudaStream_t stream) {
   require_pair("convert_f32_to_f16", out, DType::F16, x, DType::F32);
   const int64_t n = x.numel();
   if (x.device == Device::CPU) {
@@ -66,11 +67,11 @@ void convert_f32_to_f16(const TensorView& out, const TensorView& x) {
     uint16_t* o = out.ptr<uint16_t>();
     for (int64_t i = 0; i < n; ++i) o[i] = f32_to_f16(in[i]);
   } else {
-    f32_to_f16_cuda(out.ptr<uint16_t>(), x.ptr<float>(), n);
+    f32_to_f16_cuda(out.ptr<uint16_t>(), x.ptr<float>(), n, stream);
   }
 }
 
-void fill_f32_bit_patterns(const TensorView& x, uint32_t first) {
+void fill_f32_bit_patterns(const TensorView& x, uint32_t first, cudaStream_t stream) {
   TVLLM_REQUIRE(x.dtype == DType::F32 && x.is_contiguous(),
                 "fill_f32_bit_patterns: expects a contiguous F32 view, got " + x.describe());
   const int64_t n = x.numel();
@@ -78,7 +79,7 @@ void fill_f32_bit_patterns(const TensorView& x, uint32_t first) {
     uint32_t* bits = x.ptr<uint32_t>();
     for (int64_t i = 0; i < n; ++i) bits[i] = first + static_cast<uint32_t>(i);
   } else {
-    fill_f32_bit_patterns_cuda(x.ptr<uint32_t>(), n, first);
+    fill_f32_bit_patterns_cuda(x.ptr<uint32_t>(), n, first, stream);
   }
 }
 

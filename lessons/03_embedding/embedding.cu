@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_utils.cuh"  // ceil_div, kWarpSize, pointer_alignment
 #include "common/errors.h"
 #include "embedding.h"
 
@@ -97,16 +98,15 @@ __global__ void embedding_v3_kernel(uint4* out,          // [T * chunks]
 
 int threads_for(int64_t work_items) {
   // a whole number of warps, at least one, at most kMaxThreads
-  int64_t warps = (work_items + 31) / 32;
-  return static_cast<int>(std::min<int64_t>(warps * 32, kMaxThreads));
+  return static_cast<int>(std::min<int64_t>(ceil_div(work_items, kWarpSize) * kWarpSize, kMaxThreads));
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) { return pointer_alignment(p) == 16; }
 
-// Runs the chosen kernel on validated arguments. ids point to device memory; bad may be null (ids
-// already checked on the host).
+// Runs the chosen kernel on validated arguments, on `stream`. ids point to device memory.
 void launch_embedding(const TensorView& out, const int32_t* ids, const TensorView& table,
-                      const EmbeddingShape& s, EmbeddingKernel kernel, unsigned long long* bad) {
+                      const EmbeddingShape& s, EmbeddingKernel kernel, unsigned long long* bad,
+                      cudaStream_t stream) {
   if (s.tokens == 0) return;  // a grid of zero blocks is a launch error
   const size_t elem = dtype_size(table.dtype);
   const size_t row_bytes = static_cast<size_t>(s.hidden) * elem;
@@ -117,20 +117,20 @@ void launch_embedding(const TensorView& out, const int32_t* ids, const TensorVie
   if (kernel == EmbeddingKernel::V3 && chunked && s.tokens * chunks < (int64_t{1} << 31)) {
     const uint32_t total = static_cast<uint32_t>(s.tokens * chunks);
     const uint32_t per_block = kV3Threads * kV3ChunksPerThread;
-    const uint32_t blocks = (total + per_block - 1) / per_block;
-    embedding_v3_kernel<<<blocks, kV3Threads>>>(out.ptr<uint4>(), ids, table.ptr<const uint4>(), s.vocab,
-                                                static_cast<uint32_t>(chunks), total, bad);
+    const auto blocks = static_cast<uint32_t>(ceil_div(total, per_block));
+    embedding_v3_kernel<<<blocks, kV3Threads, 0, stream>>>(out.ptr<uint4>(), ids, table.ptr<const uint4>(), s.vocab,
+                                                          static_cast<uint32_t>(chunks), total, bad);
     TVLLM_CHECK_LAUNCH();
   } else if ((kernel == EmbeddingKernel::V2 || kernel == EmbeddingKernel::V3) && chunked) {
-    embedding_v2_kernel<<<static_cast<unsigned>(s.tokens), threads_for(chunks)>>>(
+    embedding_v2_kernel<<<static_cast<unsigned>(s.tokens), threads_for(chunks), 0, stream>>>(
         out.ptr<uint4>(), ids, table.ptr<const uint4>(), s.vocab, chunks, bad);
     TVLLM_CHECK_LAUNCH();
   } else if (elem == 2) {
-    embedding_v1_kernel<uint16_t><<<static_cast<unsigned>(s.tokens), threads_for(s.hidden)>>>(
+    embedding_v1_kernel<uint16_t><<<static_cast<unsigned>(s.tokens), threads_for(s.hidden), 0, stream>>>(
         out.ptr<uint16_t>(), ids, table.ptr<const uint16_t>(), s.vocab, s.hidden, bad);
     TVLLM_CHECK_LAUNCH();
   } else {
-    embedding_v1_kernel<uint32_t><<<static_cast<unsigned>(s.tokens), threads_for(s.hidden)>>>(
+    embedding_v1_kernel<uint32_t><<<static_cast<unsigned>(s.tokens), threads_for(s.hidden), 0, stream>>>(
         out.ptr<uint32_t>(), ids, table.ptr<const uint32_t>(), s.vocab, s.hidden, bad);
     TVLLM_CHECK_LAUNCH();
   }
@@ -144,57 +144,50 @@ void require_grid_fits(const EmbeddingShape& s) {
 
 }  // namespace
 
-BadTokenFlag::BadTokenFlag() : flag_(sizeof(unsigned long long)) { clear(); }
+BadTokenFlag::BadTokenFlag()
+    : flag_(sizeof(unsigned long long)), host_(sizeof(unsigned long long), HostBuffer::Kind::Pinned) {
+  // Cleared and waited for here, once: whatever stream the flag is used on later finds it clear.
+  TVLLM_CUDA_CHECK(cudaMemset(flag_.data(), 0xFF, sizeof(unsigned long long)));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
-void BadTokenFlag::clear() { TVLLM_CUDA_CHECK(cudaMemset(flag_.data(), 0xFF, sizeof(unsigned long long))); }
+void BadTokenFlag::clear(cudaStream_t stream) {
+  TVLLM_CUDA_CHECK(cudaMemsetAsync(flag_.data(), 0xFF, sizeof(unsigned long long), stream));
+}
 
-void BadTokenFlag::check() {
-  unsigned long long value = kNoBadToken;
-  // cudaMemcpy waits for the kernels queued before it on the default stream: this is the synchronisation
+void BadTokenFlag::check(cudaStream_t stream) {
+  // The copy is queued behind the gathers on the stream; waiting for the stream is the synchronisation
   // that embedding() pays on every call and embedding_async() lets the caller place.
-  flag_.copy_to_host(&value, sizeof value);
-  if (value == kNoBadToken) return;
-  clear();
-  const int64_t position = static_cast<int64_t>(value >> 32);
-  const int32_t id = static_cast<int32_t>(static_cast<uint32_t>(value & 0xffffffffu));
+  auto* value = host_.as<unsigned long long>();
+  TVLLM_CUDA_CHECK(cudaMemcpyAsync(value, flag_.data(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (*value == kNoBadToken) return;
+  const unsigned long long bad = *value;
+  clear(stream);
+  const int64_t position = static_cast<int64_t>(bad >> 32);
+  const int32_t id = static_cast<int32_t>(static_cast<uint32_t>(bad & 0xffffffffu));
   throw InputError("embedding: token id " + std::to_string(id) + " at position " + std::to_string(position) +
                    " is outside the vocabulary [0, " + std::to_string(vocab_) +
                    ") (checked on the GPU; the rows of bad tokens were written as zeros)");
 }
 
-void embedding_async(const TensorView& out, const TensorView& ids, const TensorView& table,
-                     BadTokenFlag& flag, EmbeddingKernel kernel) {
-  TVLLM_REQUIRE(out.device == Device::CUDA, "embedding_async: out must be on the GPU, got " + out.describe());
-  TVLLM_REQUIRE(
-      ids.device == Device::CUDA,
-      "embedding_async: ids must be on the GPU (host ids: use embedding(), which checks them first)");
+void embedding_async(const TensorView& out, const TensorView& ids, const TensorView& table, BadTokenFlag& flag,
+                     EmbeddingKernel kernel, cudaStream_t stream) {
+  TVLLM_REQUIRE(out.device == Device::CUDA,
+                "embedding: out must be on the GPU (the CPU reference is embedding_cpu), got " + out.describe());
+  TVLLM_REQUIRE(ids.device == Device::CUDA,
+                "embedding: ids must be on the GPU (upload them: Tensor::from_i32(ids, {T}, Device::CUDA)), got " +
+                    ids.describe());
   const EmbeddingShape s = check_embedding_args(out, ids, table);
   require_grid_fits(s);
   flag.vocab_ = s.vocab;
-  launch_embedding(out, ids.ptr<const int32_t>(), table, s, kernel, flag.device_ptr());
+  launch_embedding(out, ids.ptr<const int32_t>(), table, s, kernel, flag.device_ptr(), stream);
 }
 
-void embedding(const TensorView& out, const TensorView& ids, const TensorView& table,
-               EmbeddingKernel kernel) {
-  if (out.device == Device::CPU) {
-    embedding_cpu(out, ids, table);
-    return;
-  }
-  const EmbeddingShape s = check_embedding_args(out, ids, table);
-  require_grid_fits(s);
-  if (ids.device == Device::CPU) {
-    // Host ids: check them here, before any GPU work, then upload. No flag and no read-back needed.
-    check_token_ids(ids.ptr<const int32_t>(), s.tokens, s.vocab);
-    if (s.tokens == 0) return;
-    DeviceBuffer device_ids(static_cast<size_t>(s.tokens) * sizeof(int32_t));  // [T]
-    device_ids.copy_from_host(ids.data, device_ids.bytes());
-    launch_embedding(out, device_ids.as<const int32_t>(), table, s, kernel, nullptr);
-    return;  // device_ids is freed here: cudaFree waits for the kernel that reads it
-  }
-  // Device ids: the kernel checks them; one read-back (a synchronisation) tells us whether one was bad.
-  BadTokenFlag flag;
-  embedding_async(out, ids, table, flag, kernel);
-  flag.check();
+void embedding(const TensorView& out, const TensorView& ids, const TensorView& table, BadTokenFlag& flag,
+               EmbeddingKernel kernel, cudaStream_t stream) {
+  embedding_async(out, ids, table, flag, kernel, stream);
+  flag.check(stream);  // one read-back, one wait: did any id miss the table?
 }
 
 }  // namespace tvllm

@@ -2,19 +2,23 @@
 //
 //   out[t, :] = table[ids[t], :]      out [T, hidden], ids I32 [T], table [vocab, hidden]
 //
-// The device of `out` decides the path:
-//   CPU   the fp32 reference (the oracle): out is F32, the table any floating dtype (BF16 widens exactly)
-//   CUDA  a copy kernel: out has the table's dtype (BF16 in the course; F16 and F32 work too, since a
-//         gather only moves bytes)
+// Two paths:
+//   embedding_cpu               the fp32 reference (the oracle): out is F32, the table any floating dtype
+//                               (BF16 widens exactly)
+//   embedding, embedding_async  the GPU: a copy kernel; out has the table's dtype (BF16 in the course;
+//                               F16 and F32 work too, since a gather only moves bytes)
 //
-// A token id outside [0, vocab) is an InputError, never an out-of-bounds read. Ids on the host are checked
-// before anything runs. Ids already on the GPU are checked by the kernel itself: it writes zeros for a
-// bad token, records the first bad position in a BadTokenFlag, and the caller reads the flag back.
-// embedding() does that read-back for you (one host-device synchronisation per call); embedding_async()
-// leaves it to the caller, who checks once per step when it synchronises anyway (README: "checking ids").
+// A token id outside [0, vocab) is an InputError, never an out-of-bounds read. The CPU reference checks
+// host ids before anything runs. On the GPU the ids are on the GPU and the kernel checks them itself: it
+// writes zeros for a bad token and records the first bad position in a BadTokenFlag, device memory that
+// the CALLER allocates once and passes to every call (README "Checking ids"). embedding() reads the flag
+// back at once (one host-device synchronisation per call); embedding_async() leaves it to the caller,
+// who checks once per step when it synchronises anyway. Neither allocates anything per call.
 //
 // C++17: this header is included by embedding.cu.
 #pragma once
+
+#include <cuda_runtime.h>  // cudaStream_t
 
 #include <cstdint>
 #include <string_view>
@@ -47,38 +51,44 @@ EmbeddingShape check_embedding_args(const TensorView& out, const TensorView& ids
 // Throws InputError naming the first id outside [0, vocab) and its position. ids: I32 on the host.
 void check_token_ids(const int32_t* ids, int64_t count, int64_t vocab);
 
-// The whole stage. Writes every row of out, or throws InputError (bad id, bad shapes) - on the GPU with
-// device ids, out holds zeros in the rows of bad tokens after the throw.
-void embedding(const TensorView& out, const TensorView& ids, const TensorView& table,
-               EmbeddingKernel kernel = kDefaultEmbeddingKernel);
-
-// The fp32 reference on the host (what embedding() runs when out is on the CPU).
+// The fp32 reference on the host: out F32 on the CPU, ids and table on the CPU (any float dtype).
 void embedding_cpu(const TensorView& out, const TensorView& ids, const TensorView& table);
 
 class BadTokenFlag;
 
-// GPU only, ids on the GPU: launches the gather and returns without waiting. Bad ids never cause an
-// out-of-bounds read (their rows become zeros); the first one is recorded in `flag`, which the caller
-// checks later with flag.check() - e.g. once per decode step, beside the synchronisation it needs anyway.
-void embedding_async(const TensorView& out, const TensorView& ids, const TensorView& table,
-                     BadTokenFlag& flag, EmbeddingKernel kernel = kDefaultEmbeddingKernel);
+// The GPU stage, checked: out, ids and table on the GPU. Gathers on `stream`, then flag.check(stream):
+// waits for the stream and throws InputError naming the first bad id (whose rows are zeros in out).
+// One synchronisation per call and nothing else: no allocation.
+void embedding(const TensorView& out, const TensorView& ids, const TensorView& table, BadTokenFlag& flag,
+               EmbeddingKernel kernel = kDefaultEmbeddingKernel, cudaStream_t stream = nullptr);
+
+// The engine's path: the same gather queued on `stream`, returning without waiting. Bad ids never cause
+// an out-of-bounds read (their rows become zeros); the first one is recorded in `flag`, which the caller
+// checks later with flag.check(stream) - e.g. once per decode step, beside the synchronisation it needs
+// anyway. No allocation and no synchronisation: it can be captured in a CUDA graph.
+void embedding_async(const TensorView& out, const TensorView& ids, const TensorView& table, BadTokenFlag& flag,
+                     EmbeddingKernel kernel = kDefaultEmbeddingKernel, cudaStream_t stream = nullptr);
 
 // 8 bytes of device memory holding (position << 32 | id) of the lowest-position bad token seen since the
-// last check, or all ones when there was none. The kernel updates it with atomicMin, so the error names
-// the first bad token whatever order the blocks ran in.
+// last clear, or all ones when there was none. The kernel updates it with atomicMin, so the error names
+// the first bad token whatever order the blocks ran in. Allocate one per stream that embeds (an engine:
+// one, at start-up) and reuse it for every call.
 class BadTokenFlag {
  public:
-  BadTokenFlag();  // allocates and clears (cudaMalloc + cudaMemset)
+  BadTokenFlag();  // allocates (cudaMalloc, once) and clears, waiting for the clear: set-up, not a step
   unsigned long long* device_ptr() const { return flag_.as<unsigned long long>(); }
-  // Copies the flag to the host (waiting for the GPU work before it), clears it, and throws InputError
-  // naming the bad id and its position if a launch since the last check met one.
-  void check();
-  void clear();
+  // Queues a reset to "nothing recorded" on `stream` (cudaMemsetAsync); returns without waiting.
+  void clear(cudaStream_t stream = nullptr);
+  // Copies the flag to the host on `stream` and waits for the stream (the kernels queued before it
+  // included). If a launch since the last clear met a bad id: queues clear(stream) and throws InputError
+  // naming the id and its position.
+  void check(cudaStream_t stream = nullptr);
 
  private:
   friend void embedding_async(const TensorView&, const TensorView&, const TensorView&, BadTokenFlag&,
-                              EmbeddingKernel);
-  DeviceBuffer flag_;
+                              EmbeddingKernel, cudaStream_t);
+  DeviceBuffer flag_;  // [1] unsigned long long
+  HostBuffer host_;    // [1] unsigned long long, pinned: the read-back lands here
   int64_t vocab_ = 0;  // of the last launch, for the message
 };
 

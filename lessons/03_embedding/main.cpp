@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,19 +37,18 @@ void poison(const TensorView& t) {
     std::memset(t.data, 0xFF, t.nbytes());
 }
 
-// Out-of-range ids must be refused with an InputError (never read past the table).
-bool refuses(int32_t bad_id, const TensorView& table, Device device, bool ids_on_device,
-             EmbeddingKernel kernel) {
+// Out-of-range ids must be refused with an InputError (never read past the table): on the CPU by the
+// reference's host check, on the GPU by the kernel through the flag.
+bool refuses(int32_t bad_id, const TensorView& table, Device device, EmbeddingKernel kernel, BadTokenFlag* flag) {
   std::vector<int32_t> ids{0, bad_id};
   Tensor out = Tensor::empty({2, table.dim(1)}, device == Device::CPU ? DType::F32 : table.dtype, device);
-  Tensor device_ids;
-  TensorView ids_view = host_ids(ids);
-  if (ids_on_device) {
-    device_ids = Tensor::from_i32(ids, {2}, Device::CUDA);
-    ids_view = device_ids.view();
-  }
   try {
-    embedding(out, ids_view, table, kernel);
+    if (device == Device::CPU) {
+      embedding_cpu(out, host_ids(ids), table);
+    } else {
+      Tensor device_ids = Tensor::from_i32(ids, {2}, Device::CUDA);
+      embedding(out, device_ids, table, *flag, kernel);
+    }
   } catch (const InputError&) {
     return true;
   }
@@ -65,14 +65,14 @@ void run_bench(const ModelDir& model, const TensorView& table, const LessonOptio
   // bytes moved by one run: each row read once, written once, plus the ids
   const double bytes = 2.0 * static_cast<double>(T) * static_cast<double>(hidden) * dtype_size(table.dtype) +
                        4.0 * static_cast<double>(T);
-  BadTokenFlag flag;
+  BadTokenFlag flag;  // one flag for every call, as an engine would hold it
   std::vector<BenchRow> rows;
   for (EmbeddingKernel k : all_embedding_kernels()) {
     BenchResult r = bench_gpu([&] { embedding_async(out, device_ids, table, flag, k); });
     rows.push_back({"embedding " + std::string(embedding_kernel_name(k)) + " (async check)", r, bytes});
   }
   flag.check();  // every id was valid: this must not throw
-  BenchResult checked = bench_gpu([&] { embedding(out, device_ids, table, kDefaultEmbeddingKernel); });
+  BenchResult checked = bench_gpu([&] { embedding(out, device_ids, table, flag, kDefaultEmbeddingKernel); });
   rows.push_back(
       {"embedding " + std::string(embedding_kernel_name(kDefaultEmbeddingKernel)) + " + sync check", checked,
        bytes});
@@ -94,7 +94,9 @@ void run_bench(const ModelDir& model, const TensorView& table, const LessonOptio
 int run(const LessonOptions& opt) {
   ModelDir model = ModelDir::open(opt.model_dir);
   ReferenceSet refs = ReferenceSet::open(opt.model_dir);
-  if (opt.device == Device::CUDA) model.weights.upload_to_device();
+  // The GPU path is bf16: an F32 or F16 checkpoint is converted once, here, at load (each weight rounded
+  // once to nearest even); a BF16 checkpoint is uploaded as stored.
+  if (opt.device == Device::CUDA) model.weights.upload_to_device(DType::BF16);
   const TensorView table = model.weights.get("model.embed_tokens.weight", opt.device);  // [vocab, hidden]
   const EmbeddingKernel chosen = parse_embedding_kernel(opt.kernel);
   std::printf("model %s: vocab %lld, hidden %lld, table %s; %d prompts; device %s%s\n",
@@ -104,6 +106,9 @@ int run(const LessonOptions& opt) {
               opt.device == Device::CUDA ? (", kernel " + opt.kernel).c_str() : "");
 
   Report report("lesson 03 embedding (" + std::string(device_name(opt.device)) + ")");
+  // The GPU path's bad-token flag: allocated once here and passed to every call.
+  std::optional<BadTokenFlag> flag;
+  if (opt.device == Device::CUDA) flag.emplace();
   // The chosen kernel first, one row per prompt; on the GPU every other version too, one summary row each.
   std::vector<EmbeddingKernel> kernels{chosen};
   if (opt.device == Device::CUDA)
@@ -117,13 +122,20 @@ int run(const LessonOptions& opt) {
     for (int i = 0; i < refs.num_prompts(); ++i) {
       std::vector<int32_t> ids = refs.prompt_ids(i);
       const int64_t T = static_cast<int64_t>(ids.size());
-      const TensorView expected = refs.prompt(i, "embed_tokens");  // [T, hidden] fp32
+      // [T, hidden] fp32, from the checkpoint's weights. The GPU's table holds them rounded once to bf16,
+      // so its rows must equal the reference rounded once to bf16: exact either way, and for a BF16
+      // checkpoint that rounding changes nothing (README "What correct means").
+      const Tensor expected = Tensor::copy_of(refs.prompt(i, "embed_tokens"), Device::CPU,
+                                              opt.device == Device::CUDA ? table.dtype : DType::F32);
       Tensor out =
           Tensor::empty({T, table.dim(1)}, opt.device == Device::CPU ? DType::F32 : table.dtype, opt.device);
       poison(out);
-      Tensor device_ids;
-      if (opt.device == Device::CUDA) device_ids = Tensor::from_i32(ids, {T}, Device::CUDA);
-      embedding(out, opt.device == Device::CUDA ? device_ids.view() : host_ids(ids), table, k);
+      if (opt.device == Device::CUDA) {
+        Tensor device_ids = Tensor::from_i32(ids, {T}, Device::CUDA);  // the prompt's ids, uploaded once
+        embedding(out, device_ids, table, *flag, k);
+      } else {
+        embedding_cpu(out, host_ids(ids), table);
+      }
       CompareResult r = compare("p" + std::to_string(i) + ".embed_tokens" + tag, out, expected, kExact);
       if (k == chosen) {
         report.add(std::move(r));
@@ -136,14 +148,13 @@ int run(const LessonOptions& opt) {
     if (k != chosen) report.add_check("every prompt" + tag + " (exact)", failed == 0, first_failure);
   }
 
-  // Out-of-range ids are an input error, on the host path and (on the GPU) through the kernel's flag.
+  // Out-of-range ids are an input error: on the CPU by the host check, on the GPU (every kernel) through
+  // the kernel's flag.
   const int32_t vocab = static_cast<int32_t>(table.dim(0));
-  bool refused =
-      refuses(-1, table, opt.device, false, chosen) && refuses(vocab, table, opt.device, false, chosen);
-  if (opt.device == Device::CUDA)
-    for (EmbeddingKernel k : all_embedding_kernels())
-      refused =
-          refused && refuses(-1, table, opt.device, true, k) && refuses(vocab, table, opt.device, true, k);
+  bool refused = true;
+  for (EmbeddingKernel k : opt.device == Device::CUDA ? all_embedding_kernels() : std::vector{chosen})
+    refused = refused && refuses(-1, table, opt.device, k, flag ? &*flag : nullptr) &&
+              refuses(vocab, table, opt.device, k, flag ? &*flag : nullptr);
   report.add_check("ids -1 and vocab (" + std::to_string(vocab) + ") refused", refused,
                    "an out-of-range id was accepted");
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_utils.cuh"  // warp_sum, block_sum, Pack, load_pack, store_pack
 #include "common/errors.h"
 #include "rmsnorm.h"
 
@@ -24,7 +25,7 @@ namespace tvllm {
 
 namespace {
 
-constexpr int kWarp = 32;
+constexpr int kWarp = kWarpSize;  // 32
 constexpr int kMaxBlock = 1024;        // CUDA's limit on threads per block
 constexpr int kV1V2MaxThreads = 256;   // v1/v2: 8 warps per row, each thread loops over H / 256 elements
 constexpr int kV3TargetThreads = 128;  // v3: give each thread more of the row before adding threads
@@ -93,28 +94,8 @@ __global__ void rmsnorm_v1_kernel(RowArgs a) {
 }
 
 // ---- v2: warp shuffles -------------------------------------------------------------------------------
-// Butterfly: at each step lane i adds the value of lane i ^ m. After 5 steps every lane holds the sum of
-// all 32 (and the same bits: partners add the same two numbers, and fp32 addition is commutative).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = kWarp / 2; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-
-// The sum over the block, returned to every thread. blockDim.x: a multiple of 32 (full warps: the shuffles
-// name all 32 lanes). warp_sums: shared memory for one float per warp. Call once per kernel (a second call
-// would need a barrier before reusing warp_sums).
-__device__ __forceinline__ float block_sum(float v, float* warp_sums) {
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  const int warps = blockDim.x / kWarp;
-  v = warp_sum(v);
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();  // every warp's slot written
-  // Every warp adds the (at most 32) slots itself, so all threads get the total without a second barrier.
-  v = lane < warps ? warp_sums[lane] : 0.f;
-  return warp_sum(v);
-}
+// warp_sum (the butterfly: lane i adds lane i ^ m, 5 steps) and block_sum (one shared slot per warp, one
+// barrier) are taught here and live in common/cuda_utils.cuh, where every later kernel finds them.
 
 template <bool kFused>
 __global__ void rmsnorm_v2_kernel(RowArgs a) {
@@ -134,68 +115,9 @@ __global__ void rmsnorm_v2_kernel(RowArgs a) {
 }
 
 // ---- v3: 16-byte vectors, the row in registers ---------------------------------------------------------
-// kVec consecutive bf16 moved by ONE load or store instruction (kVec = 8: 16 bytes, a uint4), kept as raw
-// 32-bit words: element i is the low (even i) or high (odd i) half of word i / 2 (little-endian).
-template <int kVec>
-struct Pack {
-  uint32_t word[(kVec + 1) / 2];  // kVec = 1 uses the low half of word[0]
-};
-
-template <int kVec>
-__device__ __forceinline__ Pack<kVec> load_pack(const __nv_bfloat16* p);
-template <>
-__device__ __forceinline__ Pack<8> load_pack<8>(const __nv_bfloat16* p) {
-  const uint4 r = *reinterpret_cast<const uint4*>(p);
-  return Pack<8>{{r.x, r.y, r.z, r.w}};
-}
-template <>
-__device__ __forceinline__ Pack<4> load_pack<4>(const __nv_bfloat16* p) {
-  const uint2 r = *reinterpret_cast<const uint2*>(p);
-  return Pack<4>{{r.x, r.y}};
-}
-template <>
-__device__ __forceinline__ Pack<2> load_pack<2>(const __nv_bfloat16* p) {
-  return Pack<2>{{*reinterpret_cast<const uint32_t*>(p)}};
-}
-template <>
-__device__ __forceinline__ Pack<1> load_pack<1>(const __nv_bfloat16* p) {
-  return Pack<1>{{static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p))}};
-}
-
-template <int kVec>
-__device__ __forceinline__ void store_pack(__nv_bfloat16* p, const Pack<kVec>& v);
-template <>
-__device__ __forceinline__ void store_pack<8>(__nv_bfloat16* p, const Pack<8>& v) {
-  *reinterpret_cast<uint4*>(p) = make_uint4(v.word[0], v.word[1], v.word[2], v.word[3]);
-}
-template <>
-__device__ __forceinline__ void store_pack<4>(__nv_bfloat16* p, const Pack<4>& v) {
-  *reinterpret_cast<uint2*>(p) = make_uint2(v.word[0], v.word[1]);
-}
-template <>
-__device__ __forceinline__ void store_pack<2>(__nv_bfloat16* p, const Pack<2>& v) {
-  *reinterpret_cast<uint32_t*>(p) = v.word[0];
-}
-template <>
-__device__ __forceinline__ void store_pack<1>(__nv_bfloat16* p, const Pack<1>& v) {
-  *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v.word[0]);
-}
-
-// Element i as fp32: bf16 is the top half of an fp32, so widening is a shift. (i is a compile-time
-// constant after unrolling, so this is one shift or one AND.)
-template <int kVec>
-__device__ __forceinline__ float get(const Pack<kVec>& p, int i) {
-  const uint32_t w = p.word[i / 2];
-  return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xffff0000u);
-}
-
-// Element i := bf16(f), rounded to nearest even.
-template <int kVec>
-__device__ __forceinline__ void set(Pack<kVec>& p, int i, float f) {
-  const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  uint32_t& w = p.word[i / 2];
-  w = i % 2 == 0 ? (w & 0xffff0000u) | bits : (w & 0x0000ffffu) | (bits << 16);
-}
+// Pack<kVec> (kVec consecutive bf16 moved by ONE load or store instruction, kept as raw 32-bit words),
+// load_pack / store_pack, and Pack::get / Pack::set (bf16 bits <-> fp32: widening is a shift) are taught
+// here and live in common/cuda_utils.cuh.
 
 // Thread i of the block holds vectors i, i + blockDim, ..., i + (kPerThread-1)*blockDim of the row: at each
 // step the warp reads 32 consecutive vectors (512 contiguous bytes for kVec = 8), fully coalesced.
@@ -223,7 +145,7 @@ __global__ void rmsnorm_v3_kernel(RowArgs a) {
       const int v = threadIdx.x + k * blockDim.x;
       Pack<kVec> sum{};
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) set(sum, i, get(res[k], i) + get(row[k], i));
+      for (int i = 0; i < kVec; ++i) sum.set(i, res[k].get(i) + row[k].get(i));
       if (v < vectors) store_pack<kVec>(a.residual + base + static_cast<int64_t>(v) * kVec, sum);
       row[k] = sum;  // normalise the residual as stored (bf16)
     }
@@ -232,7 +154,7 @@ __global__ void rmsnorm_v3_kernel(RowArgs a) {
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k)
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) sum_sq += get(row[k], i) * get(row[k], i);
+    for (int i = 0; i < kVec; ++i) sum_sq += row[k].get(i) * row[k].get(i);
   const float inv_rms = rsqrtf(block_sum(sum_sq, warp_sums) / static_cast<float>(a.hidden) + a.eps);
   // Every load of x happened before the barrier inside block_sum, so writing out (which may be x) is safe.
 #pragma unroll
@@ -242,7 +164,7 @@ __global__ void rmsnorm_v3_kernel(RowArgs a) {
     const Pack<kVec> w = load_pack<kVec>(a.weight + static_cast<int64_t>(v) * kVec);  // [H]: an L1/L2 hit
     Pack<kVec> y{};
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) set(y, i, scaled(get(row[k], i), inv_rms, get(w, i)));
+    for (int i = 0; i < kVec; ++i) y.set(i, scaled(row[k].get(i), inv_rms, w.get(i)));
     store_pack<kVec>(a.out + base + static_cast<int64_t>(v) * kVec, y);
   }
 }
@@ -273,63 +195,63 @@ int vector_elems_for(const RowArgs& a) {
 }
 
 template <int kVec, bool kFused>
-void launch_v3_vec(const RowArgs& a, unsigned rows, const RmsNormV3Shape& shape) {
+void launch_v3_vec(const RowArgs& a, unsigned rows, const RmsNormV3Shape& shape, cudaStream_t stream) {
   switch (shape.vectors_per_thread) {
     case 1:
-      rmsnorm_v3_kernel<kVec, 1, kFused><<<rows, shape.threads>>>(a);
+      rmsnorm_v3_kernel<kVec, 1, kFused><<<rows, shape.threads, 0, stream>>>(a);
       break;
     case 2:
-      rmsnorm_v3_kernel<kVec, 2, kFused><<<rows, shape.threads>>>(a);
+      rmsnorm_v3_kernel<kVec, 2, kFused><<<rows, shape.threads, 0, stream>>>(a);
       break;
     case 4:
-      rmsnorm_v3_kernel<kVec, 4, kFused><<<rows, shape.threads>>>(a);
+      rmsnorm_v3_kernel<kVec, 4, kFused><<<rows, shape.threads, 0, stream>>>(a);
       break;
     default:
-      rmsnorm_v3_kernel<kVec, 8, kFused><<<rows, shape.threads>>>(a);
+      rmsnorm_v3_kernel<kVec, 8, kFused><<<rows, shape.threads, 0, stream>>>(a);
       break;
   }
   TVLLM_CHECK_LAUNCH();
 }
 
 template <bool kFused>
-void launch_v3(const RowArgs& a, unsigned rows, const RmsNormV3Shape& shape) {
+void launch_v3(const RowArgs& a, unsigned rows, const RmsNormV3Shape& shape, cudaStream_t stream) {
   switch (shape.vector_elems) {
     case 8:
-      launch_v3_vec<8, kFused>(a, rows, shape);
+      launch_v3_vec<8, kFused>(a, rows, shape, stream);
       break;
     case 4:
-      launch_v3_vec<4, kFused>(a, rows, shape);
+      launch_v3_vec<4, kFused>(a, rows, shape, stream);
       break;
     case 2:
-      launch_v3_vec<2, kFused>(a, rows, shape);
+      launch_v3_vec<2, kFused>(a, rows, shape, stream);
       break;
     default:
-      launch_v3_vec<1, kFused>(a, rows, shape);
+      launch_v3_vec<1, kFused>(a, rows, shape, stream);
       break;
   }
 }
 
 template <bool kFused>
-void launch(const RowArgs& a, unsigned rows, RmsNormOptions options) {
+void launch(const RowArgs& a, unsigned rows, RmsNormOptions options, cudaStream_t stream) {
   if (options.kernel == RmsNormKernel::V3) {
     const RmsNormV3Shape shape =
         rmsnorm_v3_shape(a.hidden, vector_elems_for(a), options.v3_vectors_per_thread);
     if (shape.fits) {
-      launch_v3<kFused>(a, rows, shape);
+      launch_v3<kFused>(a, rows, shape, stream);
       return;
     }
     options.kernel = RmsNormKernel::V2;  // a row too long for registers: v2 loops over it instead
   }
   if (options.kernel == RmsNormKernel::V1) {
-    rmsnorm_v1_kernel<kFused><<<rows, v1_threads(a.hidden)>>>(a);
+    rmsnorm_v1_kernel<kFused><<<rows, v1_threads(a.hidden), 0, stream>>>(a);
   } else {
-    rmsnorm_v2_kernel<kFused><<<rows, v2_threads(a.hidden)>>>(a);
+    rmsnorm_v2_kernel<kFused><<<rows, v2_threads(a.hidden), 0, stream>>>(a);
   }
   TVLLM_CHECK_LAUNCH();
 }
 
 void run_gpu(const TensorView& out, const TensorView& x, const TensorView& weight, const TensorView* residual,
-             const RmsNormShape& s, float eps, const RmsNormOptions& options) {
+             const RmsNormShape& s, float eps, const RmsNormOptions& options, cudaStream_t stream) {
   const int vpt = options.v3_vectors_per_thread;
   TVLLM_REQUIRE(vpt == 0 || vpt == 1 || vpt == 2 || vpt == 4 || vpt == 8,
                 "rmsnorm: v3_vectors_per_thread must be 0 (auto), 1, 2, 4 or 8, got " + std::to_string(vpt));
@@ -344,9 +266,9 @@ void run_gpu(const TensorView& out, const TensorView& x, const TensorView& weigh
                   eps};
   const unsigned rows = static_cast<unsigned>(s.rows);
   if (residual)
-    launch<true>(a, rows, options);
+    launch<true>(a, rows, options, stream);
   else
-    launch<false>(a, rows, options);
+    launch<false>(a, rows, options, stream);
 }
 
 }  // namespace
@@ -386,23 +308,23 @@ RmsNormV3Shape rmsnorm_v3_shape(int64_t hidden, int vector_elems, int vectors_pe
 }
 
 void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weight, float eps,
-             RmsNormOptions options) {
+             RmsNormOptions options, cudaStream_t stream) {
   if (x.device == Device::CPU) {
     rmsnorm_cpu(out, x, weight, eps);
     return;
   }
   const RmsNormShape s = check_rmsnorm_args(out, x, weight, nullptr, eps);
-  run_gpu(out, x, weight, nullptr, s, eps, options);
+  run_gpu(out, x, weight, nullptr, s, eps, options, stream);
 }
 
 void add_rmsnorm(const TensorView& residual, const TensorView& x, const TensorView& weight,
-                 const TensorView& out, float eps, RmsNormOptions options) {
+                 const TensorView& out, float eps, RmsNormOptions options, cudaStream_t stream) {
   if (x.device == Device::CPU) {
     add_rmsnorm_cpu(residual, x, weight, out, eps);
     return;
   }
   const RmsNormShape s = check_rmsnorm_args(out, x, weight, &residual, eps);
-  run_gpu(out, x, weight, &residual, s, eps, options);
+  run_gpu(out, x, weight, &residual, s, eps, options, stream);
 }
 
 }  // namespace tvllm

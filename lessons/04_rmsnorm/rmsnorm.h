@@ -19,6 +19,8 @@
 // C++17: this header is included by rmsnorm.cu.
 #pragma once
 
+#include <cuda_runtime.h>  // cudaStream_t
+
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -61,13 +63,16 @@ struct RmsNormV3Shape {
 RmsNormV3Shape rmsnorm_v3_shape(int64_t hidden, int vector_elems, int vectors_per_thread_request);
 
 // out = rmsnorm(x) * weight. x, out [..., H]; weight [H]; eps >= 0 (config.rms_norm_eps).
+// GPU: launched on `stream` (nullptr: the legacy default stream) and returns without waiting; it
+// allocates nothing and never synchronises, so it may be captured in a CUDA graph. (CPU: stream ignored.)
 void rmsnorm(const TensorView& out, const TensorView& x, const TensorView& weight, float eps,
-             RmsNormOptions options = {});
+             RmsNormOptions options = {}, cudaStream_t stream = nullptr);
 
 // residual += x (stored in residual's dtype), then out = rmsnorm(residual) * weight, normalising the
 // residual exactly as stored (bf16 on the GPU), so the fused form equals the two steps done apart.
+// GPU: on `stream`, asynchronous, like rmsnorm().
 void add_rmsnorm(const TensorView& residual, const TensorView& x, const TensorView& weight,
-                 const TensorView& out, float eps, RmsNormOptions options = {});
+                 const TensorView& out, float eps, RmsNormOptions options = {}, cudaStream_t stream = nullptr);
 
 // The fp32 references on the host (what the functions above run when the views are on the CPU).
 void rmsnorm_cpu(const TensorView& out, const TensorView& x, const TensorView& weight, float eps);

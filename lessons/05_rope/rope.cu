@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cuda_utils.cuh"  // Pack, load_pack, store_pack
 #include "common/errors.h"
 #include "rope.h"
 
@@ -53,13 +54,8 @@ __device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, 
   b_out = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
-// bf16 is the top half of an fp32: widening is a shift. Narrowing rounds to nearest even.
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short bits) {
-  return __uint_as_float(static_cast<unsigned int>(bits) << 16);
-}
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float f) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
+// bf16 bits <-> fp32 (bf16_bits_to_f32, f32_to_bf16_bits) and the packs of v2/v3 (Pack<N>, load_pack,
+// store_pack) come from common/cuda_utils.cuh (lesson 04 teaches them).
 
 // ---- v1: one thread per (token, head, pair) ---------------------------------------------------------
 //
@@ -97,10 +93,6 @@ __global__ void rope_v1_kernel(__nv_bfloat16* x, int64_t row_stride, int heads, 
 // N is the largest of 8, 4, 2, 1 that divides half and keeps every access aligned (pick_vector_width).
 
 template <int N>
-struct alignas(2 * N) Bf16Pack {  // N bf16 values as raw bits: one load/store of 2N bytes
-  unsigned short bits[N];
-};
-template <int N>
 struct alignas(N >= 4 ? 16 : 4 * N) F32Pack {  // N floats: 16-byte loads (two of them for N = 8)
   float v[N];
 };
@@ -108,8 +100,8 @@ struct alignas(N >= 4 ? 16 : 4 * N) F32Pack {  // N floats: 16-byte loads (two o
 // The two halves of one thread's chunk, loaded and still unrotated.
 template <int N>
 struct Chunk {
-  Bf16Pack<N> lo;  // x[j0 .. j0+N)
-  Bf16Pack<N> hi;  // x[j0+half .. j0+half+N)
+  Pack<N> lo;  // x[j0 .. j0+N): N bf16, one load of 2N bytes
+  Pack<N> hi;  // x[j0+half .. j0+half+N)
 };
 
 // Where work item `item` of token t lives: item = head * chunks + chunk, heads 0..q_heads-1 in q, then
@@ -127,8 +119,8 @@ __device__ __forceinline__ __nv_bfloat16* locate(const RopeArgs& a, int64_t t, i
 template <int N>
 __device__ __forceinline__ Chunk<N> load_chunk(const __nv_bfloat16* x, int half) {
   Chunk<N> chunk;
-  chunk.lo = *reinterpret_cast<const Bf16Pack<N>*>(x);
-  chunk.hi = *reinterpret_cast<const Bf16Pack<N>*>(x + half);
+  chunk.lo = load_pack<N>(x);
+  chunk.hi = load_pack<N>(x + half);
   return chunk;
 }
 
@@ -141,13 +133,12 @@ __device__ __forceinline__ void rotate_store(__nv_bfloat16* x, int half, Chunk<N
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     float a_out, b_out;
-    rotate_pair(bf16_bits_to_f32(chunk.lo.bits[i]), bf16_bits_to_f32(chunk.hi.bits[i]), c.v[i], s.v[i], a_out,
-                b_out);
-    chunk.lo.bits[i] = f32_to_bf16_bits(a_out);
-    chunk.hi.bits[i] = f32_to_bf16_bits(b_out);
+    rotate_pair(chunk.lo.get(i), chunk.hi.get(i), c.v[i], s.v[i], a_out, b_out);
+    chunk.lo.set(i, a_out);
+    chunk.hi.set(i, b_out);
   }
-  *reinterpret_cast<Bf16Pack<N>*>(x) = chunk.lo;
-  *reinterpret_cast<Bf16Pack<N>*>(x + half) = chunk.hi;
+  store_pack<N>(x, chunk.lo);
+  store_pack<N>(x + half, chunk.hi);
 }
 
 // v2: the block is (threads over the items of a token) x (a few tokens). q and k in ONE launch: the
@@ -249,37 +240,37 @@ dim3 pick_block(int items) {
 }
 
 template <int N>
-void launch_vectorized(const RopeArgs& a, RopeKernel kernel) {
+void launch_vectorized(const RopeArgs& a, RopeKernel kernel, cudaStream_t stream) {
   const int items = (a.q_heads + a.k_heads) * (a.half / N);
   const dim3 block = pick_block(items);
   const int64_t blocks = (a.tokens + block.y - 1) / block.y;
   TVLLM_REQUIRE(blocks <= 0x7fffffff, "apply_rope: too many tokens for one launch");
   if (kernel == RopeKernel::V2) {
-    rope_v2_kernel<N><<<static_cast<unsigned>(blocks), block>>>(a);
+    rope_v2_kernel<N><<<static_cast<unsigned>(blocks), block, 0, stream>>>(a);
     TVLLM_CHECK_LAUNCH();
   } else {
     const size_t shared = 2 * static_cast<size_t>(block.y) * a.half * sizeof(float);
     TVLLM_REQUIRE(shared <= 48 * 1024, "apply_rope v3: head_dim " + std::to_string(2 * a.half) +
                                            " needs more than 48 KB of shared memory per block");
-    rope_v3_kernel<N><<<static_cast<unsigned>(blocks), block, shared>>>(a);
+    rope_v3_kernel<N><<<static_cast<unsigned>(blocks), block, shared, stream>>>(a);
     TVLLM_CHECK_LAUNCH();
   }
 }
 
-void launch_v1(__nv_bfloat16* x, int64_t row_stride, int heads, const RopeArgs& a) {
+void launch_v1(__nv_bfloat16* x, int64_t row_stride, int heads, const RopeArgs& a, cudaStream_t stream) {
   const int threads = 256;
   const int64_t work = a.tokens * heads * a.half;
   const int64_t blocks = (work + threads - 1) / threads;
   TVLLM_REQUIRE(blocks <= 0x7fffffff, "apply_rope: too many tokens for one launch");
-  rope_v1_kernel<<<static_cast<unsigned>(blocks), threads>>>(x, row_stride, heads, a.half, a.positions, a.cos,
-                                                              a.sin, a.tokens, a.max_positions);
+  rope_v1_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(x, row_stride, heads, a.half, a.positions,
+                                                                        a.cos, a.sin, a.tokens, a.max_positions);
   TVLLM_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void apply_rope_cuda(const TensorView& q, const TensorView& k, const TensorView& positions, const RopeTable& table,
-                     const RopeShape& shape, RopeKernel kernel) {
+                     const RopeShape& shape, RopeKernel kernel, cudaStream_t stream) {
   RopeArgs a{};
   a.q = q.ptr<__nv_bfloat16>();
   a.k = k.ptr<__nv_bfloat16>();
@@ -299,16 +290,16 @@ void apply_rope_cuda(const TensorView& q, const TensorView& k, const TensorView&
 
   switch (kernel) {
     case RopeKernel::V1:
-      launch_v1(a.q, a.q_row_stride, a.q_heads, a);
-      launch_v1(a.k, a.k_row_stride, a.k_heads, a);
+      launch_v1(a.q, a.q_row_stride, a.q_heads, a, stream);
+      launch_v1(a.k, a.k_row_stride, a.k_heads, a, stream);
       return;
     case RopeKernel::V2:
     case RopeKernel::V3:
       switch (pick_vector_width(a)) {
-        case 8: launch_vectorized<8>(a, kernel); return;
-        case 4: launch_vectorized<4>(a, kernel); return;
-        case 2: launch_vectorized<2>(a, kernel); return;
-        default: launch_vectorized<1>(a, kernel); return;
+        case 8: launch_vectorized<8>(a, kernel, stream); return;
+        case 4: launch_vectorized<4>(a, kernel, stream); return;
+        case 2: launch_vectorized<2>(a, kernel, stream); return;
+        default: launch_vectorized<1>(a, kernel, stream); return;
       }
   }
   throw InputError("apply_rope: unknown kernel version");

@@ -28,6 +28,8 @@
 // This header is included by .cu files: C++17 only.
 #pragma once
 
+#include <cuda_runtime.h>  // cudaStream_t
+
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -101,17 +103,21 @@ std::vector<RopeKernel> all_rope_kernels();
 
 // Whether apply_rope checks that every position is in [0, table.max_positions()).
 //   Validate: yes; an out-of-range position throws InputError. For device positions this copies them to
-//             the host (a synchronising copy of 4*T bytes): fine for the lesson, not for a decode loop.
-//   Trusted:  the caller guarantees the range (the engine generates positions itself). Nothing is copied;
-//             the kernels still clamp the table index into range, so a bad position can give a wrong
-//             rotation but never reads outside the table.
+//             the host on the stream and waits for it (a synchronisation, 4*T bytes): fine for the lesson,
+//             not for a decode loop, and not allowed inside a CUDA graph capture.
+//   Trusted:  the caller guarantees the range (the engine generates positions itself). Nothing is copied
+//             and nothing waits, so the call can be captured in a graph; the kernels still clamp the table
+//             index into range, so a bad position can give a wrong rotation but never reads outside the table.
 enum class PositionCheck { Validate, Trusted };
 
 // Rotates q and k in place. The device of the views picks the path: CPU (F32, the fp32 reference) or
-// CUDA (BF16, `kernel` picks the version; the table must be uploaded). Throws InputError naming the
-// problem for wrong shapes, dtypes, devices, strides or positions.
+// CUDA (BF16, `kernel` picks the version; the table must have been uploaded once, at load time, with
+// RopeTable::upload_to_device). On the GPU the kernels run on `stream` (nullptr: the legacy default
+// stream) and the call returns without waiting; with PositionCheck::Trusted it allocates nothing and never
+// synchronises. Throws InputError naming the problem for wrong shapes, dtypes, devices, strides or positions.
 void apply_rope(const TensorView& q, const TensorView& k, const TensorView& positions, const RopeTable& table,
-                RopeKernel kernel = kDefaultRopeKernel, PositionCheck check = PositionCheck::Validate);
+                RopeKernel kernel = kDefaultRopeKernel, PositionCheck check = PositionCheck::Validate,
+                cudaStream_t stream = nullptr);
 
 // ---- Meta's interleaved layout --------------------------------------------------------------------
 
@@ -152,14 +158,15 @@ struct RopeShape {
 // Checks one tensor to rotate ([T, heads*head_dim], rows contiguous) and returns its head count.
 int64_t check_rotated(const TensorView& x, const char* what, int64_t tokens, int64_t head_dim, Device device,
                       DType dtype);
-// Checks positions (I32 [T], contiguous) and, when `validate`, the range of every value.
+// Checks positions (I32 [T], contiguous) and, when `validate`, the range of every value (device positions
+// are copied to the host on `stream`, which is then synchronised).
 void check_positions(const TensorView& positions, int64_t tokens, int64_t max_positions, Device device,
-                     bool validate);
+                     bool validate, cudaStream_t stream = nullptr);
 
 void apply_rope_cpu(const TensorView& q, const TensorView& k, const TensorView& positions, const RopeTable& table,
                     const RopeShape& shape);
 void apply_rope_cuda(const TensorView& q, const TensorView& k, const TensorView& positions, const RopeTable& table,
-                     const RopeShape& shape, RopeKernel kernel);
+                     const RopeShape& shape, RopeKernel kernel, cudaStream_t stream);
 
 }  // namespace rope_detail
 }  // namespace tvllm

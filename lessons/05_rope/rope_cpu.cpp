@@ -1,5 +1,6 @@
 // apply_rope: argument checks, the device dispatch, and the fp32 CPU reference (the oracle every GPU
 // kernel is checked against). Also Meta's interleaved variant, for the layout comparison.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ int64_t check_rotated(const TensorView& x, const char* what, int64_t tokens, int
 }
 
 void check_positions(const TensorView& positions, int64_t tokens, int64_t max_positions, Device device,
-                     bool validate) {
+                     bool validate, cudaStream_t stream) {
   TVLLM_REQUIRE(positions.rank() == 1 && positions.dtype == DType::I32,
                 "apply_rope: positions must be I32 [T], got " + positions.describe());
   TVLLM_REQUIRE(positions.device == device, "apply_rope: positions must be on the same device as q and k");
@@ -58,7 +59,14 @@ void check_positions(const TensorView& positions, int64_t tokens, int64_t max_po
   TVLLM_REQUIRE(positions.is_contiguous(), "apply_rope: positions must be contiguous");
   if (!validate || tokens == 0) return;
   std::vector<int32_t> host(static_cast<size_t>(tokens));
-  copy_view(TensorView::contiguous(host.data(), DType::I32, Device::CPU, {tokens}), positions);
+  if (positions.device == Device::CPU) {
+    std::copy_n(positions.ptr<const int32_t>(), tokens, host.data());
+  } else {
+    // On the caller's stream, after whatever wrote the positions there; then wait for it.
+    TVLLM_CUDA_CHECK(cudaMemcpyAsync(host.data(), positions.data, static_cast<size_t>(tokens) * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, stream));
+    TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   for (int64_t t = 0; t < tokens; ++t) {
     TVLLM_REQUIRE(host[t] >= 0 && host[t] < max_positions,
                   "apply_rope: positions[" + std::to_string(t) + "] = " + std::to_string(host[t]) +
@@ -105,7 +113,7 @@ void apply_rope_cpu(const TensorView& q, const TensorView& k, const TensorView& 
 }  // namespace rope_detail
 
 void apply_rope(const TensorView& q, const TensorView& k, const TensorView& positions, const RopeTable& table,
-                RopeKernel kernel, PositionCheck check) {
+                RopeKernel kernel, PositionCheck check, cudaStream_t stream) {
   TVLLM_REQUIRE(table.head_dim() > 0, "apply_rope: the RopeTable is empty (build it with RopeTable::build)");
   TVLLM_REQUIRE(q.rank() == 2, "apply_rope: q must be [T, n_heads * head_dim], got " + q.describe());
   const Device device = q.device;
@@ -122,14 +130,14 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& posi
   TVLLM_REQUIRE(shape.tokens == 0 || q.data != k.data, "apply_rope: q and k are the same memory");
   // On the CPU the check is free, so it always runs: the reference must never read outside the table.
   const bool validate = check == PositionCheck::Validate || device == Device::CPU;
-  rope_detail::check_positions(positions, shape.tokens, table.max_positions(), device, validate);
+  rope_detail::check_positions(positions, shape.tokens, table.max_positions(), device, validate, stream);
   if (shape.tokens == 0) return;
 
   if (device == Device::CPU) {
     rope_detail::apply_rope_cpu(q, k, positions, table, shape);
   } else {
     TVLLM_REQUIRE(table.on_device(), "apply_rope: the RopeTable is not on the GPU: call upload_to_device() first");
-    rope_detail::apply_rope_cuda(q, k, positions, table, shape, kernel);
+    rope_detail::apply_rope_cuda(q, k, positions, table, shape, kernel, stream);
   }
 }
 

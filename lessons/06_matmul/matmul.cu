@@ -1,18 +1,22 @@
-// Lesson 06 on the GPU: y = x W^T in four versions, from one thread per output to the tensor cores.
+// Lesson 06 on the GPU: y = x W^T in six versions, from one thread per output to the tensor cores.
 //
 // Shapes throughout: x [T, in], w [out, in], y [T, out], all row-major. In GEMM letters:
-// M = T (tokens), N = out, K = in. All four versions below read x and w along K, their contiguous
+// M = T (tokens), N = out, K = in. All six versions below read x and w along K, their contiguous
 // dimension, which is why y = x W^T needs no transpose anywhere: both operands are "K-major".
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
 
-#include "common/buffer.h"
+#include "common/cuda_utils.cuh"
 #include "common/errors.h"
+#include "common/mma.cuh"
 #include "matmul.h"
 
 namespace tvllm {
@@ -169,26 +173,290 @@ __global__ void __launch_bounds__(kTiledThreads)
   }
 }
 
-int ceil_div(int a, int b) { return (a - 1) / b + 1; }  // a >= 1; no overflow near INT_MAX
+// ---- v3 and v4: the tensor cores -------------------------------------------------------------------
+//
+// v2 is stuck on the fp32 FMA units, which do one multiply-add per lane per instruction. A tensor core
+// instruction is issued by a whole warp and multiplies whole tiles: mma.sync m16n8k16 does
+// D[16x8] += A[16x16] * B[16x8] (bf16 in, fp32 accumulate), 2048 multiply-adds in one instruction.
+// Both kernels below use the same block tiling, so that only the way the warps compute differs:
+//
+//   block tile: 128 tokens x 128 outputs, K walked in slices of 32; 8 warps, 2 (tokens) x 4 (outputs),
+//   each owning a 64 x 32 piece of the tile:
+//
+//                  outputs n0 .. n0+128
+//              ┌───────┬───────┬───────┬───────┐
+//   tokens     │ warp0 │ warp1 │ warp2 │ warp3 │  64 rows   (warp_m = 0)
+//   m0..m0+128 ├───────┼───────┼───────┼───────┤
+//              │ warp4 │ warp5 │ warp6 │ warp7 │  64 rows   (warp_m = 1)
+//              └───────┴───────┴───────┴───────┘
+//                 32      32      32      32 columns each (warp_n = 0..3)
+//
+// Shared memory holds the two K slices as bf16 (not fp32 as in v2: the tensor cores read bf16), one
+// row of 32 elements per token or output, padded to 40 elements (80 bytes): see "Why pad" below.
+//
+// B = W^T, and W is stored [out, in]: column o of B is row o of W, contiguous along K. The mma
+// instruction's "col" B operand wants exactly that (B read down its columns), so W's tile is used as
+// stored, no transpose, just as cuBLAS's "TN" layout in v5.
+constexpr int kTcTileM = 128;  // tokens per block tile
+constexpr int kTcTileN = 128;  // outputs per block tile
+constexpr int kTcTileK = 32;   // K slice per step
+constexpr int kTcWarpsM = 2, kTcWarpsN = 4;
+constexpr int kTcThreads = kTcWarpsM * kTcWarpsN * kWarpSize;  // 256
+constexpr int kTcWarpM = kTcTileM / kTcWarpsM;  // 64 token rows per warp
+constexpr int kTcWarpN = kTcTileN / kTcWarpsN;  // 32 output columns per warp
+// Why pad: ldmatrix (v4) reads 8 rows of 16 bytes at a time, and shared memory serves 128 bytes (32
+// banks of 4 bytes) per cycle. With 64-byte rows, rows r and r + 2 start in the same bank: 8 rows land
+// on 2 distinct 16-byte bank groups, a 4-way conflict. With 80-byte rows the 8 rows start at byte
+// 0, 80, 160, ... = 0, 80, 32, 112, 64, 16, 96, 48 modulo 128: all different, no conflict.
+constexpr int kTcStride = kTcTileK + 8;  // 40 bf16 = 80 bytes per shared-memory row
+constexpr int kTcChunksPerRow = kTcTileK / kLoadVec;  // 4 chunks of 16 bytes per row of a K slice
+static_assert(kTcTileM * kTcChunksPerRow % kTcThreads == 0, "every thread copies the same number of chunks");
+static_assert(kTcStride * 2 % 16 == 0, "ldmatrix and cp.async need 16-byte aligned rows");
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// How a K slice gets from global to shared memory.
+enum class TileCopy {
+  kElement,  // one guarded bf16 at a time: any `in`, any pointer alignment (the slow, general path)
+  kVector,   // 16-byte loads through registers, then 16-byte stores (v3)
+  kAsync,    // cp.async, 16 bytes global -> shared without registers, overlapped with the math (v4)
+};
+// kVector and kAsync need in % 8 == 0 (each 16-byte chunk is inside a row or entirely outside) and
+// 16-byte aligned x and w; the launchers pick kElement otherwise.
 
-// The largest power of two (up to 256) that divides the address: what cuBLASLt may assume.
-uint32_t pointer_alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  uint32_t alignment = 256;
-  while (alignment > 1 && a % alignment != 0) alignment /= 2;
-  return alignment;
+// Copies rows [row0, row0 + 128) x columns [k0, k0 + 32) of a row-major [rows, cols] bf16 matrix into
+// a padded shared tile [128][40]; what lies outside the matrix becomes zero (it adds nothing to the
+// sums). Thread t copies chunks t and t + 256 (a chunk = 8 bf16 = 16 bytes): row chunk / 4,
+// columns (chunk % 4) * 8 ... + 8, so a warp reads 8 rows x 64 contiguous bytes.
+template <TileCopy kCopy>
+__device__ __forceinline__ void load_tc_tile(bf16* tile, const bf16* __restrict__ src, int rows, int cols,
+                                             int row0, int k0) {
+  constexpr int kChunksPerThread = kTcTileM * kTcChunksPerRow / kTcThreads;  // 2
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) {
+    const int chunk = threadIdx.x + i * kTcThreads;
+    const int r = chunk / kTcChunksPerRow, c = (chunk % kTcChunksPerRow) * kLoadVec;
+    const int g_row = row0 + r, g_col = k0 + c;
+    bf16* dst = tile + r * kTcStride + c;
+    const bf16* from = src + static_cast<size_t>(g_row) * cols + g_col;
+    if constexpr (kCopy == TileCopy::kAsync) {
+      const bool valid = g_row < rows && g_col < cols;  // cols % 8 == 0: the whole chunk is in or out
+      cp_async_16(dst, valid ? from : src, valid);      // invalid: reads nothing, writes 16 zero bytes
+    } else if constexpr (kCopy == TileCopy::kVector) {
+      const bool valid = g_row < rows && g_col < cols;
+      *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(from) : make_uint4(0, 0, 0, 0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kLoadVec; ++j)
+        dst[j] = g_row < rows && g_col + j < cols ? from[j] : __float2bfloat16(0.f);
+    }
+  }
+}
+
+// ---- v3: WMMA -----------------------------------------------------------------------------------
+//
+// nvcuda::wmma is CUDA C++'s portable door to the tensor cores. A fragment is a 16x16 tile spread over
+// the registers of the warp's 32 lanes in an order the compiler knows and we do not (it is opaque):
+// load_matrix_sync fills one from memory, mma_sync multiplies, store_matrix_sync writes one back.
+// Per 16-wide step of K, warp (warp_m, warp_n) loads 4 A fragments (its 64 token rows) and 2 B
+// fragments (its 32 output columns) from shared memory and does 4 x 2 fragment products into 8
+// accumulator fragments (64 x 32 fp32 values, 64 per thread).
+//
+// The loads are plain and synchronous (copy the slice, __syncthreads, compute, __syncthreads): while a
+// warp waits for global memory, its tensor cores idle unless another block on the SM has work. v4
+// fixes that. The accumulators' layout is opaque too, so the edge of the output goes through shared
+// memory: each 16x16 accumulator is stored to a per-warp staging tile, and the 32 lanes copy its 256
+// values out, skipping those outside y.
+template <typename OutT, TileCopy kCopy>
+__global__ void __launch_bounds__(kTcThreads)
+    linear_wmma_kernel(OutT* __restrict__ y,        // [T, out]
+                       const bf16* __restrict__ x,  // [T, in]
+                       const bf16* __restrict__ w,  // [out, in]
+                       int tokens, int in, int out) {
+#ifdef TVLLM_MMA_PTX
+  namespace wmma = nvcuda::wmma;
+  constexpr int kFrag = 16;                          // WMMA's bf16 shape: 16 x 16 x 16
+  constexpr int kFragsM = kTcWarpM / kFrag;          // 4 A fragments per warp
+  constexpr int kFragsN = kTcWarpN / kFrag;          // 2 B fragments per warp
+  __shared__ __align__(128) bf16 xs[kTcTileM * kTcStride];            // [128 tokens][32 K + 8 pad]
+  __shared__ __align__(128) bf16 ws[kTcTileN * kTcStride];            // [128 outputs][32 K + 8 pad]
+  __shared__ __align__(128) float staging[kTcThreads / kWarpSize][kFrag * kFrag];  // one 16x16 per warp
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp_m = warp / kTcWarpsN, warp_n = warp % kTcWarpsN;
+  const int n0 = blockIdx.x * kTcTileN;
+  const int m_tiles = (tokens - 1) / kTcTileM + 1;
+
+  // gridDim.y is capped at 65535: a block strides over token tiles (a block-uniform loop: every
+  // thread reaches the same __syncthreads()).
+  for (int m_tile = blockIdx.y; m_tile < m_tiles; m_tile += gridDim.y) {
+    const int m0 = m_tile * kTcTileM;
+    wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float> acc[kFragsM][kFragsN];
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+
+    for (int k0 = 0; k0 < in; k0 += kTcTileK) {
+      load_tc_tile<kCopy>(xs, x, tokens, in, m0, k0);
+      load_tc_tile<kCopy>(ws, w, out, in, n0, k0);
+      __syncthreads();  // the slices are complete before anyone reads them
+#pragma unroll
+      for (int kk = 0; kk < kTcTileK; kk += kFrag) {
+        // A = x, row-major: element (m, k) at xs[m * 40 + k]. B = W^T, K x N, "col-major": element
+        // (k, n) at ws[n * 40 + k], i.e. W's tile as stored. The leading dimension is the padded row.
+        wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major> a[kFragsM];
+        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::col_major> b[kFragsN];
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i)
+          wmma::load_matrix_sync(a[i], xs + (warp_m * kTcWarpM + i * kFrag) * kTcStride + kk, kTcStride);
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j)
+          wmma::load_matrix_sync(b[j], ws + (warp_n * kTcWarpN + j * kFrag) * kTcStride + kk, kTcStride);
+#pragma unroll
+        for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+          for (int j = 0; j < kFragsN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+      }
+      __syncthreads();  // everyone is done reading before the next slice overwrites the tiles
+    }
+
+    // The epilogue: through the warp's staging tile, guarded, rounded to the output type.
+    float* stage = staging[warp];
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+        wmma::store_matrix_sync(stage, acc[i][j], kFrag, wmma::mem_row_major);
+        __syncwarp();  // the whole fragment is in shared memory before the lanes read it
+        for (int e = lane; e < kFrag * kFrag; e += kWarpSize) {
+          const int t = m0 + warp_m * kTcWarpM + i * kFrag + e / kFrag;
+          const int o = n0 + warp_n * kTcWarpN + j * kFrag + e % kFrag;
+          if (t < tokens && o < out) store_output(y + static_cast<size_t>(t) * out + o, stage[e]);
+        }
+        __syncwarp();  // read before the next fragment overwrites the staging tile
+      }
+    }
+  }
+#else
+  __trap();  // bf16 WMMA needs sm_80 or later; the launcher checks the device first
+#endif
+}
+
+// ---- v4: mma.sync, ldmatrix, cp.async ------------------------------------------------------------
+//
+// The same tiling, with the instructions WMMA hides made explicit (common/mma.cuh wraps each one):
+//
+// 1. mma.sync.m16n8k16: a warp tile of 64 x 32 is 4 x 4 mma tiles of 16 x 8; per 16-wide step of K,
+//    16 mma instructions. Every register's meaning is documented (README "The fragment layouts"):
+//    with g = lane / 4 and c = lane % 4, lane holds A rows g and g + 8, B column g, and accumulator
+//    rows g and g + 8 at columns 2c, 2c + 1. So the epilogue needs no staging: each lane knows which
+//    outputs its 4 x 4 x 4 = 64 accumulators are.
+// 2. ldmatrix.x4: one instruction loads four 8x8 bf16 matrices from shared memory straight into that
+//    fragment layout. Lanes 8m .. 8m + 7 supply the row addresses of matrix m. For A (16 x 16 at rows
+//    r0, K offset kk) the four matrices are (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+//    (rows 8-15, k 8-15) = a[0..3], so lane L points at row r0 + L % 16, column kk + (L / 16) * 8.
+//    For B, one ldmatrix.x4 covers two 8-column mma tiles: (n 0-7, k 0-7), (n 0-7, k 8-15) = b0, b1
+//    of the first, (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1 of the second: lane L points at W's
+//    row n0 + L % 8 + (L / 16) * 8, column kk + ((L / 8) % 2) * 8.
+// 3. cp.async double buffering: two copies of each shared tile (stages). While the warps multiply
+//    slice k from one stage, the copies of slice k + 1 into the other stage are in flight: the
+//    memory latency hides behind the math instead of adding to it.
+template <typename OutT, TileCopy kCopy>
+__global__ void __launch_bounds__(kTcThreads)
+    linear_mma_kernel(OutT* __restrict__ y,        // [T, out]
+                      const bf16* __restrict__ x,  // [T, in]
+                      const bf16* __restrict__ w,  // [out, in]
+                      int tokens, int in, int out) {
+  constexpr int kStages = 2;
+  constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
+  constexpr int kTilesM = kTcWarpM / kMmaM;  // 4 mma tiles down a warp's 64 rows
+  constexpr int kTilesN = kTcWarpN / kMmaN;  // 4 mma tiles across its 32 columns
+  __shared__ __align__(128) bf16 xs[kStages][kTcTileM * kTcStride];  // 2 x [128 tokens][40]: 20 KiB
+  __shared__ __align__(128) bf16 ws[kStages][kTcTileN * kTcStride];  // 2 x [128 outputs][40]: 20 KiB
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp_m = warp / kTcWarpsN, warp_n = warp % kTcWarpsN;
+  const int g = lane / 4, c = lane % 4;  // the fragment coordinates (see mma_bf16_16x8x16)
+  const int n0 = blockIdx.x * kTcTileN;
+  const int m_tiles = (tokens - 1) / kTcTileM + 1;
+  const int k_tiles = (in - 1) / kTcTileK + 1;
+
+  for (int m_tile = blockIdx.y; m_tile < m_tiles; m_tile += gridDim.y) {  // block-uniform
+    const int m0 = m_tile * kTcTileM;
+    float acc[kTilesM][kTilesN][4] = {};  // 64 fp32 accumulators per thread
+
+    // Prologue: start the copies of slice 0 into stage 0.
+    load_tc_tile<kCopy>(xs[0], x, tokens, in, m0, 0);
+    load_tc_tile<kCopy>(ws[0], w, out, in, n0, 0);
+    cp_async_commit();
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int stage = kt % kStages;
+      // Start the copies of the NEXT slice into the other stage (its readers finished at the
+      // __syncthreads() that ended the previous iteration), then wait for THIS slice only.
+      if (kt + 1 < k_tiles) {
+        load_tc_tile<kCopy>(xs[1 - stage], x, tokens, in, m0, (kt + 1) * kTcTileK);
+        load_tc_tile<kCopy>(ws[1 - stage], w, out, in, n0, (kt + 1) * kTcTileK);
+      }
+      cp_async_commit();     // one group per slice (empty at the end: keeps the count below right)
+      cp_async_wait<1>();    // all but the newest group have landed: this thread's part of slice kt
+      __syncthreads();       // ... and every other thread's part
+
+      const bf16* xt = xs[stage];
+      const bf16* wt = ws[stage];
+#pragma unroll
+      for (int kk = 0; kk < kTcTileK; kk += kMmaK) {
+        uint32_t a[kTilesM][4];     // A fragments: 4 tiles of 16 rows x 16 k
+        uint32_t b[kTilesN][2];     // B fragments: 4 tiles of 16 k x 8 columns
+#pragma unroll
+        for (int i = 0; i < kTilesM; ++i)
+          ldmatrix_x4(a[i], xt + (warp_m * kTcWarpM + i * kMmaM + lane % 16) * kTcStride + kk + (lane / 16) * 8);
+#pragma unroll
+        for (int j = 0; j < kTilesN; j += 2) {
+          uint32_t r[4];
+          ldmatrix_x4(r, wt + (warp_n * kTcWarpN + j * kMmaN + lane % 8 + (lane / 16) * 8) * kTcStride + kk +
+                             ((lane / 8) % 2) * 8);
+          b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+          for (int j = 0; j < kTilesN; ++j) mma_bf16_16x8x16(acc[i][j], a[i], b[j][0], b[j][1]);
+      }
+      __syncthreads();  // everyone is done with this stage before the next iteration refills it
+    }
+
+    // The epilogue, straight from the registers: acc[i][j][h * 2 + e] is row g + 8h, column 2c + e of
+    // mma tile (i, j).
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = m0 + warp_m * kTcWarpM + i * kMmaM + g + 8 * h;
+        if (t >= tokens) continue;
+#pragma unroll
+        for (int j = 0; j < kTilesN; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int o = n0 + warp_n * kTcWarpN + j * kMmaN + 2 * c + e;
+            if (o < out) store_output(y + static_cast<size_t>(t) * out + o, acc[i][j][h * 2 + e]);
+          }
+        }
+      }
+    }
+  }
 }
 
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+// Grid rows: one per token tile, at most 65535 (the kernels stride over the rest).
+unsigned token_blocks(int tokens, int tile) {
+  return static_cast<unsigned>(std::min<int64_t>(ceil_div(tokens, tile), kMaxGridY));
+}
 
 template <typename OutT>
 void launch_naive(OutT* y, const TensorView& x, const TensorView& w, cudaStream_t stream) {
   const int tokens = static_cast<int>(x.shape[0]), in = static_cast<int>(x.shape[1]);
   const int out = static_cast<int>(w.shape[0]);
   const dim3 block(kNaiveBlockX, kNaiveBlockY);
-  const dim3 grid(ceil_div(out, kNaiveBlockX), std::min(ceil_div(tokens, kNaiveBlockY), kMaxGridY));
+  const dim3 grid(static_cast<unsigned>(ceil_div(out, kNaiveBlockX)), token_blocks(tokens, kNaiveBlockY));
   linear_naive_kernel<<<grid, block, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out);
   TVLLM_CHECK_LAUNCH();
 }
@@ -197,16 +465,36 @@ template <typename OutT>
 void launch_tiled(OutT* y, const TensorView& x, const TensorView& w, cudaStream_t stream) {
   const int tokens = static_cast<int>(x.shape[0]), in = static_cast<int>(x.shape[1]);
   const int out = static_cast<int>(w.shape[0]);
-  const bool vec_x = in % kLoadVec == 0 && aligned16(x.data);
-  const bool vec_w = in % kLoadVec == 0 && aligned16(w.data);
+  const bool vec_x = in % kLoadVec == 0 && pointer_alignment(x.data) == 16;
+  const bool vec_w = in % kLoadVec == 0 && pointer_alignment(w.data) == 16;
   const dim3 block(kThreadsSide, kThreadsSide);
-  const dim3 grid(ceil_div(out, kTileN), std::min(ceil_div(tokens, kTileM), kMaxGridY));
+  const dim3 grid(static_cast<unsigned>(ceil_div(out, kTileN)), token_blocks(tokens, kTileM));
   linear_tiled_kernel<<<grid, block, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out,
                                                   vec_x, vec_w);
   TVLLM_CHECK_LAUNCH();
 }
 
-// ---- v3: cuBLAS, and the row-major trick -----------------------------------------------------------
+// v3 and v4: 16-byte copies when every row of x and w starts 16-byte aligned (in % 8 == 0 and aligned
+// base pointers), one element at a time otherwise.
+template <typename OutT>
+void launch_tensor_core(OutT* y, const TensorView& x, const TensorView& w, MatmulKernel version,
+                        cudaStream_t stream) {
+  const bool wmma = version == MatmulKernel::V3Wmma;
+  require_tensor_core_device(wmma ? "linear v3 (WMMA)" : "linear v4 (mma.sync)");
+  const int tokens = static_cast<int>(x.shape[0]), in = static_cast<int>(x.shape[1]);
+  const int out = static_cast<int>(w.shape[0]);
+  const bool fast = in % kLoadVec == 0 && pointer_alignment(x.data) == 16 && pointer_alignment(w.data) == 16;
+  const dim3 grid(static_cast<unsigned>(ceil_div(out, kTcTileN)), token_blocks(tokens, kTcTileM));
+  using Kernel = void (*)(OutT*, const bf16*, const bf16*, int, int, int);
+  const Kernel kernel = wmma ? (fast ? linear_wmma_kernel<OutT, TileCopy::kVector>
+                                     : linear_wmma_kernel<OutT, TileCopy::kElement>)
+                             : (fast ? linear_mma_kernel<OutT, TileCopy::kAsync>
+                                     : linear_mma_kernel<OutT, TileCopy::kElement>);
+  kernel<<<grid, kTcThreads, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out);
+  TVLLM_CHECK_LAUNCH();
+}
+
+// ---- v5: cuBLAS, and the row-major trick -----------------------------------------------------------
 //
 // cuBLAS is column-major (Fortran's convention): it reads an r x c matrix with leading dimension ld as
 // element (i, j) at i + j*ld. Our buffers are row-major. The same bytes read the other way are the
@@ -219,6 +507,12 @@ void launch_tiled(OutT* y, const TensorView& x, const TensorView& w, cudaStream_
 //     Y' = (W')^T * X'       (W' transposed: OP_T; X' as it is: OP_N)
 // which is C = op(A) op(B) with A = w (OP_T, lda = in), B = x (OP_N, ldb = in), C = y (ldc = out),
 // m = out, n = T, k = in. No data moves: the "transposes" are only how cuBLAS is told to read.
+//
+// CUBLAS_COMPUTE_32F: every product and sum in fp32. But a split-K algorithm (K cut into pieces, each
+// summed by a different block, the pieces added at the end) may, in cuBLAS's default math mode, add
+// the pieces in the OUTPUT type, bf16: the documentation of CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_
+// REDUCTION says the flag "forces any reductions during matrix multiplications to use the accumulator
+// type". The project's one handle (common/cublas.h) sets it, so v5 keeps the fp32 promise too.
 void gemm_cublas(const TensorView& y, const TensorView& x, const TensorView& w, cublasHandle_t handle) {
   const int tokens = static_cast<int>(x.shape[0]), in = static_cast<int>(x.shape[1]);
   const int out = static_cast<int>(w.shape[0]);
@@ -232,12 +526,13 @@ void gemm_cublas(const TensorView& y, const TensorView& x, const TensorView& w, 
                                   CUBLAS_GEMM_DEFAULT));
 }
 
-// ---- v4: cuBLASLt ---------------------------------------------------------------------------------
+// ---- v6: cuBLASLt ---------------------------------------------------------------------------------
 //
 // The same product through cuBLASLt, the library cublasGemmEx itself calls into. Here we do by hand
 // what GemmEx does inside: describe the operation and the three layouts, ask the heuristic for the
 // best algorithm given the shapes, the pointer alignments and the workspace we allow, and run it.
-// The answer depends only on those, so we ask once per (shape, dtype, alignment) and cache the plan.
+// The answer depends only on those, so we ask once per (device, shape, dtype, alignment, workspace)
+// and cache the plan (LtPlanCache below).
 
 // RAII wrappers for the three cuBLASLt descriptor kinds.
 struct LtMatmulDesc {
@@ -275,42 +570,52 @@ struct LtPlan {
         c(out_type, out, tokens, out) {}   // y: column-major [out, T]
 };
 
-// (T, in, out, output dtype, alignment of w, x, y)
-using LtKey = std::tuple<int, int, int, int, uint32_t, uint32_t, uint32_t>;
+// (device, T, in, out, output dtype, alignment of w, x, y, workspace bytes): everything the choice
+// of algorithm depends on.
+using LtKey = std::tuple<int, int, int, int, int, uint32_t, uint32_t, uint32_t, size_t>;
 
-}  // namespace
-
-// ---- the handle ----------------------------------------------------------------------------------
-
-struct CublasHandle::Impl {
-  cublasHandle_t blas = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  cudaStream_t stream = nullptr;  // the legacy default stream
-  DeviceBuffer workspace;
-  std::map<LtKey, std::unique_ptr<LtPlan>> plans;
-
-  ~Impl() {
-    if (blas) cublasDestroy(blas);
-    if (lt) cublasLtDestroy(lt);
-  }
-
-  const LtPlan& plan_for(const TensorView& y, const TensorView& x, const TensorView& w) {
+// The cuBLASLt plans made so far, one per LtKey, shared by every CublasHandle of the process. A plan
+// holds no handle and no device memory (descriptors are host structures; the algorithm is a value), so
+// it is a pure function of its key: a plan made through one handle is valid through any other on the
+// same device. Made on the first call with a new key (descriptor creation and the heuristic query are
+// host work: no device allocation, no synchronisation, nothing on the stream), then reused: a warm-up
+// step, made before a CUDA graph is captured, creates every plan a forward step needs. Bounded: a
+// serving loop sees many T. Plans are handed out as shared_ptr, so clearing the map never pulls a plan
+// from under a caller; a mutex makes it safe to call linear() from several host threads.
+class LtPlanCache {
+ public:
+  std::shared_ptr<const LtPlan> get(const CublasHandle& handle, const TensorView& y, const TensorView& x,
+                                    const TensorView& w) {
     const int tokens = static_cast<int>(x.shape[0]), in = static_cast<int>(x.shape[1]);
     const int out = static_cast<int>(w.shape[0]);
-    const uint32_t align_w = pointer_alignment(w.data), align_x = pointer_alignment(x.data);
-    const uint32_t align_y = pointer_alignment(y.data);
-    const LtKey key{tokens, in, out, static_cast<int>(y.dtype), align_w, align_x, align_y};
-    auto found = plans.find(key);
-    if (found != plans.end()) return *found->second;
-    if (plans.size() >= 4096) plans.clear();  // a serving loop sees many T: keep the cache bounded
+    const uint32_t align_w = pointer_alignment(w.data, 256), align_x = pointer_alignment(x.data, 256);
+    const uint32_t align_y = pointer_alignment(y.data, 256);
+    int device = 0;
+    TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+    const LtKey key{device, tokens, in, out, static_cast<int>(y.dtype), align_w, align_x, align_y,
+                    handle.workspace_bytes()};
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = plans_.find(key);
+    if (found != plans_.end()) return found->second;
+    if (plans_.size() >= kMaxPlans) plans_.clear();
+    auto plan = make_plan(handle, tokens, in, out, y.dtype, align_w, align_x, align_y);
+    plans_.emplace(key, plan);
+    return plan;
+  }
 
-    auto plan = std::make_unique<LtPlan>(tokens, in, out, cuda_type(y.dtype));
-    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;  // the row-major trick, as in v3
+ private:
+  static constexpr size_t kMaxPlans = 4096;
+
+  static std::shared_ptr<const LtPlan> make_plan(const CublasHandle& handle, int tokens, int in, int out,
+                                                 DType out_dtype, uint32_t align_w, uint32_t align_x,
+                                                 uint32_t align_y) {
+    auto plan = std::make_shared<LtPlan>(tokens, in, out, cuda_type(out_dtype));
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;  // the row-major trick, as in v5
     TVLLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
     TVLLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
 
     LtPreference pref;
-    const uint64_t workspace_bytes = workspace.bytes();
+    const uint64_t workspace_bytes = handle.workspace_bytes();
     TVLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                             &workspace_bytes, sizeof workspace_bytes));
     // cuBLASLt assumes 256-byte aligned pointers unless told otherwise; a view that starts mid-buffer
@@ -326,75 +631,58 @@ struct CublasHandle::Impl {
     // Split-K algorithms cut K into pieces and add the partial sums afterwards. "In place" and
     // "output type" reductions keep those partial sums in the OUTPUT type: bf16 here, one extra bf16
     // rounding per piece, which breaks our promise of fp32 accumulation. Allow only fp32 partial sums
-    // (or, for an fp32 output, any scheme: they are all fp32 then).
+    // (or, for an fp32 output, any scheme: they are all fp32 then). cuBLASLt has no math mode: this mask
+    // is its per-call equivalent of the DISALLOW_REDUCED_PRECISION_REDUCTION flag that common/cublas.h
+    // sets on the cuBLAS handle.
     const uint32_t reductions =
-        y.dtype == DType::F32 ? CUBLASLT_REDUCTION_SCHEME_MASK : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        out_dtype == DType::F32 ? CUBLASLT_REDUCTION_SCHEME_MASK : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     TVLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                             &reductions, sizeof reductions));
 
     cublasLtMatmulHeuristicResult_t result{};
     int found_count = 0;
-    TVLLM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, plan->op.desc, plan->a.layout, plan->b.layout,
+    TVLLM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle.lt(), plan->op.desc, plan->a.layout, plan->b.layout,
                                                       plan->c.layout, plan->c.layout, pref.pref, 1, &result,
                                                       &found_count));
     if (found_count == 0 || result.state != CUBLAS_STATUS_SUCCESS)
       throw CudaError("cuBLASLt found no algorithm for y[" + std::to_string(tokens) + ", " + std::to_string(out) +
                       "] = x[" + std::to_string(tokens) + ", " + std::to_string(in) + "] W^T");
     plan->algo = result.algo;
-    return *plans.emplace(key, std::move(plan)).first->second;
+    return plan;
   }
+
+  std::mutex mutex_;
+  std::map<LtKey, std::shared_ptr<const LtPlan>> plans_;
 };
 
-CublasHandle::CublasHandle(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
-  TVLLM_CUBLAS_CHECK(cublasCreate(&impl_->blas));
-  TVLLM_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
-  if (workspace_bytes > 0) {
-    impl_->workspace = DeviceBuffer(workspace_bytes);
-    TVLLM_CUBLAS_CHECK(cublasSetWorkspace(impl_->blas, impl_->workspace.data(), workspace_bytes));
-  }
-  // CUBLAS_DEFAULT_MATH: with bf16 inputs and CUBLAS_COMPUTE_32F, cuBLAS uses the tensor cores and
-  // accumulates in fp32; no reduced-precision mode needs to be allowed.
-  TVLLM_CUBLAS_CHECK(cublasSetMathMode(impl_->blas, CUBLAS_DEFAULT_MATH));
+LtPlanCache& lt_plans() {
+  static LtPlanCache cache;  // made on first use, thread-safe (C++11 magic statics)
+  return cache;
 }
 
-CublasHandle::~CublasHandle() = default;
-CublasHandle::CublasHandle(CublasHandle&&) noexcept = default;
-CublasHandle& CublasHandle::operator=(CublasHandle&&) noexcept = default;
-
-cublasHandle_t CublasHandle::blas() const { return impl_->blas; }
-cudaStream_t CublasHandle::stream() const { return impl_->stream; }
-size_t CublasHandle::workspace_bytes() const { return impl_->workspace.bytes(); }
-
-void CublasHandle::set_stream(cudaStream_t stream) {
-  TVLLM_CUBLAS_CHECK(cublasSetStream(impl_->blas, stream));
-  // cublasSetStream resets the workspace to cuBLAS's own default: give it ours back.
-  if (!impl_->workspace.empty())
-    TVLLM_CUBLAS_CHECK(cublasSetWorkspace(impl_->blas, impl_->workspace.data(), impl_->workspace.bytes()));
-  impl_->stream = stream;
-}
-
-namespace {
-
-void gemm_cublaslt(const TensorView& y, const TensorView& x, const TensorView& w, CublasHandle::Impl& h) {
-  const LtPlan& plan = h.plan_for(y, x, w);
+void gemm_cublaslt(const TensorView& y, const TensorView& x, const TensorView& w, const CublasHandle& handle) {
+  const std::shared_ptr<const LtPlan> plan = lt_plans().get(handle, y, x, w);
   const float alpha = 1.f, beta = 0.f;
-  TVLLM_CUBLAS_CHECK(cublasLtMatmul(h.lt, plan.op.desc, &alpha,
-                                    /*A=*/w.data, plan.a.layout,
-                                    /*B=*/x.data, plan.b.layout, &beta,
-                                    /*C=*/y.data, plan.c.layout,
-                                    /*D=*/y.data, plan.c.layout, &plan.algo,
-                                    h.workspace.data(), h.workspace.bytes(), h.stream));
+  TVLLM_CUBLAS_CHECK(cublasLtMatmul(handle.lt(), plan->op.desc, &alpha,
+                                    /*A=*/w.data, plan->a.layout,
+                                    /*B=*/x.data, plan->b.layout, &beta,
+                                    /*C=*/y.data, plan->c.layout,
+                                    /*D=*/y.data, plan->c.layout, &plan->algo,
+                                    handle.workspace(), handle.workspace_bytes(), handle.stream()));
 }
 
+// Every version runs on the handle's stream (the legacy default stream without a handle: v1 to v4 only).
 template <typename OutT>
 void run_kernel(OutT* y_ptr, const TensorView& y, const TensorView& x, const TensorView& w, MatmulKernel kernel,
-                CublasHandle* handle) {
+                const CublasHandle* handle) {
   const cudaStream_t stream = handle ? handle->stream() : nullptr;
   switch (kernel) {
     case MatmulKernel::V1Naive: launch_naive(y_ptr, x, w, stream); break;
     case MatmulKernel::V2Tiled: launch_tiled(y_ptr, x, w, stream); break;
-    case MatmulKernel::V3Cublas: gemm_cublas(y, x, w, handle->blas()); break;
-    case MatmulKernel::V4CublasLt: gemm_cublaslt(y, x, w, handle->impl()); break;
+    case MatmulKernel::V3Wmma:
+    case MatmulKernel::V4MmaSync: launch_tensor_core(y_ptr, x, w, kernel, stream); break;
+    case MatmulKernel::V5Cublas: gemm_cublas(y, x, w, handle->blas()); break;  // blas() runs on stream()
+    case MatmulKernel::V6CublasLt: gemm_cublaslt(y, x, w, *handle); break;
   }
 }
 
@@ -416,7 +704,7 @@ __global__ void fill_uniform_bf16_kernel(bf16* p, size_t n, uint64_t seed, float
 }  // namespace
 
 void detail::linear_cuda(const TensorView& y, const TensorView& x, const TensorView& w, MatmulKernel kernel,
-                         CublasHandle* handle) {
+                         const CublasHandle* handle) {
   if (y.dtype == DType::F32) {
     run_kernel(y.ptr<float>(), y, x, w, kernel, handle);
   } else {
@@ -424,13 +712,13 @@ void detail::linear_cuda(const TensorView& y, const TensorView& x, const TensorV
   }
 }
 
-void fill_uniform_bf16(const TensorView& t, uint64_t seed, float lo, float hi) {
+void fill_uniform_bf16(const TensorView& t, uint64_t seed, float lo, float hi, cudaStream_t stream) {
   TVLLM_REQUIRE(t.device == Device::CUDA && t.dtype == DType::BF16 && t.is_contiguous(),
                 "fill_uniform_bf16: needs a contiguous BF16 CUDA tensor, got " + t.describe());
   const size_t n = static_cast<size_t>(t.numel());
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, size_t{1} << 16));
-  fill_uniform_bf16_kernel<<<blocks, 256>>>(t.ptr<bf16>(), n, seed, lo, hi);
+  fill_uniform_bf16_kernel<<<blocks, 256, 0, stream>>>(t.ptr<bf16>(), n, seed, lo, hi);
   TVLLM_CHECK_LAUNCH();
 }
 

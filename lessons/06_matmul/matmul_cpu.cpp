@@ -15,8 +15,10 @@ std::string_view matmul_kernel_version(MatmulKernel kernel) {
   switch (kernel) {
     case MatmulKernel::V1Naive: return "v1";
     case MatmulKernel::V2Tiled: return "v2";
-    case MatmulKernel::V3Cublas: return "v3";
-    case MatmulKernel::V4CublasLt: return "v4";
+    case MatmulKernel::V3Wmma: return "v3";
+    case MatmulKernel::V4MmaSync: return "v4";
+    case MatmulKernel::V5Cublas: return "v5";
+    case MatmulKernel::V6CublasLt: return "v6";
   }
   return "?";
 }
@@ -25,22 +27,29 @@ std::string_view matmul_kernel_description(MatmulKernel kernel) {
   switch (kernel) {
     case MatmulKernel::V1Naive: return "naive";
     case MatmulKernel::V2Tiled: return "tiled";
-    case MatmulKernel::V3Cublas: return "cuBLAS GemmEx";
-    case MatmulKernel::V4CublasLt: return "cuBLASLt";
+    case MatmulKernel::V3Wmma: return "WMMA";
+    case MatmulKernel::V4MmaSync: return "mma.sync";
+    case MatmulKernel::V5Cublas: return "cuBLAS GemmEx";
+    case MatmulKernel::V6CublasLt: return "cuBLASLt";
   }
   return "?";
 }
 
+bool matmul_kernel_needs_handle(MatmulKernel kernel) {
+  return kernel == MatmulKernel::V5Cublas || kernel == MatmulKernel::V6CublasLt;
+}
+
 const std::vector<MatmulKernel>& all_matmul_kernels() {
-  static const std::vector<MatmulKernel> all = {MatmulKernel::V1Naive, MatmulKernel::V2Tiled,
-                                                MatmulKernel::V3Cublas, MatmulKernel::V4CublasLt};
+  static const std::vector<MatmulKernel> all = {MatmulKernel::V1Naive,   MatmulKernel::V2Tiled,
+                                                MatmulKernel::V3Wmma,    MatmulKernel::V4MmaSync,
+                                                MatmulKernel::V5Cublas,  MatmulKernel::V6CublasLt};
   return all;
 }
 
 MatmulKernel parse_matmul_kernel(std::string_view version) {
   for (MatmulKernel k : all_matmul_kernels())
     if (matmul_kernel_version(k) == version) return k;
-  throw InputError("unknown matmul kernel '" + std::string(version) + "' (expected v1, v2, v3 or v4)");
+  throw InputError("unknown matmul kernel '" + std::string(version) + "' (expected v1, v2, v3, v4, v5 or v6)");
 }
 
 // ---- validation --------------------------------------------------------------------------------
@@ -91,7 +100,7 @@ void validate(const TensorView& y, const TensorView& x, const TensorView& w, Mat
   TVLLM_REQUIRE(tokens <= INT_MAX && in <= INT_MAX && out <= INT_MAX,
                 "linear on CUDA: dimensions must fit in 32-bit ints, got x " + x.describe() + ", w " +
                     w.describe());
-  TVLLM_REQUIRE(handle != nullptr || kernel == MatmulKernel::V1Naive || kernel == MatmulKernel::V2Tiled,
+  TVLLM_REQUIRE(handle != nullptr || !matmul_kernel_needs_handle(kernel),
                 "linear: kernel " + std::string(matmul_kernel_version(kernel)) + " (" +
                     std::string(matmul_kernel_description(kernel)) + ") needs a CublasHandle");
 }
@@ -99,7 +108,7 @@ void validate(const TensorView& y, const TensorView& x, const TensorView& w, Mat
 }  // namespace
 
 void linear(const TensorView& y, const TensorView& x, const TensorView& w, MatmulKernel kernel,
-            CublasHandle* handle) {
+            const CublasHandle* handle) {
   validate(y, x, w, kernel, handle);
   if (x.shape[0] == 0) return;  // no tokens: nothing to compute (and a zero-sized grid is an error)
   if (y.device == Device::CPU) {

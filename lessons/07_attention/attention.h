@@ -1,27 +1,41 @@
-// Lesson 07: causal grouped-query attention for a batch of prompts of different lengths.
+// Lesson 07: causal grouped-query attention for a batch of sequences, each with its own number of new
+// queries and of keys.
 //
-//   out[t, h] = sum_{j <= i} softmax_j( q[t,h] . k[j, h/group] * scale ) * v[j, h/group]
+//   out[t, h] = sum_{j <= pos(t)} softmax_j( q[t,h] . k[j, h/group] * scale ) * v[j, h/group]
 //
-// for token t = position i of its sequence, head h, scale = 1/sqrt(head_dim). The sequences are packed
-// one after another along the token axis ("varlen"), described by cu_seqlens:
+// for head h, scale = 1/sqrt(head_dim). Sequence b has q_len[b] new queries and k_len[b] >= q_len[b]
+// keys. Its queries are the LAST q_len[b] tokens of its context: query i (0-based within the sequence)
+// sits at position pos = k_len[b] - q_len[b] + i and sees keys 0..pos (causal, "bottom-right aligned",
+// as FlashAttention's varlen API). Prefill is q_len == k_len; a chunk of a long prompt after earlier
+// chunks, or a decode step (q_len == 1), has q_len < k_len.
 //
-//   lengths    {3, 1, 4}
-//   cu_seqlens {0, 3, 4, 8}       sequence b owns rows [cu_seqlens[b], cu_seqlens[b+1])
-//   q          [T_total = 8, n_heads * head_dim]      head h at columns [h*head_dim, (h+1)*head_dim)
-//   k, v       [T_total,     n_kv_heads * head_dim]
-//   out        [T_total,     n_heads * head_dim]      (o_proj's input)
+// Queries and outputs are packed one sequence after another along the token axis ("varlen"), and so
+// are keys and values on this lesson's contiguous path:
 //
-// A token only sees earlier tokens of ITS OWN sequence. On the CPU everything is fp32 (the reference);
-// on the GPU q/k/v/out are bf16 and every score, softmax and sum is fp32.
+//   q_len {3, 1, 4}   cu_seqlens_q {0, 3, 4, 8}     q, out rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+//   k_len {3, 6, 4}   cu_seqlens_k {0, 3, 9, 13}    k, v   rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
+//   q, out [T_q, n_heads * head_dim]     head h at columns [h*head_dim, (h+1)*head_dim)
+//   k, v   [T_k, n_kv_heads * head_dim]
+//
+// Every view is 2-D with unit column stride and any row stride >= its width: q, k and v may be column
+// slices of one fused QKV buffer (split_qkv). On the CPU everything is fp32 (the reference); on the GPU
+// q/k/v/out are bf16 and every score, softmax and sum is fp32.
 //
 // Two GPU versions (README.md tells the whole story):
-//   v1  materialised: S = Q K^T * scale in an fp32 workspace [n_heads, n, n] (cuBLAS), a causal row
-//       softmax kernel, then P V (cuBLAS). Simple, but its workspace grows as n^2.
-//   v2  flash-style: one block per (sequence, head, tile of 64 queries) streams K/V tiles through
-//       shared memory with an online softmax, on tensor cores (mma.sync). No n x n buffer at all.
+//   v1  materialised: S = Q K^T * scale in an fp32 workspace [n_heads, q_len, k_len] (cuBLAS), a causal
+//       row softmax kernel, then P V (cuBLAS). Simple, but its workspace grows as q_len * k_len.
+//   v2  flash-style (flash_attention.cuh): one block per (sequence, head, tile of 64 queries) streams K/V
+//       tiles through shared memory with an online softmax, on tensor cores. No score buffer at all. It
+//       reaches keys and values through an addressing policy, so the KV caches of lessons 10 and 12 reuse
+//       the same kernel with a policy of their own.
+//
+// No call allocates, synchronises or creates a handle: AttentionBatch and AttentionWorkspace allocate
+// once, in their constructors. Every GPU entry point takes the stream it runs on, last.
 //
 // This header is included by .cu files: C++17 only.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -29,12 +43,14 @@
 #include <string_view>
 #include <vector>
 
+#include "common/buffer.h"
 #include "common/errors.h"
 #include "common/tensor.h"
 
 namespace tvllm {
 
 struct ModelConfig;  // model_config.h (lesson 01)
+class CublasHandle;  // common/cublas.h
 
 enum class AttentionKernel { V1Materialized, V2Flash };
 std::string_view attention_kernel_name(AttentionKernel kernel);     // "v1", "v2"
@@ -49,85 +65,165 @@ struct AttentionShape {
   static AttentionShape from_config(const ModelConfig& config);
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }  // width of a fused QKV row
   int64_t group_size() const { return n_kv_heads > 0 ? n_heads / n_kv_heads : 0; }
   double scale() const;  // 1 / sqrt(head_dim)
   // Throws InputError unless every count is positive and n_heads is a multiple of n_kv_heads.
   void validate() const;
+  bool operator==(const AttentionShape& o) const {
+    return n_heads == o.n_heads && n_kv_heads == o.n_kv_heads && head_dim == o.head_dim;
+  }
 };
 
-// A batch of sequences packed along the token axis. Keeps cu_seqlens on the host (for loops and
-// checks) and, for Device::CUDA, a device copy the kernels read. Built once per batch and reused by
-// every layer (lesson 08 runs 16 layers on the same batch). Move-only (it owns device memory).
-class VarlenBatch {
+// q, k and v as views into one fused projection output qkv [T, qkv_dim()] (columns: q | k | v, the
+// layout of lesson 08's packed QKV weight). No copy: each view has qkv's row stride.
+struct QkvViews {
+  TensorView q, k, v;
+};
+QkvViews split_qkv(const TensorView& qkv, const AttentionShape& shape);
+
+// Columns [begin, begin + count) of a 2-D view with unit column stride (same rows, same row stride).
+TensorView column_slice(const TensorView& t, int64_t begin, int64_t count);
+
+// The layout of a batch: per sequence, its new queries and its keys, as prefix sums. Keeps them on the
+// host (for loops, checks and launch shapes) and, for Device::CUDA, in device arrays the kernels read.
+//
+// Made once with a capacity, then refilled for every batch (every step of an engine): the device arrays
+// and a pinned staging buffer are allocated in the constructor; set_*() validates on the host and starts
+// one asynchronous copy on the caller's stream. Every layer of a step reuses the same batch. Set it on
+// the stream that runs the attention (the copy is ordered before the kernels that read it), and never
+// while a CUDA graph is being captured (a graph replays the kernels over the arrays as they are).
+// Move-only (it owns device memory).
+class AttentionBatch {
  public:
-  // The most sequences one batch may hold (the flash kernel puts them on the grid's z axis).
+  // The most sequences one batch may hold (the kernels put them on the grid's z axis).
   static constexpr int64_t kMaxSequences = 65535;
 
-  VarlenBatch() = default;
-  // From the sequence lengths (each >= 0; an empty sequence is allowed and produces nothing).
-  static VarlenBatch from_lengths(const std::vector<int64_t>& lengths, Device device);
-  // From prefix sums: cu_seqlens[0] == 0, never decreasing, B+1 entries for B >= 1 sequences.
-  // Throws InputError naming the first bad entry.
-  static VarlenBatch from_cu_seqlens(const std::vector<int32_t>& cu_seqlens, Device device);
+  AttentionBatch() = default;  // capacity 0: set_*() throws. Use the constructor below.
+  // Room for up to `max_sequences` sequences. Throws InputError for a bad capacity, CudaError if the
+  // device or pinned memory cannot be had.
+  AttentionBatch(int64_t max_sequences, Device device);
+  ~AttentionBatch();
+  AttentionBatch(AttentionBatch&& other) noexcept;
+  AttentionBatch& operator=(AttentionBatch&& other) noexcept;
+  AttentionBatch(const AttentionBatch&) = delete;
+  AttentionBatch& operator=(const AttentionBatch&) = delete;
+
+  // From per-sequence counts: q_lens[b] >= 0 new queries, k_lens[b] >= q_lens[b] keys.
+  void set_lengths(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
+                   cudaStream_t stream = nullptr);
+  // Prefill: every token of every sequence is a query (q_len == k_len == lengths[b]).
+  void set_prefill(const std::vector<int64_t>& lengths, cudaStream_t stream = nullptr);
+  // From prefix sums: B+1 entries each, starting at 0, never decreasing, k_len[b] >= q_len[b].
+  void set_cu_seqlens(const std::vector<int32_t>& cu_seqlens_q, const std::vector<int32_t>& cu_seqlens_k,
+                      cudaStream_t stream = nullptr);
+  // Every set_*() throws InputError naming the first bad entry (or the capacity) and leaves the batch as
+  // it was.
+
+  // One-shot helpers for tests and the lesson executable (they allocate: not for a step loop).
+  static AttentionBatch prefill(const std::vector<int64_t>& lengths, Device device);
+  static AttentionBatch with_lengths(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
+                                     Device device);
 
   Device device() const { return device_; }
-  int batch_size() const { return static_cast<int>(cu_seqlens_.size()) - 1; }
-  int64_t total_tokens() const { return cu_seqlens_.empty() ? 0 : cu_seqlens_.back(); }
-  int32_t max_seqlen() const { return max_seqlen_; }
-  int32_t seq_begin(int b) const { return cu_seqlens_.at(b); }
-  int32_t seq_len(int b) const { return cu_seqlens_.at(b + 1) - cu_seqlens_.at(b); }
-  const std::vector<int32_t>& cu_seqlens() const { return cu_seqlens_; }   // host, [B+1]
-  const int32_t* cu_seqlens_device() const;                                // device, [B+1]; null on CPU
+  int64_t capacity() const { return capacity_; }
+  int batch_size() const { return cu_q_.empty() ? 0 : static_cast<int>(cu_q_.size()) - 1; }
+  int64_t total_q() const { return cu_q_.empty() ? 0 : cu_q_.back(); }    // rows of q and out
+  int64_t total_k() const { return cu_k_.empty() ? 0 : cu_k_.back(); }    // rows of packed k and v
+  int32_t max_q_len() const { return max_q_len_; }
+  int32_t max_k_len() const { return max_k_len_; }
+  int32_t q_begin(int b) const { return cu_q_.at(b); }
+  int32_t q_len(int b) const { return cu_q_.at(b + 1) - cu_q_.at(b); }
+  int32_t k_begin(int b) const { return cu_k_.at(b); }
+  int32_t k_len(int b) const { return cu_k_.at(b + 1) - cu_k_.at(b); }
+  const std::vector<int32_t>& cu_seqlens_q() const { return cu_q_; }  // host, [B+1]
+  const std::vector<int32_t>& cu_seqlens_k() const { return cu_k_; }  // host, [B+1]
+  // Device arrays [B+1] (fixed addresses for the batch's lifetime); null on the CPU.
+  const int32_t* cu_seqlens_q_device() const;
+  const int32_t* cu_seqlens_k_device() const;
 
  private:
-  std::vector<int32_t> cu_seqlens_;  // [B+1]
-  Tensor device_copy_;               // I32 [B+1] on cuda
+  void release() noexcept;
+  std::vector<int32_t> cu_q_, cu_k_;  // [B+1] each; capacity reserved up front
+  int64_t capacity_ = 0;
   Device device_ = Device::CPU;
-  int32_t max_seqlen_ = 0;
+  int32_t max_q_len_ = 0, max_k_len_ = 0;
+  DeviceBuffer device_arrays_;  // I32 [2, capacity+1]: cu_seqlens_q, then cu_seqlens_k
+  HostBuffer staging_;          // pinned, same layout: the source of the async copy
+  cudaEvent_t copied_ = nullptr;  // recorded after each copy: staging_ may be refilled once it fired
+  bool copy_recorded_ = false;
 };
 
-// Scratch memory and the cuBLAS handle the GPU paths reuse from call to call (a model keeps one, so
-// its 16 layers do not cudaMalloc 16 times). Only v1 needs scratch: v2 needs none.
+// The most an engine will ever ask of one attention call; a workspace is sized from them, once.
+struct AttentionLimits {
+  int64_t max_sequences = 1;  // sequences per batch
+  int64_t max_q_len = 0;      // new queries of one sequence
+  int64_t max_k_len = 0;      // keys of one sequence (its whole context)
+};
+
+// Extra device memory (beyond q, k, v, out) a kernel needs for any batch within `limits`:
+//   v1: n_heads * max_q_len * max_k_len * 4 bytes (the fp32 scores of the largest sequence; sequences
+//       take turns in it), v2: 0.
+size_t attention_workspace_bytes(AttentionKernel kernel, const AttentionShape& shape, const AttentionLimits& limits);
+
+// What the GPU paths reuse from call to call, sized once from the shape and the limits: v1's scores and
+// the cuBLAS handle v1 runs on (caller-owned: one CublasHandle for the whole engine, common/cublas.h).
+// A workspace made for v1 also serves v2 (which uses none of it). Never grows: a batch beyond the
+// limits is an InputError naming the limit. Move-only.
 class AttentionWorkspace {
  public:
-  AttentionWorkspace() = default;
-  ~AttentionWorkspace();
-  AttentionWorkspace(const AttentionWorkspace&) = delete;
-  AttentionWorkspace& operator=(const AttentionWorkspace&) = delete;
+  // kernel V1Materialized: allocates the scores now (CudaError naming the size if they do not fit) and
+  // needs `cublas`. V2Flash: allocates nothing; `cublas` may be null.
+  AttentionWorkspace(const AttentionShape& shape, const AttentionLimits& limits, AttentionKernel kernel,
+                     CublasHandle* cublas = nullptr);
+  AttentionWorkspace(AttentionWorkspace&&) noexcept = default;
+  AttentionWorkspace& operator=(AttentionWorkspace&&) noexcept = default;
 
-  // At least `bytes` of device memory; grows (never shrinks). Throws CudaError naming the size.
-  void* scratch(size_t bytes);
+  const AttentionShape& shape() const { return shape_; }
+  const AttentionLimits& limits() const { return limits_; }
+  AttentionKernel kernel() const { return kernel_; }
+  void* scratch() const { return scratch_.data(); }
   size_t scratch_bytes() const { return scratch_.bytes(); }
-  cublasHandle_t cublas();  // created on first use
+  CublasHandle* cublas() const { return cublas_; }
+  // InputError unless `kernel` may run `batch` of `shape` in this workspace (names the limit exceeded).
+  void check(const AttentionBatch& batch, const AttentionShape& shape, AttentionKernel kernel) const;
 
  private:
+  AttentionShape shape_;
+  AttentionLimits limits_;
+  AttentionKernel kernel_ = AttentionKernel::V2Flash;
   DeviceBuffer scratch_;
-  cublasHandle_t cublas_ = nullptr;
+  CublasHandle* cublas_ = nullptr;
 };
 
-// The extra device memory (beyond q, k, v, out) the kernel needs for this batch:
-//   v1: n_heads * max_seqlen^2 * 4 bytes (the fp32 scores of the longest sequence; sequences take
-//       turns in it), v2: 0.
-size_t attention_workspace_bytes(AttentionKernel kernel, const VarlenBatch& batch, const AttentionShape& shape);
+// Causal GQA attention over a batch.
+//   q, out [batch.total_q(), n_heads*head_dim]; k, v [batch.total_k(), n_kv_heads*head_dim]
+// CPU views: F32 (the reference; `kernel`, `workspace` and `stream` are ignored). CUDA views: BF16, rows
+// 16-byte aligned (data and row stride), head_dim a multiple of 8 (v2: up to 256). v1 needs a workspace
+// made for v1; v2 needs none (when one is given, the batch is checked against its limits).
+// Runs on `stream`; returns without waiting. Throws InputError on a bad shape, dtype, device, stride or
+// batch (before anything is launched); CudaError if the GPU fails.
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+               const AttentionBatch& batch, const AttentionShape& shape,
+               AttentionKernel kernel = AttentionKernel::V2Flash, AttentionWorkspace* workspace = nullptr,
+               cudaStream_t stream = nullptr);
 
-// Causal GQA attention over a varlen batch, prefill style (every token of every sequence is a query).
-//   out [T, n_heads*head_dim], q [T, n_heads*head_dim], k/v [T, n_kv_heads*head_dim], T = batch.total_tokens()
-// CPU views: F32 (the reference; `kernel` and `workspace` are ignored). CUDA views: BF16, contiguous,
-// 16-byte aligned rows; head_dim 64 or 128 for v2. `workspace` may be null (a temporary one is made).
-// Throws InputError on a bad shape, dtype, device or batch; CudaError if the GPU fails (e.g. v1's
-// workspace does not fit).
-void attention_prefill(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                       const VarlenBatch& batch, const AttentionShape& shape,
-                       AttentionKernel kernel = AttentionKernel::V2Flash, AttentionWorkspace* workspace = nullptr);
+// The two paths behind attention() (arguments already validated).
+void attention_cpu(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const AttentionBatch& batch, const AttentionShape& shape);
+void attention_cuda(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const AttentionBatch& batch, const AttentionShape& shape, AttentionKernel kernel,
+                    AttentionWorkspace* workspace, cudaStream_t stream);
 
-// The two paths behind attention_prefill (arguments already validated).
-void attention_prefill_cpu(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                           const VarlenBatch& batch, const AttentionShape& shape);
-void attention_prefill_cuda(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                            const VarlenBatch& batch, const AttentionShape& shape, AttentionKernel kernel,
-                            AttentionWorkspace& workspace);
+// The query side of every path, checked once (also by lessons 10 and 12 before they launch the flash
+// kernel with a KV policy of their own): shape, batch, q and out. InputError naming the problem.
+void check_attention_queries(const TensorView& out, const TensorView& q, const AttentionBatch& batch,
+                             const AttentionShape& shape);
 
-// head_dims the flash kernel is compiled for (a template per size).
+// Whether v2 runs this head_dim (any multiple of 8 from 8 to 256), and how (for printing): "tensor
+// cores, 64-wide tiles", "tensor cores, 128-wide tiles (head_dim 96 zero-padded)", "CUDA cores (head_dim
+// > 128)".
 bool flash_supports_head_dim(int64_t head_dim);
+std::string flash_path(int64_t head_dim);
 
 }  // namespace tvllm

@@ -1,7 +1,8 @@
 // The CPU reference: the oracle every GPU kernel is checked against.
 //
 // It is the formula, written as plainly as possible, for one (sequence, head, query) at a time:
-//   scores_j = q . k_j * scale              for the keys j <= i of the same sequence (causal)
+//   scores_j = q . k_j * scale              for the keys j <= pos of the same sequence (causal), where
+//                                           pos = k_len - q_len + i is the position of query i
 //   p_j      = exp(scores_j - max) / sum    (softmax, max-subtracted)
 //   out      = sum_j p_j v_j
 //
@@ -21,46 +22,50 @@
 
 namespace tvllm {
 
-void attention_prefill_cpu(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                           const VarlenBatch& batch, const AttentionShape& shape) {
+void attention_cpu(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const AttentionBatch& batch, const AttentionShape& shape) {
   const int64_t D = shape.head_dim;
-  const int64_t q_dim = shape.q_dim(), kv_dim = shape.kv_dim();
   const int64_t group = shape.group_size();
   const double scale = shape.scale();
-  const float* Q = q.ptr<const float>();  // [T, n_heads*D]
-  const float* K = k.ptr<const float>();  // [T, n_kv*D]
-  const float* V = v.ptr<const float>();  // [T, n_kv*D]
-  float* O = out.ptr<float>();            // [T, n_heads*D]
+  // Rows are strides[0] elements apart (views into a fused QKV buffer have wider rows than they show).
+  const int64_t q_ld = q.strides[0], k_ld = k.strides[0], v_ld = v.strides[0], o_ld = out.strides[0];
+  const float* Q = q.ptr<const float>();  // [T_q, n_heads*D]
+  const float* K = k.ptr<const float>();  // [T_k, n_kv*D]
+  const float* V = v.ptr<const float>();  // [T_k, n_kv*D]
+  float* O = out.ptr<float>();            // [T_q, n_heads*D]
 
-  std::vector<double> p;    // [n]  the scores, then the probabilities, of one query
+  std::vector<double> p;    // the scores, then the probabilities, of one query
   std::vector<double> acc;  // [D]  sum_j p_j v_j of one query
   for (int b = 0; b < batch.batch_size(); ++b) {
-    const int64_t begin = batch.seq_begin(b), n = batch.seq_len(b);
+    const int64_t q_begin = batch.q_begin(b), q_len = batch.q_len(b);
+    const int64_t k_begin = batch.k_begin(b), k_len = batch.k_len(b);
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const int64_t kvh = h / group;  // grouped-query attention: `group` query heads share one kv head
-      for (int64_t i = 0; i < n; ++i) {
-        const float* qi = Q + (begin + i) * q_dim + h * D;
-        // scores for the visible keys j = 0..i (the causal mask: the future does not exist yet)
-        p.assign(static_cast<size_t>(i + 1), 0.0);
+      for (int64_t i = 0; i < q_len; ++i) {
+        // The queries are the last q_len of the k_len tokens: query i sits at this position and sees
+        // the keys j = 0..pos (the causal mask: the future does not exist yet).
+        const int64_t pos = k_len - q_len + i;
+        const float* qi = Q + (q_begin + i) * q_ld + h * D;
+        p.assign(static_cast<size_t>(pos + 1), 0.0);
         double max_score = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* kj = K + (begin + j) * kv_dim + kvh * D;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* kj = K + (k_begin + j) * k_ld + kvh * D;
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
           p[j] = dot * scale;
           max_score = std::max(max_score, p[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j <= pos; ++j) {
           p[j] = std::exp(p[j] - max_score);
           sum += p[j];
         }
         acc.assign(static_cast<size_t>(D), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* vj = V + (begin + j) * kv_dim + kvh * D;
+        for (int64_t j = 0; j <= pos; ++j) {
+          const float* vj = V + (k_begin + j) * v_ld + kvh * D;
           for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * vj[d];
         }
-        float* oi = O + (begin + i) * q_dim + h * D;
+        float* oi = O + (q_begin + i) * o_ld + h * D;
         for (int64_t d = 0; d < D; ++d) oi[d] = static_cast<float>(acc[d] / sum);
       }
     }

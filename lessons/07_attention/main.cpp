@@ -3,7 +3,7 @@
 //   build/bin/lesson07_attention [--model DIR] [--device auto|cpu|cuda] [--kernel v1|v2] [--bench] [--tokens N]
 //
 //   1. for each captured layer: the reference's q_rope, k_rope and v_proj of ALL prompts packed into one
-//      varlen batch (prompts of different lengths, cu_seqlens = their prefix sums)
+//      prefill batch (prompts of different lengths, cu_seqlens_q = cu_seqlens_k = their prefix sums)
 //   2. cpu: the fp32 reference; cuda: every kernel version (the chosen one first), bf16 in and out
 //   3. each prompt's rows compared with the reference's p{i}.layers.{l}.attn; on cuda also the whole batch
 //      against the CPU reference run on the same bf16-rounded inputs (a much tighter check)
@@ -13,11 +13,13 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "attention.h"
 #include "common/bench.h"
+#include "common/cublas.h"
 #include "common/errors.h"
 #include "common/lesson.h"
 #include "common/random.h"
@@ -48,7 +50,7 @@ constexpr double kGpuVsCpuRtol = 1.0 / 256 + 1e-4;
 constexpr double kGpuVsHfAtolPerMaxV = 1.0 / 32;
 constexpr double kGpuVsHfRtol = 1.0 / 128;
 
-// v1 (cuBLAS) takes any head_dim that keeps rows 16-byte aligned; v2 is compiled for 64 and 128.
+// v1 (cuBLAS) takes any head_dim that keeps rows 16-byte aligned; v2 any multiple of 8 up to 256.
 bool kernel_fits_head_dim(AttentionKernel kernel, const AttentionShape& shape) {
   return kernel == AttentionKernel::V1Materialized || flash_supports_head_dim(shape.head_dim);
 }
@@ -66,8 +68,8 @@ struct PackedLayer {
   Tensor expected;   // [T, q_dim]  HF's attention output (o_proj's input)
 };
 
-PackedLayer pack_layer(const ReferenceSet& ref, int layer, const VarlenBatch& batch, const AttentionShape& shape) {
-  const int64_t T = batch.total_tokens();
+PackedLayer pack_layer(const ReferenceSet& ref, int layer, const AttentionBatch& batch, const AttentionShape& shape) {
+  const int64_t T = batch.total_q();
   PackedLayer packed{Tensor::empty({T, shape.q_dim()}, DType::F32, Device::CPU),
                      Tensor::empty({T, shape.kv_dim()}, DType::F32, Device::CPU),
                      Tensor::empty({T, shape.kv_dim()}, DType::F32, Device::CPU),
@@ -78,7 +80,7 @@ PackedLayer pack_layer(const ReferenceSet& ref, int layer, const VarlenBatch& ba
   for (int i = 0; i < batch.batch_size(); ++i) {
     for (const auto& [name, dst] : parts) {
       const TensorView src = ref.prompt(i, prefix + name);
-      const TensorView rows = dst->view().rows(batch.seq_begin(i), batch.seq_len(i));
+      const TensorView rows = dst->view().rows(batch.q_begin(i), batch.q_len(i));
       TVLLM_REQUIRE(src.shape == rows.shape, "reference p" + std::to_string(i) + "." + prefix + name + " is " +
                                                  src.describe() + ", expected " + shape_str(rows.shape));
       copy_view(rows, Tensor::copy_of(src, Device::CPU, DType::F32).view());
@@ -91,21 +93,19 @@ std::string row_name(const std::string& kernel, int prompt, int layer) {
   return kernel + "p" + std::to_string(prompt) + ".layers." + std::to_string(layer) + ".attn";
 }
 
-void check_cpu(const PackedLayer& layer_data, int layer, const VarlenBatch& batch, const AttentionShape& shape,
+void check_cpu(const PackedLayer& layer_data, int layer, const AttentionBatch& batch, const AttentionShape& shape,
                Report& report) {
   Tensor out = Tensor::empty(layer_data.expected.shape(), DType::F32, Device::CPU);
-  attention_prefill(out, layer_data.q, layer_data.k, layer_data.v, batch, shape);
+  attention(out, layer_data.q, layer_data.k, layer_data.v, batch, shape);
   for (int i = 0; i < batch.batch_size(); ++i) {
-    report.add(compare(row_name("", i, layer), out.view().rows(batch.seq_begin(i), batch.seq_len(i)),
-                       layer_data.expected.view().rows(batch.seq_begin(i), batch.seq_len(i)), kCpuVsHf));
+    report.add(compare(row_name("", i, layer), out.view().rows(batch.q_begin(i), batch.q_len(i)),
+                       layer_data.expected.view().rows(batch.q_begin(i), batch.q_len(i)), kCpuVsHf));
   }
 }
 
-void check_cuda(const PackedLayer& layer_data, int layer, const std::vector<int64_t>& lengths,
-                const AttentionShape& shape, const std::vector<AttentionKernel>& kernels, AttentionWorkspace& ws,
-                Report& report) {
-  VarlenBatch gpu_batch = VarlenBatch::from_lengths(lengths, Device::CUDA);
-  VarlenBatch cpu_batch = VarlenBatch::from_lengths(lengths, Device::CPU);
+void check_cuda(const PackedLayer& layer_data, int layer, const AttentionBatch& cpu_batch,
+                const AttentionBatch& gpu_batch, const AttentionShape& shape,
+                const std::vector<AttentionKernel>& kernels, AttentionWorkspace& ws, Report& report) {
   // bf16 on the device: HF's fp32 inputs rounded once.
   Tensor q = Tensor::copy_of(layer_data.q, Device::CUDA, DType::BF16);
   Tensor k = Tensor::copy_of(layer_data.k, Device::CUDA, DType::BF16);
@@ -115,7 +115,7 @@ void check_cuda(const PackedLayer& layer_data, int layer, const std::vector<int6
   Tensor k_r = Tensor::copy_of(k, Device::CPU, DType::F32);
   Tensor v_r = Tensor::copy_of(v, Device::CPU, DType::F32);
   Tensor ideal = Tensor::empty(layer_data.expected.shape(), DType::F32, Device::CPU);
-  attention_prefill(ideal, q_r, k_r, v_r, cpu_batch, shape);
+  attention(ideal, q_r, k_r, v_r, cpu_batch, shape);
   const double max_v = max_abs(v_r);
   const Tolerance vs_cpu{kGpuVsCpuAtolPerMaxV * max_v, kGpuVsCpuRtol};
   const Tolerance vs_hf{kGpuVsHfAtolPerMaxV * max_v, kGpuVsHfRtol};
@@ -125,10 +125,10 @@ void check_cuda(const PackedLayer& layer_data, int layer, const std::vector<int6
     const std::string tag = std::string(attention_kernel_name(kernel)) + " ";
     // Poison: 0xFFFF is a bf16 NaN, so a row the kernel forgets to write fails the comparison.
     TVLLM_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.view().nbytes()));
-    attention_prefill(out, q, k, v, gpu_batch, shape, kernel, &ws);
+    attention(out, q, k, v, gpu_batch, shape, kernel, &ws);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
     for (int i = 0; i < gpu_batch.batch_size(); ++i) {
-      const int64_t b = gpu_batch.seq_begin(i), n = gpu_batch.seq_len(i);
+      const int64_t b = gpu_batch.q_begin(i), n = gpu_batch.q_len(i);
       report.add(compare(row_name(tag, i, layer), out.view().rows(b, n), layer_data.expected.view().rows(b, n), vs_hf));
     }
     report.add(compare(tag + "layers." + std::to_string(layer) + " vs CPU on bf16 inputs", out, ideal, vs_cpu));
@@ -208,21 +208,23 @@ void run_bench(const AttentionShape& shape, int64_t max_tokens) {
     std::string note;
   };
   std::vector<Summary> summary;
+  CublasHandle cublas;  // v1's GEMMs; made once, outside every timed call
   for (const BenchCase& c : cases) {
-    VarlenBatch batch = VarlenBatch::from_lengths(c.lengths, Device::CUDA);
-    const int64_t T = batch.total_tokens();
+    AttentionBatch batch = AttentionBatch::prefill(c.lengths, Device::CUDA);
+    const AttentionLimits limits{batch.batch_size(), batch.max_q_len(), batch.max_k_len()};
+    const int64_t T = batch.total_q();
     const TensorView qv = q.view().rows(0, T), kv = k.view().rows(0, T), vv = v.view().rows(0, T);
     const TensorView ov = out.view().rows(0, T);
     Summary s;
     s.label = c.label;
     for (int i = 0; i < 2; ++i) {
       const AttentionKernel kernel = kernels[i];
-      s.workspace[i] = attention_workspace_bytes(kernel, batch, shape);
+      s.workspace[i] = attention_workspace_bytes(kernel, shape, limits);
       if (!kernel_fits_head_dim(kernel, shape)) continue;
-      // A fresh workspace per run, so that the memory each version needs is exactly what it holds.
-      AttentionWorkspace ws;
       try {
-        BenchResult r = bench_gpu([&] { attention_prefill(ov, qv, kv, vv, batch, shape, kernel, &ws); });
+        // A fresh workspace per case, sized for exactly this batch: the memory each version needs.
+        AttentionWorkspace ws(shape, limits, kernel, &cublas);
+        BenchResult r = bench_gpu([&] { attention(ov, qv, kv, vv, batch, shape, kernel, &ws); });
         s.ms[i] = r.median_ms;
         rows.push_back({std::string(attention_kernel_name(kernel)) + (i == 0 ? " materialised " : " flash ") + c.label,
                         r, traffic_bytes(kernel, c.lengths, shape), causal_flops(c.lengths, shape)});
@@ -242,9 +244,10 @@ void run_bench(const AttentionShape& shape, int64_t max_tokens) {
                 mib(s.workspace[0]).c_str(), mib(s.workspace[1]).c_str());
     if (!s.note.empty()) std::printf("    %s\n", s.note.c_str());
   }
+  const char* v2_smem = shape.head_dim > 128 ? "none" : shape.head_dim > 64 ? "85 KiB" : "45 KiB";
   std::printf("(extra memory: beyond q, k, v and out. v1 holds n_heads x n^2 fp32 scores of the longest sequence;\n"
-              " v2 keeps its tiles in shared memory: %s per block, nothing in device memory)\n",
-              shape.head_dim == 128 ? "85 KiB" : "45 KiB");
+              " v2 (%s) keeps its tiles in shared memory: %s per block, nothing in device memory)\n",
+              flash_path(shape.head_dim).c_str(), v2_smem);
 
   // The CPU reference, for scale (a short sequence: it is O(n^2) in double precision).
   const int64_t n_cpu = 256;
@@ -252,8 +255,8 @@ void run_bench(const AttentionShape& shape, int64_t max_tokens) {
   Tensor kc = Tensor::copy_of(k.view().rows(0, n_cpu), Device::CPU, DType::F32);
   Tensor vc = Tensor::copy_of(v.view().rows(0, n_cpu), Device::CPU, DType::F32);
   Tensor oc = Tensor::empty({n_cpu, shape.q_dim()}, DType::F32, Device::CPU);
-  VarlenBatch cpu_batch = VarlenBatch::from_lengths({n_cpu}, Device::CPU);
-  BenchResult cpu = bench_cpu([&] { attention_prefill(oc, qc, kc, vc, cpu_batch, shape); }, 0, 1);
+  AttentionBatch cpu_batch = AttentionBatch::prefill({n_cpu}, Device::CPU);
+  BenchResult cpu = bench_cpu([&] { attention(oc, qc, kc, vc, cpu_batch, shape); }, 0, 1);
   std::printf("CPU reference (double, one thread), n=%lld: %.1f ms = %.3f GFLOP/s\n", (long long)n_cpu,
               cpu.median_ms, causal_flops({n_cpu}, shape) / (cpu.median_ms * 1e-3) / 1e9);
 }
@@ -265,7 +268,8 @@ int run(const LessonOptions& opt) {
 
   std::vector<int64_t> lengths;
   for (int i = 0; i < ref.num_prompts(); ++i) lengths.push_back(ref.prompt(i, "input_ids").shape[0]);
-  VarlenBatch batch = VarlenBatch::from_lengths(lengths, Device::CPU);  // the host layout used for packing
+  // Every prompt is prefilled whole: q_len == k_len == its length. The host layout is used for packing.
+  AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CPU);
   std::string lengths_text;
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (i) lengths_text += ", ";
@@ -275,7 +279,7 @@ int run(const LessonOptions& opt) {
               model.path.string().c_str(), (long long)shape.n_heads, (long long)shape.n_kv_heads,
               (long long)shape.group_size(), (long long)shape.head_dim, (long long)shape.head_dim);
   std::printf("%d prompts packed into one varlen batch: lengths {%s}, %lld tokens\n", batch.batch_size(),
-              lengths_text.c_str(), (long long)batch.total_tokens());
+              lengths_text.c_str(), (long long)batch.total_q());
 
   Report report("lesson 07: attention -> " + std::string(device_name(opt.device)) +
                 (opt.device == Device::CUDA ? " (kernel " + opt.kernel + " first, then the others)" : ""));
@@ -283,13 +287,24 @@ int run(const LessonOptions& opt) {
   for (AttentionKernel k : {AttentionKernel::V1Materialized, AttentionKernel::V2Flash}) {
     if (k != kernels.front() && kernel_fits_head_dim(k, shape)) kernels.push_back(k);
   }
-  AttentionWorkspace workspace;
+  // The GPU side, made once for every layer (as a model would): the batch's device arrays, one cuBLAS
+  // handle, and a workspace sized for this batch that serves both kernels (made for v1).
+  std::optional<AttentionBatch> gpu_batch;
+  std::optional<CublasHandle> cublas;
+  std::optional<AttentionWorkspace> workspace;
+  if (opt.device == Device::CUDA) {
+    std::printf("v2 runs on %s\n", flash_path(shape.head_dim).c_str());
+    gpu_batch.emplace(AttentionBatch::prefill(lengths, Device::CUDA));
+    cublas.emplace();
+    workspace.emplace(shape, AttentionLimits{batch.batch_size(), batch.max_q_len(), batch.max_k_len()},
+                      AttentionKernel::V1Materialized, &*cublas);
+  }
   for (int layer : ref.captured_layers()) {
     const PackedLayer data = pack_layer(ref, layer, batch, shape);
     if (opt.device == Device::CPU) {
       check_cpu(data, layer, batch, shape, report);
     } else {
-      check_cuda(data, layer, lengths, shape, kernels, workspace, report);
+      check_cuda(data, layer, batch, *gpu_batch, shape, kernels, *workspace, report);
     }
   }
   report.print(std::cout);
