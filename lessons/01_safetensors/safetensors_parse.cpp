@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/exercise.h"
 #include "common/input_error.h"
 #include "json_strict.h"
 #include "safetensors.h"
@@ -23,6 +24,20 @@ using nlohmann::json;
 // ---- strict JSON helpers (declared in json_strict.h) ------------------------------------------------
 
 bool is_valid_utf8(std::string_view s, size_t* bad_offset) {
+  // --- exercise 01.2: valid UTF-8, strictly ---------------------------------------------------------
+  // Task: return true when s is well-formed UTF-8; else store the offset of the first bad byte in
+  //   *bad_offset (when it is not null) and return false. Reject what the reference rejects: a stray
+  //   continuation byte, a truncated sequence, an overlong encoding (C0 80 for NUL), a UTF-16 surrogate
+  //   half (U+D800..U+DFFF), anything above U+10FFFF.
+  // Hint: the lead byte says the length: 0xxxxxxx 1, 110xxxxx 2, 1110xxxx 3, 11110xxx 4; every
+  //   following byte is 10xxxxxx and adds 6 bits to the code point.
+  // Hint: an overlong encoding is a code point that would fit in fewer bytes (3 bytes below U+0800).
+  // Tests: SafetensorsParse.RejectsInvalidUtf8
+  // Stub:
+  //   (void)s;
+  //   (void)bad_offset;
+  //   throw NotWrittenYet("01.2", "valid UTF-8, strictly");
+  // --- solution ---
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
   size_t i = 0;
@@ -50,6 +65,7 @@ bool is_valid_utf8(std::string_view s, size_t* bad_offset) {
     i += len;
   }
   return true;
+  // --- end of exercise 01.2 ---
 }
 
 std::string json_snippet(const json& value, size_t max_chars) {
@@ -100,6 +116,19 @@ json parse_json_strict(std::string_view text, const std::string& what) {
 // ---- checksums ------------------------------------------------------------------------------------
 
 uint64_t fnv1a64(const void* data, size_t size, uint64_t hash) {
+  // --- exercise 01.5: the FNV-1a checksum ---------------------------------------------------------
+  // Task: FNV-1a, 64-bit, over `size` bytes at `data`, starting from `hash` (so a caller can continue
+  //   over several pieces). The lesson executable compares it with reference/manifest.json.
+  // Hint: for each byte: xor it into the hash first ("1a"), then multiply by the FNV prime
+  //   0x100000001b3; uint64_t arithmetic wraps around, which is what FNV wants.
+  // Tests: Fnv1a64.KnownAnswers BundledModel.WeightsMatchTheManifestChecksums
+  // Tests: lesson01_safetensors.cpu lesson01_safetensors.gpu
+  // Stub:
+  //   (void)data;
+  //   (void)size;
+  //   (void)hash;
+  //   throw NotWrittenYet("01.5", "the FNV-1a checksum");
+  // --- solution ---
   constexpr uint64_t kPrime = 0x100000001b3ull;
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < size; ++i) {
@@ -107,6 +136,7 @@ uint64_t fnv1a64(const void* data, size_t size, uint64_t hash) {
     hash *= kPrime;
   }
   return hash;
+  // --- end of exercise 01.5 ---
 }
 
 std::string fnv1a64_hex(uint64_t hash) {
@@ -125,15 +155,39 @@ namespace {
 // allocate and parse gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-uint64_t read_u64_le(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];  // byte 0 is the least significant
-  return v;
+// N, the header length: the first 8 bytes of the file (file_size >= 8), once it is known to be sane.
+uint64_t read_header_length(const uint8_t* bytes, uint64_t file_size) {
+  // --- exercise 01.1: the header length -----------------------------------------------------------
+  // Task: read N, the unsigned 64-bit little-endian integer in bytes[0..8), and reject (InputError, the
+  //   message naming the problem) an N above kMaxHeaderBytes ("... limit ..."), an N that runs past the
+  //   end of the file ("runs past the end of the file") and N = 0 ("header is empty"). Return N.
+  // Hint: byte 0 is the least significant: build N from byte 7 down, shifting left by 8 each time.
+  // Hint: check the limit first, and compare N with file_size - 8 (not N + 8 with file_size: a lie of
+  //   2^64 - 1 would wrap the sum around to 7).
+  // Tests: SafetensorsParse.RejectsHeaderLengthPastEndOfFile SafetensorsParse.RejectsAbsurdHeaderLength
+  // Tests: SafetensorsParse.RejectsEmptyHeader
+  // Stub:
+  //   (void)bytes;
+  //   (void)file_size;
+  //   throw NotWrittenYet("01.1", "the header length");
+  // --- solution ---
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];  // byte 0 is the least significant
+  if (n > kMaxHeaderBytes)
+    throw InputError("header length " + std::to_string(n) + " is above the " + std::to_string(kMaxHeaderBytes) +
+                     "-byte limit (corrupt file, or not a safetensors file)");
+  if (n > file_size - 8)
+    throw InputError("header length " + std::to_string(n) + " runs past the end of the file (" +
+                     std::to_string(file_size - 8) + " bytes follow the length field)");
+  if (n == 0) throw InputError("header is empty (length 0): expected a JSON object");
+  return n;
+  // --- end of exercise 01.1 ---
 }
 
-std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+[[maybe_unused]] std::string quoted(const std::string& s) { return "\"" + s + "\""; }
 
-std::string supported_dtypes() {
+// supported_dtypes() and as_u64() are the helpers exercise 01.3 uses ([[maybe_unused]]: its stub does not).
+[[maybe_unused]] std::string supported_dtypes() {
   std::string s;
   for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::I16,
                   DType::I8, DType::U8, DType::BOOL}) {
@@ -144,7 +198,7 @@ std::string supported_dtypes() {
 
 // A JSON value that must be a non-negative integer that fits in uint64 (nlohmann stores non-negative
 // integers as number_unsigned; negatives as number_integer; 2.0 or 1e3 as number_float).
-bool as_u64(const json& v, uint64_t* out) {
+[[maybe_unused]] bool as_u64(const json& v, uint64_t* out) {
   if (v.is_number_unsigned()) { *out = v.get<uint64_t>(); return true; }
   if (v.is_number_integer()) {  // signed storage: only non-negative values are acceptable
     int64_t s = v.get<int64_t>();
@@ -156,6 +210,28 @@ bool as_u64(const json& v, uint64_t* out) {
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const json& v, uint64_t data_bytes) {
+  // --- exercise 01.3: one tensor entry ------------------------------------------------------------
+  // Task: validate v, the header's entry for tensor `name`, and return it as a SafetensorsEntry. Reject
+  //   (InputError naming the tensor and the problem): v not an object; a field other than dtype, shape,
+  //   data_offsets, or one missing; a dtype that is not a string or not known (name it); a shape that is
+  //   not an array of non-negative integers, or whose element count or byte size overflows 64 bits;
+  //   data_offsets that are not two non-negative integers [begin, end] with begin <= end <= data_bytes
+  //   (the size of the data section) and end - begin = the tensor's byte size.
+  // Hint: parse_dtype() and dtype_size() (common/dtype.h) know the dtypes; as_u64() and
+  //   supported_dtypes() above read a JSON integer and list the dtypes for a message.
+  // Hint: check the product before each multiplication: count > kMax / d means count * d would wrap.
+  // Tests: SafetensorsParse.RejectsEntryThatIsNotAnObject SafetensorsParse.RejectsMissingFields
+  // Tests: SafetensorsParse.RejectsExtraFields SafetensorsParse.RejectsWrongFieldTypes
+  // Tests: SafetensorsParse.RejectsUnknownDtypeNamingIt SafetensorsParse.RejectsNegativeOrFractionalShape
+  // Tests: SafetensorsParse.RejectsShapeProductOverflow SafetensorsParse.RejectsByteCountMismatch
+  // Tests: SafetensorsParse.RejectsBeginAfterEnd SafetensorsParse.RejectsEndPastDataSection
+  // Tests: SafetensorsParse.AcceptsEveryDtype SafetensorsFile.ReadsKnownValuesOfEachFloatDtype
+  // Stub:
+  //   (void)name;
+  //   (void)v;
+  //   (void)data_bytes;
+  //   throw NotWrittenYet("01.3", "one tensor entry");
+  // --- solution ---
   const std::string where = "tensor " + quoted(name) + ": ";
   if (!v.is_object()) throw InputError(where + "entry must be a JSON object, got " + json_snippet(v));
   for (const auto& [key, _] : v.items()) {
@@ -215,6 +291,51 @@ SafetensorsEntry parse_entry(const std::string& name, const json& v, uint64_t da
     throw InputError(where + "data_offsets cover " + std::to_string(e.end - e.begin) + " bytes, but " +
                      std::string(dtype_name(e.dtype)) + json_snippet(shape) + " needs " + std::to_string(nbytes));
   return e;
+  // --- end of exercise 01.3 ---
+}
+
+// The layout: sorted by offset, the tensors must tile the data section exactly, from byte 0 to the last
+// byte, with no gaps (hidden bytes) and no overlaps (one byte read as two tensors).
+void sort_and_check_layout(std::vector<SafetensorsEntry>& entries, uint64_t data_bytes) {
+  // --- exercise 01.4: the tensors tile the data section -------------------------------------------
+  // Task: sort the entries by offset, then check that they cover bytes [0, data_bytes) exactly once.
+  //   Reject (InputError) an overlap ("tensor "b" (bytes 4..12) overlaps tensor "a" (bytes 0..8)"), a
+  //   hole ("hole in the data section: bytes 4..8 ..."), and bytes after the last tensor ("3 trailing
+  //   bytes ...").
+  // Hint: sort by (begin, end, name): zero-size tensors at an offset then come first, and the order is
+  //   the same whatever the order of the JSON.
+  // Hint: walk with a cursor, where the next tensor must start.
+  // Tests: SafetensorsParse.RejectsOverlap SafetensorsParse.RejectsHole SafetensorsParse.RejectsTrailingBytes
+  // Tests: SafetensorsParse.EntriesAreSortedByOffsetWhateverTheJsonOrder SafetensorsParse.AcceptsZeroSizeTensorsAnywhere
+  // Tests: SafetensorsParse.LengthIsLittleEndian
+  // Stub:
+  //   (void)entries;
+  //   (void)data_bytes;
+  //   throw NotWrittenYet("01.4", "the tensors tile the data section");
+  // --- solution ---
+  std::sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;  // zero-size tensors at an offset come first
+    return a.name < b.name;
+  });
+  uint64_t cursor = 0;  // where the next tensor must start
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry& e : entries) {
+    if (e.begin < cursor)
+      throw InputError("tensor " + quoted(e.name) + " (bytes " + std::to_string(e.begin) + ".." +
+                       std::to_string(e.end) + ") overlaps tensor " + quoted(prev->name) + " (bytes " +
+                       std::to_string(prev->begin) + ".." + std::to_string(prev->end) + ")");
+    if (e.begin > cursor)
+      throw InputError("hole in the data section: bytes " + std::to_string(cursor) + ".." + std::to_string(e.begin) +
+                       " belong to no tensor (before tensor " + quoted(e.name) + ")");
+    cursor = e.end;
+    prev = &e;
+  }
+  if (cursor != data_bytes)
+    throw InputError("the data section has " + std::to_string(data_bytes - cursor) +
+                     " trailing bytes after the last tensor (it is " + std::to_string(data_bytes) +
+                     " bytes, the tensors cover " + std::to_string(cursor) + ")");
+  // --- end of exercise 01.4 ---
 }
 
 }  // namespace
@@ -227,16 +348,9 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
   if (size < 8) throw std::invalid_argument("parse_safetensors_header: pass at least the first 8 bytes");
 
   SafetensorsHeader h;
-  h.header_bytes = read_u64_le(bytes);
+  h.header_bytes = read_header_length(bytes, file_size);
   const uint64_t n = h.header_bytes;
-  if (n > kMaxHeaderBytes)
-    throw InputError("header length " + std::to_string(n) + " is above the " + std::to_string(kMaxHeaderBytes) +
-                     "-byte limit (corrupt file, or not a safetensors file)");
-  if (n > file_size - 8)
-    throw InputError("header length " + std::to_string(n) + " runs past the end of the file (" +
-                     std::to_string(file_size - 8) + " bytes follow the length field)");
   if (size - 8 < n) throw std::invalid_argument("parse_safetensors_header: the header bytes were not all passed");
-  if (n == 0) throw InputError("header is empty (length 0): expected a JSON object");
   h.data_offset = 8 + n;
   const uint64_t data_bytes = file_size - h.data_offset;
 
@@ -266,31 +380,7 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
     }
     h.entries.push_back(parse_entry(key, value, data_bytes));
   }
-
-  // The layout: sorted by offset, the tensors must tile the data section exactly, from byte 0 to the
-  // last byte, with no gaps (hidden bytes) and no overlaps (one byte read as two tensors).
-  std::sort(h.entries.begin(), h.entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-    if (a.begin != b.begin) return a.begin < b.begin;
-    if (a.end != b.end) return a.end < b.end;  // zero-size tensors at an offset come first
-    return a.name < b.name;
-  });
-  uint64_t cursor = 0;  // where the next tensor must start
-  const SafetensorsEntry* prev = nullptr;
-  for (const SafetensorsEntry& e : h.entries) {
-    if (e.begin < cursor)
-      throw InputError("tensor " + quoted(e.name) + " (bytes " + std::to_string(e.begin) + ".." +
-                       std::to_string(e.end) + ") overlaps tensor " + quoted(prev->name) + " (bytes " +
-                       std::to_string(prev->begin) + ".." + std::to_string(prev->end) + ")");
-    if (e.begin > cursor)
-      throw InputError("hole in the data section: bytes " + std::to_string(cursor) + ".." + std::to_string(e.begin) +
-                       " belong to no tensor (before tensor " + quoted(e.name) + ")");
-    cursor = e.end;
-    prev = &e;
-  }
-  if (cursor != data_bytes)
-    throw InputError("the data section has " + std::to_string(data_bytes - cursor) +
-                     " trailing bytes after the last tensor (it is " + std::to_string(data_bytes) +
-                     " bytes, the tensors cover " + std::to_string(cursor) + ")");
+  sort_and_check_layout(h.entries, data_bytes);
   return h;
 }
 

@@ -115,12 +115,15 @@ def init_weights(
     device: str = "cpu",
     scales: InitScales = InitScales(),
     quiet_rows: list[int] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, torch.Tensor]:
-    """Every weight tensor of the model in bf16, drawn from one seeded generator in a fixed order.
+    """Every weight tensor of the model in dtype (bf16 unless asked), drawn from one seeded generator in a
+    fixed order.
 
-    Values are drawn in fp32 and rounded once to bf16 (what is stored). The stream of random numbers
-    differs between CPU and CUDA generators: the same seed gives the same bytes on the same kind of
-    device and torch version. quiet_rows: embedding rows to scale by scales.quiet_row_scale.
+    Values are drawn in fp32 and rounded once to dtype (what is stored; fp32 keeps them as drawn). The
+    stream of random numbers differs between CPU and CUDA generators: the same seed gives the same bytes
+    on the same kind of device and torch version. quiet_rows: embedding rows to scale by
+    scales.quiet_row_scale.
     """
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -132,7 +135,7 @@ def init_weights(
             w += 1.0
         if name.endswith("embed_tokens.weight") and quiet_rows:
             w[torch.tensor(quiet_rows, device=device)] *= scales.quiet_row_scale
-        tensors[name] = w.to(torch.bfloat16).contiguous()
+        tensors[name] = w.to(dtype).contiguous()
     return tensors
 
 
@@ -144,6 +147,7 @@ def llama_config_dict(
     eos_token_id: int | list[int] | None,
     transformers_version: str,
     rms_norm_eps: float = 1e-5,
+    torch_dtype: str = "bfloat16",
 ) -> dict:
     """config.json in the layout of the Llama 3.2 checkpoints on the Hugging Face Hub.
 
@@ -173,7 +177,7 @@ def llama_config_dict(
         "rope_scaling": dict(LLAMA3_ROPE_SCALING),
         "rope_theta": LLAMA3_ROPE_THETA,
         "tie_word_embeddings": True,
-        "torch_dtype": "bfloat16",
+        "torch_dtype": torch_dtype,
         "transformers_version": transformers_version,
         "use_cache": True,
         "vocab_size": shape.vocab_size,

@@ -3,7 +3,12 @@
 without downloading anything. No tokenizer: make_reference.py feeds it seeded random token ids.
 
     python3 weights/tools/make_random_model.py --preset llama-3.2-1b --out weights/random-llama-3.2-1b \
-        [--seed 0] [--layers N] [--device auto|cpu|cuda]
+        [--seed 0] [--layers N] [--head-dim D] [--dtype bf16|f16|f32] [--device auto|cpu|cuda]
+
+--dtype f32 or f16 makes an F32 or F16 checkpoint (the values as drawn in fp32, or rounded once to fp16),
+as some published checkpoints are. --head-dim D keeps the preset's hidden size and head counts, so the
+attention width heads*D may differ from hidden_size (Llama's config.json allows it: head_dim is explicit);
+e.g. --head-dim 80 checks the code paths for a head_dim that is neither 64 nor 128.
 
 The tensors are drawn directly with torch (on the GPU when there is one: ~2.5 GB of bf16 for 1B) and
 written with safetensors under Hugging Face's names, next to a config.json in the Hub's layout, so
@@ -35,6 +40,8 @@ PRESETS = {
         num_attention_heads=24, num_key_value_heads=8, head_dim=128,
     ),
 }
+DTYPES = {"bf16": (torch.bfloat16, "bfloat16"), "f16": (torch.float16, "float16"),
+          "f32": (torch.float32, "float32")}
 MAX_POSITION_EMBEDDINGS = 131072
 BOS_ID = 128000                     # <|begin_of_text|>
 EOS_IDS = [128001, 128008, 128009]  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
@@ -49,12 +56,14 @@ def pick_device(requested: str) -> str:
     return requested
 
 
-def write_model(out: Path, shape: llama_init.LlamaShape, seed: int, device: str) -> dict[str, torch.Tensor]:
+def write_model(out: Path, shape: llama_init.LlamaShape, seed: int, device: str,
+                dtype: str) -> dict[str, torch.Tensor]:
     import transformers
     from safetensors.torch import save_file
 
     quiet = list(range(FIRST_SPECIAL_ID, shape.vocab_size))  # never-trained special-token rows
-    tensors = llama_init.init_weights(shape, seed=seed, device=device, quiet_rows=quiet)
+    tensors = llama_init.init_weights(shape, seed=seed, device=device, quiet_rows=quiet,
+                                      dtype=DTYPES[dtype][0])
     cpu = {name: t.cpu() for name, t in tensors.items()}
     out.mkdir(parents=True, exist_ok=True)
     # {"format": "pt"} is the metadata transformers itself writes; from_pretrained checks for it.
@@ -66,6 +75,7 @@ def write_model(out: Path, shape: llama_init.LlamaShape, seed: int, device: str)
         bos_token_id=BOS_ID,
         eos_token_id=EOS_IDS,
         transformers_version=transformers.__version__,
+        torch_dtype=DTYPES[dtype][1],
     )
     llama_init.write_json(out / "config.json", config)
     generation = {"bos_token_id": BOS_ID, "eos_token_id": EOS_IDS,
@@ -74,11 +84,11 @@ def write_model(out: Path, shape: llama_init.LlamaShape, seed: int, device: str)
     return cpu
 
 
-def verify_loads(out: Path, device: str, expected: dict[str, torch.Tensor]) -> None:
+def verify_loads(out: Path, device: str, expected: dict[str, torch.Tensor], dtype: str) -> None:
     """Load with transformers as any user would, compare a few tensors, run one short forward pass."""
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(out, dtype=torch.bfloat16).to(device).eval()
+    model = LlamaForCausalLM.from_pretrained(out, dtype=DTYPES[dtype][0]).to(device).eval()
     state = model.state_dict()
     for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"):
         if not torch.equal(state[name].cpu(), expected[name]):
@@ -104,6 +114,9 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path, help="output model directory")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=None, help="override the number of layers (quick tests)")
+    ap.add_argument("--head-dim", type=int, default=None,
+                    help="override head_dim (a multiple of 8 up to 256; heads and hidden size stay)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="stored dtype (default bf16)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where the random numbers are drawn (auto: cuda if available)")
     ap.add_argument("--no-verify", action="store_true", help="skip loading the result with transformers")
@@ -114,14 +127,19 @@ def main() -> int:
         if args.layers < 1:
             raise SystemExit("error: --layers must be >= 1")
         shape = llama_init.LlamaShape(**{**shape.__dict__, "num_hidden_layers": args.layers})
+    if args.head_dim is not None:
+        if args.head_dim < 8 or args.head_dim > 256 or args.head_dim % 8:
+            raise SystemExit("error: --head-dim must be a multiple of 8 from 8 to 256")
+        shape = llama_init.LlamaShape(**{**shape.__dict__, "head_dim": args.head_dim})
     device = pick_device(args.device)
     t0 = time.time()
-    tensors = write_model(args.out, shape, args.seed, device)
+    tensors = write_model(args.out, shape, args.seed, device, args.dtype)
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    print(f"wrote {args.out}: {len(tensors)} tensors, {nbytes / 1e9:.2f} GB bf16, "
-          f"{shape.num_hidden_layers} layers, drawn on {device} in {time.time() - t0:.1f} s")
+    print(f"wrote {args.out}: {len(tensors)} tensors, {nbytes / 1e9:.2f} GB {args.dtype}, "
+          f"{shape.num_hidden_layers} layers, head_dim {shape.head_dim}, drawn on {device} in "
+          f"{time.time() - t0:.1f} s")
     if not args.no_verify:
-        verify_loads(args.out, device, tensors)
+        verify_loads(args.out, device, tensors, args.dtype)
     return 0
 
 

@@ -15,19 +15,16 @@ silently inconsistent.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import mmap
 import platform
-import struct
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from safetensors_io import weight_checksums  # noqa: E402  (the shared module next to this script)
 
 # ---------------------------------------------------------------------------------------------------------
 # Prompts
@@ -386,74 +383,7 @@ def check_prompt(acts: dict, weights: dict, config, layers: list[int]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Weight checksums: FNV-1a 64 of each tensor's raw bytes as stored (lesson 01 checks its loader with them).
-
-FNV_OFFSET, FNV_PRIME, MASK64 = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
-_FNV_C = r"""
-#include <stdint.h>
-#include <stddef.h>
-uint64_t fnv1a64(const unsigned char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; ++i) { h ^= p[i]; h *= 0x100000001b3ULL; }
-  return h;
-}
-"""
-
-
-def _compiled_fnv():
-    """FNV-1a is a serial byte loop: Python does ~10 MB/s, C ~1 GB/s. Compile a 5-line helper with the
-    system C compiler when there is one (a 1B model has 2.5 GB of weights); else return None."""
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix="tvllm_fnv_"))
-        (tmp / "fnv.c").write_text(_FNV_C)
-        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "fnv.so"), str(tmp / "fnv.c")],
-                       check=True, capture_output=True)
-        lib = ctypes.CDLL(str(tmp / "fnv.so"))
-        lib.fnv1a64.restype = ctypes.c_uint64
-        lib.fnv1a64.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        return lib.fnv1a64
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def fnv1a64_py(data: bytes) -> int:
-    h = FNV_OFFSET
-    for b in data:
-        h = ((h ^ b) * FNV_PRIME) & MASK64
-    return h
-
-
-def safetensors_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / s for s in shards]
-    single = model_dir / "model.safetensors"
-    if not single.exists():
-        raise SystemExit(f"error: {model_dir} has neither model.safetensors nor model.safetensors.index.json")
-    return [single]
-
-
-def weight_checksums(model_dir: Path) -> dict:
-    fast = _compiled_fnv()
-    table = {}
-    for path in safetensors_files(model_dir):
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            (n,) = struct.unpack("<Q", mm[:8])
-            header = json.loads(mm[8:8 + n])
-            base = 8 + n
-            for name in sorted(k for k in header if k != "__metadata__"):
-                info = header[name]
-                begin, end = (base + o for o in info["data_offsets"])
-                if fast is not None:
-                    view = np.frombuffer(mm, dtype=np.uint8, count=end - begin, offset=begin)  # no copy
-                    h = fast(view.ctypes.data, end - begin)
-                    del view  # the mmap cannot close while a view of it exists
-                else:
-                    h = fnv1a64_py(mm[begin:end])
-                table[name] = {"file": path.name, "dtype": info["dtype"], "shape": info["shape"],
-                               "nbytes": end - begin, "fnv1a64": f"{h:016x}"}
-    return table
+# Weight checksums: safetensors_io.weight_checksums (FNV-1a 64 of each stored tensor; lesson 01 checks them).
 
 
 # ---------------------------------------------------------------------------------------------------------
