@@ -59,6 +59,19 @@ TensorView TensorView::rows(int64_t begin, int64_t count) const {
   return v;
 }
 
+TensorView TensorView::columns(int64_t begin, int64_t count) const {
+  TVLLM_REQUIRE(rank() == 2, "TensorView::columns: a 2-D view is needed, got " + describe());
+  TVLLM_REQUIRE(shape[1] <= 1 || strides[1] == 1, "TensorView::columns: columns must be contiguous in " + describe());
+  TVLLM_REQUIRE(begin >= 0 && count >= 0 && begin + count <= shape[1],
+                "TensorView::columns: columns [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                    ") are outside " + describe());
+  TensorView v = *this;
+  v.data = static_cast<char*>(data) + begin * static_cast<int64_t>(dtype_size(dtype));
+  v.shape = {shape[0], count};
+  v.strides = {strides[0], 1};
+  return v;
+}
+
 TensorView TensorView::reshape(Shape new_shape) const {
   if (!is_contiguous()) throw std::logic_error("reshape of a non-contiguous view " + describe());
   if (shape_numel(new_shape) != numel())

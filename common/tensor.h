@@ -37,6 +37,11 @@ struct TensorView {
 
   // Rows [begin, begin + count) of the first dimension; still contiguous if this view is.
   TensorView rows(int64_t begin, int64_t count) const;
+  // Columns [begin, begin + count) of a 2-D view whose columns are contiguous: the same rows, the same
+  // row stride (strides[0]), so no longer contiguous unless it takes every column. How q, k and v are
+  // views into one fused QKV buffer (lesson 07). Throws InputError for another rank, a column stride
+  // other than 1, or a range outside the view.
+  TensorView columns(int64_t begin, int64_t count) const;
   // Same memory, another shape with the same element count (contiguous views only).
   TensorView reshape(Shape new_shape) const;
   // "BF16[7, 2048] cuda"

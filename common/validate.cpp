@@ -7,6 +7,31 @@
 
 namespace tvllm {
 
+void compare_element(CompareResult& r, int64_t index, double actual, double expected, double atol, double rtol,
+                     double& diff_sq, double& ref_sq) {
+  const double a = actual, b = expected;
+  bool ok;
+  double abs_err;
+  if (std::isnan(b) || std::isnan(a)) {
+    ok = std::isnan(a) && std::isnan(b);
+    abs_err = ok ? 0.0 : INFINITY;
+  } else if (std::isinf(b) || std::isinf(a)) {
+    ok = a == b;
+    abs_err = ok ? 0.0 : INFINITY;
+  } else {
+    abs_err = std::fabs(a - b);
+    ok = abs_err <= atol + rtol * std::fabs(b);
+    diff_sq += abs_err * abs_err;
+    ref_sq += b * b;
+    if (std::fabs(b) > atol && b != 0.0) r.max_rel = std::max(r.max_rel, abs_err / std::fabs(b));
+  }
+  r.max_abs = std::max(r.max_abs, abs_err);
+  if (!ok) {
+    if (r.first_mismatches.size() < 5) r.first_mismatches.push_back({index, a, b});
+    ++r.bad;
+  }
+}
+
 CompareResult compare(std::string name, std::span<const float> actual, std::span<const float> expected,
                       Tolerance tol) {
   CompareResult r;
@@ -18,29 +43,8 @@ CompareResult compare(std::string name, std::span<const float> actual, std::span
   }
   r.count = static_cast<int64_t>(actual.size());
   double diff_sq = 0.0, ref_sq = 0.0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    double a = actual[i], b = expected[i];
-    bool ok;
-    double abs_err;
-    if (std::isnan(b) || std::isnan(a)) {
-      ok = std::isnan(a) && std::isnan(b);
-      abs_err = ok ? 0.0 : INFINITY;
-    } else if (std::isinf(b) || std::isinf(a)) {
-      ok = a == b;
-      abs_err = ok ? 0.0 : INFINITY;
-    } else {
-      abs_err = std::fabs(a - b);
-      ok = abs_err <= tol.atol + tol.rtol * std::fabs(b);
-      diff_sq += abs_err * abs_err;
-      ref_sq += b * b;
-      if (std::fabs(b) > tol.atol && b != 0.0) r.max_rel = std::max(r.max_rel, abs_err / std::fabs(b));
-    }
-    r.max_abs = std::max(r.max_abs, abs_err);
-    if (!ok) {
-      if (r.first_mismatches.size() < 5) r.first_mismatches.push_back({static_cast<int64_t>(i), a, b});
-      ++r.bad;
-    }
-  }
+  for (size_t i = 0; i < actual.size(); ++i)
+    compare_element(r, static_cast<int64_t>(i), actual[i], expected[i], tol.atol, tol.rtol, diff_sq, ref_sq);
   r.rel_l2 = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
   return r;
 }

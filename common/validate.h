@@ -53,6 +53,14 @@ CompareResult compare(std::string name, std::span<const float> actual, std::span
 // Same, for views of any dtype on any device; the shapes must be equal.
 CompareResult compare(std::string name, const TensorView& actual, const TensorView& expected, Tolerance tol);
 
+// compare()'s rule for one element, for harnesses that pick atol per element (lesson 06 scales it by each
+// row's size): passes if |actual - expected| <= atol + rtol * |expected| (NaN only against NaN, an infinity
+// only against the same infinity). Folds the element into r: max_abs, max_rel (over |expected| > atol),
+// bad and first_mismatches (index: the element's flat index); count and rel_l2 stay the caller's. A finite
+// pair adds its squared error to diff_sq and its squared reference to ref_sq: rel_l2 = sqrt(diff_sq / ref_sq).
+void compare_element(CompareResult& r, int64_t index, double actual, double expected, double atol, double rtol,
+                     double& diff_sq, double& ref_sq);
+
 // Collects results and prints the PASS/FAIL table that every lesson executable ends with.
 class Report {
  public:

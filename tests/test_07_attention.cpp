@@ -338,7 +338,7 @@ TEST(Attention07Cpu, StridedViewsIntoAFusedQkvBuffer) {
   const int64_t out_width = s.q_dim() + 24;  // out is columns [8, 8 + q_dim) of a wider buffer
   std::vector<float> wide(static_cast<size_t>(T * out_width), -7.f);
   TensorView wide_view = TensorView::contiguous(wide.data(), DType::F32, Device::CPU, {T, out_width});
-  const TensorView out = column_slice(wide_view, 8, s.q_dim());
+  const TensorView out = wide_view.columns(8, s.q_dim());
   attention(out, views.q, views.k, views.v, AttentionBatch::prefill(lengths, Device::CPU), s);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t c = 0; c < out_width; ++c) {
@@ -349,10 +349,10 @@ TEST(Attention07Cpu, StridedViewsIntoAFusedQkvBuffer) {
   }
 }
 
-TEST(Attention07Cpu, ColumnSliceAndSplitQkvChecks) {
+TEST(Attention07Cpu, SplitQkvChecks) {
+  // (TensorView::columns, underneath, has its own tests in test_common_tensor.cpp.)
   const AttentionShape s{4, 2, 8};
   Tensor qkv = Tensor::empty({3, s.qkv_dim()}, DType::F32, Device::CPU);
-  expect_input_error([&] { column_slice(qkv, 60, 8); }, "outside");
   expect_input_error([&] { split_qkv(Tensor::empty({3, 48}, DType::F32, Device::CPU), s); }, "qkv must be [T, 64]");
   const TensorView k = split_qkv(qkv, s).k;
   EXPECT_EQ(k.data, static_cast<float*>(qkv.data()) + 32);

@@ -16,6 +16,7 @@
 
 #include "attention.h"
 #include "common/cublas.h"
+#include "common/cuda_stream.h"
 #include "common/errors.h"
 #include "common/random.h"
 #include "common/validate.h"
@@ -103,7 +104,7 @@ DeviceMatrix to_device(const std::vector<float>& x, int64_t rows, int64_t cols, 
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) wide[r * width + p.offset + c] = x[r * cols + c];
   DeviceMatrix m{Tensor::from_f32(wide, {rows, width}, DType::BF16, Device::CUDA), {}};
-  m.view = column_slice(m.storage.view(), p.offset, cols);
+  m.view = m.storage.view().columns(p.offset, cols);
   return m;
 }
 
@@ -126,7 +127,7 @@ GpuResult run_gpu(const HostInputs& in, const std::vector<int64_t>& q_lens, cons
   const int64_t out_width = s.q_dim() + po.extra;
   Tensor out_storage = Tensor::empty({Tq, out_width}, DType::BF16, Device::CUDA);
   TVLLM_CUDA_CHECK(cudaMemset(out_storage.data(), 0xFF, out_storage.view().nbytes()));  // 0xFFFF: a bf16 NaN
-  const TensorView out = column_slice(out_storage.view(), po.offset, s.q_dim());
+  const TensorView out = out_storage.view().columns(po.offset, s.q_dim());
   std::unique_ptr<CublasHandle> cublas;
   std::unique_ptr<AttentionWorkspace> ws;
   if (kernel == AttentionKernel::V1Materialized) {
@@ -380,23 +381,17 @@ TEST(Attention07Gpu, FusedQkvBuffer) {
 
 // ---- streams and graphs ---------------------------------------------------------------------------
 
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { TVLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
-
 TEST(Attention07Gpu, RunsOnACreatedStream) {
   TVLLM_REQUIRE_GPU();
-  Stream stream;
+  CudaStream stream;  // non-blocking
   // A non-blocking stream does not wait for the legacy default stream: anything launched on the default
   // stream instead would race with (or miss) the batch upload made on `stream`.
-  expect_matches_cpu({5, 1, 130}, {5, 40, 300}, kLlama1B, 1900, Layout::Strided, 1.f, stream.s);
-  expect_matches_cpu({70, 1}, {70, 200}, AttentionShape{8, 2, 192}, 1910, Layout::Packed, 1.f, stream.s);
+  expect_matches_cpu({5, 1, 130}, {5, 40, 300}, kLlama1B, 1900, Layout::Strided, 1.f, stream);
+  expect_matches_cpu({70, 1}, {70, 200}, AttentionShape{8, 2, 192}, 1910, Layout::Packed, 1.f, stream);
   // And the same bits as on the default stream.
   const HostInputs in = random_inputs(136, 345, kLlama1B, 1920);
   for (AttentionKernel kernel : kKernels) {
-    const GpuResult a = run_gpu(in, {5, 1, 130}, {5, 40, 300}, kLlama1B, kernel, Layout::Packed, stream.s);
+    const GpuResult a = run_gpu(in, {5, 1, 130}, {5, 40, 300}, kLlama1B, kernel, Layout::Packed, stream);
     const GpuResult b = run_gpu(in, {5, 1, 130}, {5, 40, 300}, kLlama1B, kernel, Layout::Packed, nullptr);
     EXPECT_EQ(a.out, b.out) << attention_kernel_name(kernel);
   }
@@ -407,7 +402,7 @@ TEST(Attention07Gpu, BatchRefilledBetweenLaunches) {
   // One AttentionBatch, refilled for a second batch right after the first launch, without waiting: the
   // second set_*() must not overwrite the pinned staging before the first copy ran, and the second copy
   // is ordered after the first kernel on the stream. Both outputs must be right.
-  Stream stream;
+  CudaStream stream;
   const AttentionShape s = kTiny;
   const std::vector<int64_t> qa{40, 1}, ka{40, 300}, qb{1, 1, 1}, kb{7, 64, 65};
   const HostInputs in = random_inputs(41, 340, s, 2000);  // big enough for both batches
@@ -421,12 +416,12 @@ TEST(Attention07Gpu, BatchRefilledBetweenLaunches) {
   Tensor out_b = Tensor::empty({3, s.q_dim()}, DType::BF16, Device::CUDA);
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
   AttentionBatch batch(4, Device::CUDA);
-  batch.set_lengths(qa, ka, stream.s);
-  attention(out_a, q.view, k.view, v.view, batch, s, AttentionKernel::V2Flash, nullptr, stream.s);
-  batch.set_lengths(qb, kb, stream.s);
+  batch.set_lengths(qa, ka, stream);
+  attention(out_a, q.view, k.view, v.view, batch, s, AttentionKernel::V2Flash, nullptr, stream);
+  batch.set_lengths(qb, kb, stream);
   attention(out_b, q.view.rows(0, 3), k.view.rows(0, 136), v.view.rows(0, 136), batch, s, AttentionKernel::V2Flash,
-            nullptr, stream.s);
-  TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+            nullptr, stream);
+  stream.synchronize();
   std::vector<int32_t> device_cu(4);
   TVLLM_CUDA_CHECK(cudaMemcpy(device_cu.data(), batch.cu_seqlens_k_device(), 16, cudaMemcpyDeviceToHost));
   EXPECT_EQ(device_cu, (std::vector<int32_t>{0, 7, 71, 136}));
@@ -464,7 +459,7 @@ void graph_matches_eager(AttentionKernel kernel) {
   const AttentionShape s{8, 2, 64};
   const std::vector<int64_t> lengths{37, 1, 130};  // a prefill; keys and queries are the same tokens here
   const int64_t T = total(lengths), W = s.qkv_dim();
-  Stream stream;
+  CudaStream stream;
   // Everything allocated and filled up front, as an engine does at start-up.
   Tensor x = Tensor::from_f32(random_normal(static_cast<size_t>(T * W), 2100), {T, W}, DType::BF16, Device::CUDA);
   Tensor weight = Tensor::from_f32(random_uniform(static_cast<size_t>(W), 2101), {W}, DType::BF16, Device::CUDA);
@@ -477,16 +472,16 @@ void graph_matches_eager(AttentionKernel kernel) {
   RopeTable table = RopeTable::build(rope_config(s.head_dim));
   table.upload_to_device();
   AttentionBatch batch(4, Device::CUDA);
-  batch.set_prefill(lengths, stream.s);
-  CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, stream.s);
+  batch.set_prefill(lengths, stream);
+  CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, stream);
   AttentionWorkspace ws(s, AttentionLimits{4, 256, 256}, AttentionKernel::V1Materialized, &cublas);
   const QkvViews views = split_qkv(qkv, s);
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
 
   auto step = [&] {
-    rmsnorm(qkv, x, weight, 1e-5f, RmsNormOptions{}, stream.s);
-    apply_rope(views.q, views.k, pos, table, kDefaultRopeKernel, PositionCheck::Trusted, stream.s);
-    attention(out, views.q, views.k, views.v, batch, s, kernel, &ws, stream.s);
+    rmsnorm(qkv, x, weight, 1e-5f, RmsNormOptions{}, stream);
+    apply_rope(views.q, views.k, pos, table, kDefaultRopeKernel, PositionCheck::Trusted, stream);
+    attention(out, views.q, views.k, views.v, batch, s, kernel, &ws, stream);
   };
   auto read_out = [&] {
     std::vector<uint16_t> bits(static_cast<size_t>(T * s.q_dim()));
@@ -501,37 +496,23 @@ void graph_matches_eager(AttentionKernel kernel) {
 
   poison();
   step();  // eager, also the first-use set-up of every kernel (shared-memory opt-in) outside the capture
-  TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  stream.synchronize();
   const std::vector<uint16_t> eager = read_out();
   int64_t nan = 0;
   for (uint16_t b : eager) nan += b == 0xFFFF;
   ASSERT_EQ(nan, 0) << "the eager run left rows unwritten";
 
-  cudaGraph_t graph = nullptr;
-  TVLLM_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeGlobal));
-  try {
-    step();
-  } catch (...) {
-    cudaStreamEndCapture(stream.s, &graph);  // leave the stream usable, then report
-    if (graph) cudaGraphDestroy(graph);
-    throw;
-  }
-  TVLLM_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
-  cudaGraphExec_t exec = nullptr;
-  TVLLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  size_t nodes = 0;
-  TVLLM_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  const CudaGraph graph = CudaGraph::capture(stream, step);  // global mode: throws on any unsafe call
+  const size_t nodes = graph.num_nodes();
   EXPECT_GE(nodes, 3u) << "norm, RoPE and attention should each be at least one node";
   for (int replay = 0; replay < 2; ++replay) {
     poison();
-    TVLLM_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));
-    TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    graph.launch(stream);
+    stream.synchronize();
     EXPECT_EQ(read_out(), eager) << attention_kernel_name(kernel) << ": replay " << replay << " differs from eager";
   }
   std::printf("    %s: graph of %zu nodes replayed twice, equal bits\n",
               std::string(attention_kernel_name(kernel)).c_str(), nodes);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST(Attention07Gpu, GraphCaptureOfNormRopeAttention) {
@@ -594,7 +575,7 @@ TEST(Attention07Gpu, BatchOnTheWrongDeviceIsRejected) {
   EXPECT_THROW(attention(out, q_f32, kv, kv, gpu_batch, kTiny), InputError);  // cuda wants bf16
   // Rows must stay 16-byte aligned: a row stride of 4 more elements (8 bytes) is refused.
   Tensor wide = Tensor::empty({4, kTiny.q_dim() + 4}, DType::BF16, Device::CUDA);
-  EXPECT_THROW(attention(out, column_slice(wide, 0, kTiny.q_dim()), kv, kv, gpu_batch, kTiny), InputError);
+  EXPECT_THROW(attention(out, wide.view().columns(0, kTiny.q_dim()), kv, kv, gpu_batch, kTiny), InputError);
 }
 
 }  // namespace

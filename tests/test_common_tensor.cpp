@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/errors.h"
@@ -78,6 +79,39 @@ TEST(TensorView, RowsOffsetsThePointerByWholeRows) {
   EXPECT_THROW(v.rows(0, -1), std::out_of_range);
   TensorView scalar = TensorView::contiguous(storage.data(), DType::BF16, Device::CPU, {});
   EXPECT_THROW(scalar.rows(0, 1), std::out_of_range);
+}
+
+TEST(TensorView, ColumnsKeepTheRowStride) {
+  // A fused [4, 10] buffer: q = columns 0..5, k = 6..7, v = 8..9 (lesson 07's split_qkv).
+  std::vector<uint16_t> storage(4 * 10);
+  TensorView fused = TensorView::contiguous(storage.data(), DType::BF16, Device::CPU, {4, 10});
+  TensorView k = fused.columns(6, 2);
+  EXPECT_EQ(k.ptr<uint16_t>(), storage.data() + 6);
+  EXPECT_EQ(k.shape, (Shape{4, 2}));
+  EXPECT_EQ(k.strides, (Shape{10, 1}));  // row t of k is row t of the fused buffer
+  EXPECT_FALSE(k.is_contiguous());
+  EXPECT_EQ(k.dtype, DType::BF16);
+  EXPECT_EQ(k.rows(3, 1).ptr<uint16_t>(), storage.data() + 36);  // composes with rows()
+  EXPECT_TRUE(fused.columns(0, 10).is_contiguous());             // every column: the same view
+  EXPECT_EQ(fused.columns(10, 0).numel(), 0);                    // an empty slice at the end is fine
+  // A slice of a slice: columns 1..2 of columns 4..9 are columns 5..6 of the buffer.
+  EXPECT_EQ(fused.columns(4, 6).columns(1, 2).ptr<uint16_t>(), storage.data() + 5);
+
+  EXPECT_THROW(fused.columns(8, 3), InputError);   // past the last column
+  EXPECT_THROW(fused.columns(-1, 2), InputError);
+  EXPECT_THROW(fused.columns(0, -1), InputError);
+  EXPECT_THROW(fused.reshape({40}).columns(0, 1), InputError);  // not 2-D
+  TensorView transposed = fused;
+  transposed.shape = {10, 4};
+  transposed.strides = {1, 10};
+  EXPECT_THROW(transposed.columns(0, 2), InputError);  // columns are not contiguous
+  try {
+    fused.columns(8, 3);
+    ADD_FAILURE() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("columns [8, 11) are outside BF16[4, 10] cpu"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TensorView, ReshapeKeepsTheMemory) {

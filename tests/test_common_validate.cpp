@@ -144,6 +144,27 @@ TEST(Compare, ViewsOfDifferentDtypesCompareAsFp32) {
   EXPECT_FALSE(compare("x", a, b, {0.0, 1e-4}).pass());
 }
 
+TEST(CompareElement, OneElementWithItsOwnAtol) {
+  // The rule of compare() with a per-element atol (lesson 06's row-scaled check builds on it).
+  CompareResult r;
+  double diff_sq = 0.0, ref_sq = 0.0;
+  compare_element(r, 7, 10.5, 10.0, 0.5, 0.0, diff_sq, ref_sq);  // |err| = 0.5 <= 0.5: passes
+  EXPECT_EQ(r.bad, 0);
+  compare_element(r, 8, 10.5, 10.0, 0.25, 0.0, diff_sq, ref_sq);  // the same error, a tighter atol: fails
+  ASSERT_EQ(r.bad, 1);
+  EXPECT_EQ(r.first_mismatches[0].index, 8);
+  EXPECT_EQ(r.first_mismatches[0].actual, 10.5);
+  EXPECT_EQ(r.max_abs, 0.5);
+  EXPECT_DOUBLE_EQ(r.max_rel, 0.05);
+  EXPECT_EQ(diff_sq, 0.5);    // 0.25 twice
+  EXPECT_EQ(ref_sq, 200.0);   // 100 twice
+  compare_element(r, 9, NAN, 1.0, 1e9, 1e9, diff_sq, ref_sq);  // NaN fails whatever the tolerance
+  EXPECT_EQ(r.bad, 2);
+  EXPECT_TRUE(std::isinf(r.max_abs));
+  EXPECT_EQ(diff_sq, 0.5);  // non-finite pairs stay out of rel_l2
+  EXPECT_EQ(r.count, 0);    // counting is the caller's
+}
+
 TEST(Report, ExitCodeFollowsTheRows) {
   Report empty("nothing");
   EXPECT_FALSE(empty.all_pass());  // a report that checked nothing has not passed

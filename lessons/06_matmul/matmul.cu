@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(kTiledThreads)
   __shared__ float ws[kTileN][kTileK + 1];  // [64 outputs][32 K + 1 pad]
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int n0 = blockIdx.x * kTileN;
-  const int m_tiles = (tokens - 1) / kTileM + 1;  // ceil(tokens / 64) without overflow (tokens >= 1)
+  // ceil(tokens / 64) in 32-bit arithmetic, without overflow (tokens >= 1); common's ceil_div is int64.
+  const int m_tiles = (tokens - 1) / kTileM + 1;
 
   // gridDim.y is capped at 65535: a block strides over token tiles. The loop bound is the same for
   // every thread of the block, so the __syncthreads() inside are reached by all of them.

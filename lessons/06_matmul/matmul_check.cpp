@@ -37,30 +37,9 @@ void RowScaledComparison::add(const TensorView& actual, const TensorView& expect
     const double atol = tol_.atol_row_rms * row_rms;
     result_.tol.atol = std::max(result_.tol.atol, atol);
 
-    // The same rule as common/validate.cpp's compare(), with this row's atol.
-    for (int64_t c = 0; c < cols; ++c) {
-      const double x = ar[c], y = br[c];
-      bool ok;
-      double abs_err;
-      if (std::isnan(x) || std::isnan(y)) {
-        ok = std::isnan(x) && std::isnan(y);
-        abs_err = ok ? 0.0 : INFINITY;
-      } else if (std::isinf(x) || std::isinf(y)) {
-        ok = x == y;
-        abs_err = ok ? 0.0 : INFINITY;
-      } else {
-        abs_err = std::fabs(x - y);
-        ok = abs_err <= atol + tol_.rtol * std::fabs(y);
-        diff_sq_ += abs_err * abs_err;
-        ref_sq_ += y * y;
-        if (std::fabs(y) > atol && y != 0.0) result_.max_rel = std::max(result_.max_rel, abs_err / std::fabs(y));
-      }
-      result_.max_abs = std::max(result_.max_abs, abs_err);
-      if (!ok) {
-        if (result_.first_mismatches.size() < 5) result_.first_mismatches.push_back({offset_ + r * cols + c, x, y});
-        ++result_.bad;
-      }
-    }
+    // compare()'s rule (common/validate.h), with this row's atol.
+    for (int64_t c = 0; c < cols; ++c)
+      compare_element(result_, offset_ + r * cols + c, ar[c], br[c], atol, tol_.rtol, diff_sq_, ref_sq_);
   }
   offset_ += rows * cols;
   result_.count += rows * cols;

@@ -48,26 +48,13 @@ void AttentionShape::validate() const {
 
 // ---- views into a fused QKV buffer -----------------------------------------------------------------
 
-TensorView column_slice(const TensorView& t, int64_t begin, int64_t count) {
-  TVLLM_REQUIRE(t.rank() == 2, "column_slice: a 2-D view is needed, got " + t.describe());
-  TVLLM_REQUIRE(t.shape[1] <= 1 || t.strides[1] == 1, "column_slice: columns must be contiguous in " + t.describe());
-  TVLLM_REQUIRE(begin >= 0 && count >= 0 && begin + count <= t.shape[1],
-                "column_slice: columns [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
-                    ") are outside " + t.describe());
-  TensorView s = t;
-  s.data = static_cast<char*>(t.data) + begin * static_cast<int64_t>(dtype_size(t.dtype));
-  s.shape = {t.shape[0], count};
-  s.strides = {t.strides[0], 1};
-  return s;
-}
-
 QkvViews split_qkv(const TensorView& qkv, const AttentionShape& shape) {
   shape.validate();
   TVLLM_REQUIRE(qkv.rank() == 2 && qkv.shape[1] == shape.qkv_dim(),
                 "split_qkv: qkv must be [T, " + std::to_string(shape.qkv_dim()) + "] (q | k | v), got " +
                     qkv.describe());
-  return {column_slice(qkv, 0, shape.q_dim()), column_slice(qkv, shape.q_dim(), shape.kv_dim()),
-          column_slice(qkv, shape.q_dim() + shape.kv_dim(), shape.kv_dim())};
+  return {qkv.columns(0, shape.q_dim()), qkv.columns(shape.q_dim(), shape.kv_dim()),
+          qkv.columns(shape.q_dim() + shape.kv_dim(), shape.kv_dim())};
 }
 
 // ---- AttentionBatch ------------------------------------------------------------------------------

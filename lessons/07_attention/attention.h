@@ -82,8 +82,8 @@ struct QkvViews {
 };
 QkvViews split_qkv(const TensorView& qkv, const AttentionShape& shape);
 
-// Columns [begin, begin + count) of a 2-D view with unit column stride (same rows, same row stride).
-TensorView column_slice(const TensorView& t, int64_t begin, int64_t count);
+// Kept while lesson 08 still calls it: the same as t.columns(begin, count) (common/tensor.h).
+inline TensorView column_slice(const TensorView& t, int64_t begin, int64_t count) { return t.columns(begin, count); }
 
 // The layout of a batch: per sequence, its new queries and its keys, as prefix sums. Keeps them on the
 // host (for loops, checks and launch shapes) and, for Device::CUDA, in device arrays the kernels read.

@@ -49,8 +49,9 @@
 #include <string>
 
 #include "attention.h"
-#include "common/cuda_utils.cuh"
+#include "common/cuda_utils.cuh"  // ceil_div, warp_sum, pack_bf16x2, Pack / load_pack / store_pack
 #include "common/errors.h"
+#include "common/mma.cuh"         // cp.async, ldmatrix, mma.sync: the PTX wrappers lesson 06 introduces
 
 namespace tvllm {
 namespace flash {
@@ -93,56 +94,6 @@ struct ContiguousKV {
   }
 };
 
-// ---- the few PTX instructions we use, each wrapped once (lesson 06 introduces them) ---------------------
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared without passing through registers. valid == false reads nothing and fills
-// the 16 bytes with zeros (rows past the end of a sequence: their V must be 0, not garbage, or 0 * NaN
-// would poison the sum; padded columns: 0 adds nothing to q.k).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Four 8x8 bf16 matrices from shared memory into mma fragments: lanes 8m..8m+7 give the row addresses
-// of matrix m; register m of lane L receives row L/4, columns 2*(L%4) and 2*(L%4)+1 of matrix m.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem))
-               : "memory");
-}
-// The same, each matrix transposed: register m of lane L receives rows 2*(L%4), 2*(L%4)+1 of column L/4.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(smem))
-               : "memory");
-}
-
-// d[16x8] += a[16x16] * b[16x8], bf16 inputs, fp32 accumulators. With g = lane/4, c = lane%4:
-//   a: a[0] = (row g, cols 2c..2c+1), a[1] = (row g+8, cols 2c..), a[2] = (row g, cols 2c+8..), a[3] = (row g+8, cols 2c+8..)
-//   b: b0 = (rows 2c..2c+1, col g), b1 = (rows 2c+8..2c+9, col g)
-//   d: d[0..1] = (row g, cols 2c..2c+1), d[2..3] = (row g+8, cols 2c..2c+1)
-__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // ---- the tensor-core kernel -------------------------------------------------------------------------------
 
 inline constexpr int kBr = 64;  // queries per block: 4 warps x 16 rows (one mma row block each)
@@ -165,7 +116,8 @@ static_assert(mma_smem_bytes<128>() <= 99 * 1024, "the widest tile must fit ever
 
 // Starts copying ROWS rows of one head into tile[ROWS][DP + 8]: row r from row_address(r) (the head's
 // first element). Rows r >= rows_valid and, when kPadded, columns >= head_dim are zero-filled, reading
-// nothing (`fallback` is any valid address, for the instruction's operand).
+// nothing (`fallback` is any valid address, for the instruction's operand). Zeros, not garbage: a V row
+// past the end must be 0 or 0 * NaN would poison P V; a padded column adds 0 to q.k.
 template <int DP, int ROWS, bool kPadded, class RowAddress>
 __device__ __forceinline__ void load_tile_async(bf16* tile, const RowAddress& row_address, int rows_valid, int head_dim,
                                                 const bf16* fallback, int tid) {
@@ -466,6 +418,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32) flash_attention_simt_kernel(c
 
 template <int DP, bool kPadded, class KV>
 void launch_mma(const FlashParams& p, const KV& kv, int n_heads, int batch_size, int max_q_len, cudaStream_t stream) {
+  require_tensor_core_device("attention v2 (flash)");  // mma.sync, ldmatrix, cp.async: sm_80 or later
   constexpr size_t smem = mma_smem_bytes<DP>();
   // Above 48 KiB a block must opt in to more dynamic shared memory (DP = 128: 85 KiB). Once per kernel
   // (not a stream operation: allowed while a graph is being captured).
