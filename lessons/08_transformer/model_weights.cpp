@@ -1,0 +1,247 @@
+// Lesson 08: checking a checkpoint against its config, and binding it into LayerWeights / ModelWeights.
+#include "model_weights.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "common/errors.h"
+#include "common/exercise.h"
+
+namespace tvllm {
+
+namespace {
+
+const std::string kWhere = "weights: ";
+
+bool is_compute_dtype(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
+
+std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  std::vector<ExpectedTensor> t;
+  t.push_back({"model.embed_tokens.weight", {c.vocab_size, H}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    t.push_back({p + "input_layernorm.weight", {H}});
+    t.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), H}});
+    t.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), H}});
+    t.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), H}});
+    t.push_back({p + "self_attn.o_proj.weight", {H, c.q_dim()}});
+    t.push_back({p + "post_attention_layernorm.weight", {H}});
+    t.push_back({p + "mlp.gate_proj.weight", {I, H}});
+    t.push_back({p + "mlp.up_proj.weight", {I, H}});
+    t.push_back({p + "mlp.down_proj.weight", {H, I}});
+  }
+  t.push_back({"model.norm.weight", {H}});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, H}});
+  return t;
+}
+
+void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
+  // Presence, shapes and dtypes of the tensors the config implies: lesson 01 checks them when it opens the
+  // model directory (ModelDir::open), and so does this, for a WeightStore opened any other way.
+  std::set<std::string> wanted;
+  for (const ExpectedTensor& e : expected_llama_tensors(c)) {
+    wanted.insert(e.name);
+    if (!weights.contains(e.name))
+      throw InputError(kWhere + "tensor \"" + e.name +
+                       "\" is missing (a Llama model with this config.json needs it" +
+                       (e.name == "lm_head.weight" ? ": tie_word_embeddings is false)" : ")"));
+    const SafetensorsEntry& entry = weights.entry(e.name);
+    if (entry.shape != e.shape)
+      throw InputError(kWhere + "tensor \"" + e.name + "\" has shape " + shape_str(entry.shape) +
+                       ", expected " + shape_str(e.shape) + " from config.json");
+    if (!is_compute_dtype(entry.dtype))
+      throw InputError(kWhere + "tensor \"" + e.name + "\" is " + std::string(dtype_name(entry.dtype)) +
+                       ": the forward pass computes with F32, F16 or BF16 weights");
+  }
+  // What only the forward pass knows: it reads exactly these tensors, so anything else in the checkpoint
+  // (a bias, a quantisation scale, a layer beyond num_hidden_layers) is a model it would compute wrong.
+  for (const std::string& name : weights.names()) {
+    if (wanted.count(name)) continue;
+    // Checkpoints written by old transformers versions carry RoPE's inv_freq as a buffer; we compute it.
+    if (ends_with(name, ".rotary_emb.inv_freq")) continue;
+    // Tied embeddings: Hugging Face uses embed_tokens for the output and ignores a stored lm_head copy.
+    if (name == "lm_head.weight" && c.tie_word_embeddings) continue;
+    const SafetensorsEntry& entry = weights.entry(name);
+    throw InputError(
+        kWhere + "unexpected tensor \"" + name + "\" " + std::string(dtype_name(entry.dtype)) +
+        shape_str(entry.shape) + ": a Llama model with this config.json (" +
+        std::to_string(c.num_hidden_layers) +
+        " layers, no biases) has no such weight; refusing rather than computing a different model");
+  }
+}
+
+namespace {
+
+// The elements of every part, one part after another, written as bf16 at dst (host or device memory).
+void stack_as_bf16(void* dst, Device dst_device, const std::vector<TensorView>& parts) {
+  // --- exercise 08.3: packing the weights --------------------------------------------------------------
+  // Task: write the elements of parts[0], then of parts[1], ... (each a contiguous host view of F32, F16
+  //   or BF16, e.g. the mapped q_proj, k_proj and v_proj weights) one after another at dst as bf16 bit
+  //   patterns (uint16_t), rounded to nearest even. Stacking row-major [rows, cols] matrices one after
+  //   another IS stacking their rows: that is the whole packing. dst is host memory when dst_device is
+  //   Device::CPU, else device memory: convert into a bounded host staging buffer and copy each chunk
+  //   with cudaMemcpy (no second full host copy of the weights); BF16 parts need no conversion at all.
+  // Hint: load_as_f32(part.data, part.dtype, i) and f32_to_bf16(x) (common/dtype.h) read and round one
+  //   element of any floating dtype; F16 widens to fp32 exactly, so F16 -> bf16 is ONE rounding.
+  // Hint: wrap every CUDA call in TVLLM_CUDA_CHECK.
+  // Tests: PackRows.StacksAndRoundsToBf16 TransformerGpu.PackedWeightsEqualUnpacked
+  // Stub:
+  //   (void)dst;
+  //   (void)dst_device;
+  //   (void)parts;
+  //   throw NotWrittenYet("08.3", "packing the weights");
+  // --- solution ---
+  constexpr size_t kChunk = size_t{1} << 22;  // elements converted per staging round: 8 MiB of bf16
+  std::vector<uint16_t> staging;              // only for converting to the GPU; at most kChunk elements
+  auto* out = static_cast<uint16_t*>(dst);
+  for (const TensorView& part : parts) {
+    const size_t n = static_cast<size_t>(part.numel());
+    if (part.dtype == DType::BF16) {  // already bf16: the bytes as stored
+      if (dst_device == Device::CPU)
+        std::memcpy(out, part.data, n * 2);
+      else
+        TVLLM_CUDA_CHECK(cudaMemcpy(out, part.data, n * 2, cudaMemcpyHostToDevice));
+    } else {
+      for (size_t begin = 0; begin < n; begin += kChunk) {
+        const size_t count = std::min(kChunk, n - begin);
+        uint16_t* converted = out + begin;
+        if (dst_device == Device::CUDA) {
+          staging.resize(kChunk);
+          converted = staging.data();
+        }
+        for (size_t i = 0; i < count; ++i)
+          converted[i] = f32_to_bf16(load_as_f32(part.data, part.dtype, begin + i));
+        if (dst_device == Device::CUDA)
+          TVLLM_CUDA_CHECK(cudaMemcpy(out + begin, converted, count * 2, cudaMemcpyHostToDevice));
+      }
+    }
+    out += n;
+  }
+  // --- end of exercise 08.3 ---
+}
+
+}  // namespace
+
+void pack_rows_bf16(const TensorView& dst, const std::vector<TensorView>& parts) {
+  TVLLM_REQUIRE(dst.rank() >= 1 && dst.dtype == DType::BF16 && dst.is_contiguous() && dst.data,
+                "pack_rows_bf16: dst must be a contiguous BF16 view, got " + dst.describe());
+  TVLLM_REQUIRE(!parts.empty(), "pack_rows_bf16: nothing to pack");
+  int64_t rows = 0;
+  for (const TensorView& part : parts) {
+    TVLLM_REQUIRE(
+        part.device == Device::CPU && part.is_contiguous() && is_compute_dtype(part.dtype) &&
+            (part.data || part.numel() == 0),
+        "pack_rows_bf16: a part must be a contiguous host view of F32, F16 or BF16, got " + part.describe());
+    TVLLM_REQUIRE(part.rank() == dst.rank() &&
+                      std::equal(part.shape.begin() + 1, part.shape.end(), dst.shape.begin() + 1),
+                  "pack_rows_bf16: part " + part.describe() + " does not stack into " + dst.describe());
+    rows += part.shape[0];
+  }
+  TVLLM_REQUIRE(rows == dst.shape[0], "pack_rows_bf16: the parts have " + std::to_string(rows) +
+                                          " rows, dst " + dst.describe() + " has " +
+                                          std::to_string(dst.shape[0]));
+  stack_as_bf16(dst.data, dst.device, parts);
+}
+
+ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
+  const ModelConfig& c = model.config;
+  const WeightStore& store = model.weights;
+  check_llama_weights(c, store);
+
+  ModelWeights w;
+  w.config = c;
+  w.device = device;
+  w.tied = c.tie_word_embeddings;
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+
+  if (device == Device::CPU) {
+    // Views into the mapped files, as stored: nothing is copied.
+    w.embed = store.host("model.embed_tokens.weight");
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string p = layer_prefix(l);
+      LayerWeights& L = w.layers[static_cast<size_t>(l)];
+      L.input_norm = store.host(p + "input_layernorm.weight");
+      L.post_norm = store.host(p + "post_attention_layernorm.weight");
+      L.wq = store.host(p + "self_attn.q_proj.weight");
+      L.wk = store.host(p + "self_attn.k_proj.weight");
+      L.wv = store.host(p + "self_attn.v_proj.weight");
+      L.wo = store.host(p + "self_attn.o_proj.weight");
+      L.w_gate = store.host(p + "mlp.gate_proj.weight");
+      L.w_up = store.host(p + "mlp.up_proj.weight");
+      L.w_down = store.host(p + "mlp.down_proj.weight");
+    }
+    w.final_norm = store.host("model.norm.weight");
+    w.lm_head = w.tied ? w.embed : store.host("lm_head.weight");
+    return w;
+  }
+
+  // CUDA: plan the one allocation (every tensor 256-byte aligned, as cudaMalloc aligns its own), then fill
+  // it.
+  struct Slot {
+    std::vector<std::string> parts;  // source tensors whose rows are stacked, in order
+    Shape shape;                     // of the packed result
+    TensorView* view;                // where the bound view goes
+    size_t offset = 0;
+  };
+  std::vector<Slot> slots;
+  auto add = [&](std::vector<std::string> parts, TensorView* view) {
+    Shape shape = store.entry(parts[0]).shape;
+    for (size_t i = 1; i < parts.size(); ++i) shape[0] += store.entry(parts[i]).shape[0];
+    slots.push_back({std::move(parts), std::move(shape), view});
+  };
+  add({"model.embed_tokens.weight"}, &w.embed);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    add({p + "input_layernorm.weight"}, &L.input_norm);
+    add({p + "post_attention_layernorm.weight"}, &L.post_norm);
+    add({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+        &L.wqkv);
+    add({p + "self_attn.o_proj.weight"}, &L.wo);
+    add({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.w_gate_up);
+    add({p + "mlp.down_proj.weight"}, &L.w_down);
+  }
+  add({"model.norm.weight"}, &w.final_norm);
+  if (!w.tied) add({"lm_head.weight"}, &w.lm_head);
+
+  size_t total = 0;
+  for (Slot& s : slots) {
+    s.offset = total;
+    total += (static_cast<size_t>(shape_numel(s.shape)) * 2 + 255) / 256 * 256;  // bf16
+  }
+  w.storage_ = DeviceBuffer(total);
+  w.device_bytes = total;
+  for (Slot& s : slots) {
+    *s.view = TensorView::contiguous(static_cast<char*>(w.storage_.data()) + s.offset, DType::BF16,
+                                     Device::CUDA, s.shape);
+    std::vector<TensorView> parts;
+    for (const std::string& name : s.parts) parts.push_back(store.host(name));
+    pack_rows_bf16(*s.view, parts);
+  }
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // load time: every upload done before the first step
+
+  // The unpacked matrices are row ranges of the packed ones (no copy): wq | wk | wv and w_gate | w_up.
+  for (LayerWeights& L : w.layers) {
+    L.wq = L.wqkv.rows(0, c.q_dim());
+    L.wk = L.wqkv.rows(c.q_dim(), c.kv_dim());
+    L.wv = L.wqkv.rows(c.q_dim() + c.kv_dim(), c.kv_dim());
+    L.w_gate = L.w_gate_up.rows(0, c.intermediate_size);
+    L.w_up = L.w_gate_up.rows(c.intermediate_size, c.intermediate_size);
+  }
+  if (w.tied) w.lm_head = w.embed;
+  return w;
+}
+
+}  // namespace tvllm

@@ -1,0 +1,88 @@
+// Lesson 08: a Llama checkpoint's weights, checked once and bound into typed structs.
+//
+// Hugging Face names every tensor (model.layers.3.self_attn.q_proj.weight, ...). A forward pass that looked
+// them up by name in every step would pay string hashing per layer per step, and would find a missing or
+// misshapen tensor only when it got there. So the names are resolved ONCE, at load: every tensor the
+// config implies must exist with exactly the shape the config implies, in a floating dtype, and nothing
+// else may be in the checkpoint (an extra q_proj.bias or a quantisation scale would mean a model we would
+// silently compute wrong). What comes out is a struct of views that the forward pass reads by field.
+//
+//   CPU   every view points into the memory-mapped safetensors files, as stored (BF16, F16 or F32; the
+//         CPU ops widen them exactly): no copy at all. q/k/v and gate/up stay separate tensors.
+//   CUDA  ONE device allocation, bf16 (F32 and F16 checkpoints are converted on the way, rounding to
+//         nearest even), in which q|k|v are packed into one [q_dim + 2*kv_dim, hidden] matrix and
+//         gate|up into one [2*intermediate, hidden] matrix (README "Packing": one GEMM instead of three,
+//         and of two). The bytes go from the mapped files to the GPU through a small staging buffer:
+//         no second full host copy of the weights is ever made.
+//
+// The views borrow memory: the CPU binding must not outlive the ModelDir it was made from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/tensor.h"
+#include "model_dir.h"
+
+namespace tvllm {
+
+struct LayerWeights {
+  TensorView input_norm;  // [hidden]                       input_layernorm.weight
+  TensorView post_norm;   // [hidden]                       post_attention_layernorm.weight
+  // Attention projections, y = x W^T, W as Hugging Face stores it ([out, in]).
+  TensorView wq;    // [q_dim, hidden]                self_attn.q_proj.weight
+  TensorView wk;    // [kv_dim, hidden]               self_attn.k_proj.weight
+  TensorView wv;    // [kv_dim, hidden]               self_attn.v_proj.weight
+  TensorView wqkv;  // [q_dim + 2*kv_dim, hidden]     rows wq | wk | wv   (CUDA only; empty on the CPU)
+  TensorView wo;    // [hidden, q_dim]                self_attn.o_proj.weight
+  // MLP projections.
+  TensorView w_gate;     // [intermediate, hidden]         mlp.gate_proj.weight
+  TensorView w_up;       // [intermediate, hidden]         mlp.up_proj.weight
+  TensorView w_gate_up;  // [2*intermediate, hidden]       rows w_gate | w_up  (CUDA only; empty on the CPU)
+  TensorView w_down;     // [hidden, intermediate]         mlp.down_proj.weight
+
+  bool packed() const { return wqkv.data != nullptr; }
+};
+
+struct ModelWeights {
+  ModelConfig config;  // what the weights were bound for (the forward pass reads its sizes and eps)
+  Device device = Device::CPU;
+  TensorView embed;  // [vocab, hidden]   model.embed_tokens.weight
+  std::vector<LayerWeights> layers;
+  TensorView final_norm;    // [hidden]          model.norm.weight
+  TensorView lm_head;       // [vocab, hidden]   lm_head.weight, or embed itself when tie_word_embeddings
+  bool tied = false;        // lm_head is embed_tokens
+  size_t device_bytes = 0;  // CUDA: the size of the one allocation (0 on the CPU)
+
+  // Checks the checkpoint against the config (check_llama_weights) and binds it for `device`.
+  // CUDA: allocates and uploads (synchronously: this is load time, not a step). Throws InputError.
+  static ModelWeights bind(const ModelDir& model, Device device);
+
+ private:
+  DeviceBuffer storage_;  // CUDA: every tensor above, 256-byte aligned, packed ones included
+};
+
+// The Hugging Face name and shape of every tensor a Llama model of this config needs, in load order
+// (lm_head.weight last, and only when the embeddings are not tied).
+struct ExpectedTensor {
+  std::string name;
+  Shape shape;
+};
+std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& config);
+
+// InputError naming the tensor for any tensor the model would NOT use (a bias, a quantisation scale, a layer
+// beyond num_hidden_layers) - except the rotary inv_freq buffers old checkpoints carry, and lm_head.weight
+// beside tied embeddings (Hugging Face ignores it too). Also for a missing tensor, a wrong shape, or a dtype
+// the forward pass cannot compute with (only F32, F16 and BF16), which lesson 01's ModelDir::open already
+// refuses with its own message when it opens a model directory.
+void check_llama_weights(const ModelConfig& config, const WeightStore& weights);
+
+// Packing: the rows of `parts` stacked, one after another, into dst, each element rounded to bf16 (nearest
+// even; BF16 parts are copied bit for bit). dst: contiguous BF16 [sum of the parts' rows, ...] on the CPU or
+// the GPU; parts: contiguous host views of F32, F16 or BF16 whose other dimensions equal dst's. A GPU
+// destination is filled through a bounded staging buffer (synchronous copies: load time).
+void pack_rows_bf16(const TensorView& dst, const std::vector<TensorView>& parts);
+
+}  // namespace tvllm

@@ -1,0 +1,227 @@
+// Lesson 08: the Llama decoder, the first lesson of the engine layer.
+//
+//   logits = forward(ctx, weights, step, backend)
+//
+// Lessons 03-07 each computed one op. Here they compose into the whole model, in the shape the rest of the
+// course keeps (lessons 10-14 plug into it; they do not edit it):
+//
+//   ModelWeights     (model_weights.h) the checkpoint, checked and bound once: typed views per layer
+//   EngineLimits     the most one step may hold: tokens, sequences, logits rows, context length
+//   Workspace        every activation buffer a step needs, allocated ONCE from the config and the limits
+//   ExecContext      the stream, the one cuBLAS handle, the workspace: what a step runs with
+//   StepInputs       this step's token ids, positions, per-sequence lengths and wanted logits rows, in
+//                    buffers allocated once and refilled each step (nano-vllm's per-step context, explicit)
+//   AttentionBackend the seam: how a layer's new q, k, v become its attention output. Lesson 08 has
+//                    PrefillAttention (each sequence attends to its own new tokens); lesson 10 adds a
+//                    contiguous KV cache, lesson 12 a paged one, each as a class of its own.
+//
+// The device of the context picks the path: CPU = the fp32 reference (the lessons' CPU references, reading
+// the weights as stored), CUDA = bf16 activations with fp32 accumulation. On CUDA, forward() only queues
+// work on ctx.stream(): it allocates nothing, creates nothing and never waits, so one step can be captured
+// in a CUDA graph and replayed (lesson 14 does; a test here proves it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "attention.h"
+#include "common/buffer.h"
+#include "common/cublas.h"
+#include "common/cuda_stream.h"
+#include "common/tensor.h"
+#include "embedding.h"
+#include "model_config.h"
+#include "model_weights.h"
+#include "rope.h"
+
+namespace tvllm {
+
+// ---- limits -------------------------------------------------------------------------------------------
+
+// What one forward step may hold at most. Every buffer is sized from these once; a step beyond them is an
+// InputError naming the limit (never a reallocation).
+struct EngineLimits {
+  int64_t max_tokens = 2048;     // new tokens per step, all sequences together (the token budget)
+  int64_t max_sequences = 64;    // sequences per step
+  int64_t max_logits_rows = 64;  // rows whose logits a step returns (generation: one per sequence)
+  int64_t max_context = 0;       // positions per sequence; 0: the config's max_position_embeddings
+
+  // These limits checked against the config (InputError naming the field), max_context filled in.
+  EngineLimits resolved(const ModelConfig& config) const;
+};
+
+// ---- the activation workspace ----------------------------------------------------------------------
+
+// Every buffer one step writes, allocated in the constructor and never again. A step of T tokens uses the
+// first T rows. CUDA: BF16 activations (logits F32); CPU: everything F32.
+class Workspace {
+ public:
+  Workspace(const ModelConfig& config, const EngineLimits& limits, Device device);
+  Workspace(Workspace&&) noexcept = default;
+  Workspace& operator=(Workspace&&) noexcept = default;
+
+  Device device() const { return device_; }
+  const EngineLimits& limits() const { return limits_; }
+  size_t activation_bytes() const;  // the activation buffers below, all together
+
+  // The residual stream and the sublayers' inputs and outputs, capacity max_tokens rows.
+  Tensor hidden;   // [max_tokens, hidden]              h: the residual stream, updated in place
+  Tensor normed;   // [max_tokens, hidden]              rmsnorm(h) * w: the input of each sublayer
+  Tensor qkv;      // [max_tokens * (q_dim + 2*kv_dim)] q, k, v of this step's tokens. CUDA: rows
+                   //                                   [q | k | v] (the packed GEMM's output); CPU:
+                   //                                   three planes q [T, q_dim], k, v [T, kv_dim]
+  Tensor attn;     // [max_tokens, q_dim]               attention output, o_proj's input
+  Tensor delta;    // [max_tokens, hidden]              a sublayer's output (o_proj, then down_proj):
+                   //                                   what it adds to the residual stream
+  Tensor gate_up;  // [max_tokens * 2 * intermediate]   CUDA rows [gate | up]; CPU planes gate, up
+  Tensor act;      // [max_tokens, intermediate]        silu(gate) * up, down_proj's input
+  // The last stage runs only on the rows whose logits are wanted: capacity max_logits_rows.
+  Tensor out_hidden;  // [max_logits_rows, hidden]         h of those rows
+  Tensor out_delta;   // [max_logits_rows, hidden]         the last layer's MLP output of those rows
+  Tensor out_normed;  // [max_logits_rows, hidden]         rmsnorm(h + delta) * final_norm
+  Tensor logits;      // F32 [max_logits_rows, vocab]
+  // Constant per engine, sized by the same limits.
+  RopeTable rope;                           // cos/sin for positions < max_context (on the GPU for CUDA)
+  std::unique_ptr<BadTokenFlag> bad_token;  // CUDA: where the embedding records an id outside the vocabulary
+
+ private:
+  Device device_ = Device::CPU;
+  EngineLimits limits_;
+};
+
+// ---- the per-step inputs ------------------------------------------------------------------------------
+
+// One step: B sequences, sequence b bringing q_len[b] new tokens on top of k_len[b] - q_len[b] tokens it
+// already has (0 for a prompt's first step). Tokens are packed sequence after sequence (varlen):
+//
+//   q_lens {3, 1}  k_lens {3, 7}   token_ids/positions: [a0 a1 a2 | b6]   positions 0 1 2 | 6
+//
+// positions are derived here (query i of sequence b sits at k_len[b] - q_len[b] + i), never taken from
+// the caller, so they always agree with what attention assumes. logits_rows names the rows (in [0, T)) whose
+// logits forward() returns, in that order: one per sequence when generating, all of them when checking a
+// prompt token by token.
+//
+// Device buffers (fixed addresses) and a pinned staging buffer are allocated once in the constructor.
+// set() validates on the host (InputError, leaving the previous step intact), fills the staging buffer and
+// queues ONE set of async copies on the caller's stream. Before it overwrites the staging buffer it waits
+// for the previous step's copies to have read it (an event): the host may run ahead of the GPU by one step
+// but never scribbles over bytes a copy is still reading. Do not call set() during a graph capture.
+class StepInputs {
+ public:
+  StepInputs(const ModelConfig& config, const EngineLimits& limits, Device device);
+  ~StepInputs();
+  StepInputs(const StepInputs&) = delete;
+  StepInputs& operator=(const StepInputs&) = delete;
+
+  void set(const std::vector<int32_t>& token_ids, const std::vector<int64_t>& q_lens,
+           const std::vector<int64_t>& k_lens, const std::vector<int32_t>& logits_rows,
+           cudaStream_t stream = nullptr);
+  // Whole prompts, each starting at position 0; logits for every token (all_rows) or each prompt's last.
+  void set_prompts(const std::vector<std::vector<int32_t>>& prompts, bool all_rows,
+                   cudaStream_t stream = nullptr);
+
+  Device device() const { return device_; }
+  const EngineLimits& limits() const { return limits_; }
+  int64_t num_tokens() const { return tokens_; }     // T
+  int64_t num_logits_rows() const { return rows_; }  // R
+  int num_sequences() const { return batch_.batch_size(); }
+  // Views on the step's device (host views on the CPU), valid until the next set().
+  TensorView token_ids() const;    // I32 [T]
+  TensorView positions() const;    // I32 [T]
+  TensorView logits_rows() const;  // I32 [R]
+  // The same values on the host (the staging buffer), for checks and for the CPU path.
+  const int32_t* host_token_ids() const;
+  const int32_t* host_positions() const;
+  const int32_t* host_logits_rows() const;
+  // Per-sequence layout (cu_seqlens_q/k on host and device): what the attention kernels read.
+  const AttentionBatch& batch() const { return batch_; }
+
+ private:
+  int32_t* staging(int64_t offset) const;
+  int64_t vocab_ = 0;
+  EngineLimits limits_;
+  Device device_ = Device::CPU;
+  AttentionBatch batch_;
+  // Both buffers, I32: token ids [max_tokens] | positions [max_tokens] | logits rows [max_logits_rows]
+  HostBuffer staging_;  // pinned on CUDA (async copies need it), pageable on the CPU
+  DeviceBuffer device_buffer_;
+  cudaEvent_t copied_ = nullptr;  // recorded after each step's copies
+  bool copy_pending_ = false;
+  int64_t tokens_ = 0, rows_ = 0;
+};
+
+// ---- the execution context ------------------------------------------------------------------------
+
+// What a step runs with. CUDA: a non-blocking stream of its own, the ONE cuBLAS handle (common/cublas.h)
+// bound to that stream, and the workspace. CPU: the workspace only.
+class ExecContext {
+ public:
+  ExecContext(const ModelConfig& config, const EngineLimits& limits, Device device);
+
+  Device device() const { return device_; }
+  cudaStream_t stream() const { return stream_ ? stream_->get() : nullptr; }
+  CublasHandle* cublas() { return cublas_ ? &*cublas_ : nullptr; }
+  Workspace& workspace() { return workspace_; }
+  const EngineLimits& limits() const { return workspace_.limits(); }
+  // Waits for everything queued on the stream (CPU: nothing to wait for).
+  void synchronize() const;
+  // CUDA: reads the embedding's bad-token flag (waiting for the stream) and throws InputError naming the
+  // first token id outside the vocabulary since the last check. StepInputs already refuses such ids on the
+  // host, so this is the second line of defence; call it where you synchronise anyway.
+  void check_tokens();
+
+ private:
+  Device device_;
+  std::optional<CudaStream> stream_;
+  std::optional<CublasHandle> cublas_;
+  Workspace workspace_;
+};
+
+// ---- attention: the seam -------------------------------------------------------------------------
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  // Layer `layer` of the current step: q [T, q_dim] and this step's NEW keys and values k, v [T, kv_dim]
+  // (after RoPE; on CUDA column views of the fused QKV buffer, with its row stride) -> out [T, q_dim],
+  // causal over each sequence's context as step.batch() describes it. A cache backend stores k, v first and
+  // attends over everything the sequence has. Queued on `stream`; no allocation, no synchronisation.
+  virtual void attend(int layer, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const StepInputs& step, cudaStream_t stream) = 0;
+};
+
+// Prefill only: each sequence attends to its own new tokens, nothing before them (k_len == q_len for every
+// sequence, else InputError: that step needs a KV cache, lesson 10). Lesson 07's attention() on the views.
+class PrefillAttention final : public AttentionBackend {
+ public:
+  // CUDA: kernel V2Flash (no workspace memory) or V1Materialized (scores sized for the limits; needs the
+  // context's CublasHandle).
+  PrefillAttention(const ModelConfig& config, const EngineLimits& limits, Device device,
+                   AttentionKernel kernel = AttentionKernel::V2Flash, CublasHandle* cublas = nullptr);
+  void attend(int layer, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+              const StepInputs& step, cudaStream_t stream) override;
+
+ private:
+  AttentionShape shape_;
+  AttentionKernel kernel_;
+  std::optional<AttentionWorkspace> workspace_;  // CUDA only
+};
+
+// ---- the forward pass -------------------------------------------------------------------------------
+
+// logits of the step's logits_rows: F32 [step.num_logits_rows(), vocab] on ctx's device, a view into the
+// workspace valid until the next forward(). ctx, weights and step must be on one device, step within the
+// context's limits (InputError). CUDA: queued on ctx.stream(); ctx.synchronize() before reading the logits.
+TensorView forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                   AttentionBackend& backend);
+
+// Matmul FLOPs of one forward step (2 per multiply-add): the projections of every token, attention's
+// causal score and value products, and the lm_head of the logits rows. For the benchmark's TFLOP/s.
+double forward_flops(const ModelConfig& config, const std::vector<int64_t>& q_lens,
+                     const std::vector<int64_t>& k_lens, int64_t logits_rows);
+
+}  // namespace tvllm
