@@ -185,7 +185,11 @@ TEST_P(Matmul06Kernel, SameInputsSameBits) {
   TVLLM_REQUIRE_GPU();
   CublasHandle handle;
   const Problem p(33, 600, 320, 61);
-  const std::vector<float> first = to_f32_vector(run(p, GetParam(), handle));
+  Tensor y = run(p, GetParam(), handle);
+  // right as well as repeatable (two untouched, poisoned outputs would be the same bits too)
+  const CompareResult r = compare_rows("y", y, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+  const std::vector<float> first = to_f32_vector(y);
   const std::vector<float> second = to_f32_vector(run(p, GetParam(), handle));
   ASSERT_EQ(first.size(), second.size());
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
@@ -282,7 +286,10 @@ TEST_P(Matmul06TensorCore, ElementCopiesGiveTheSameBitsAsSixteenByteCopies) {
   TVLLM_REQUIRE_GPU();
   CublasHandle handle;
   const Problem p(129, 264, 100, 411);
-  const std::vector<unsigned char> fast = bytes_of(run(p, GetParam(), handle));
+  Tensor fast_y = run(p, GetParam(), handle);
+  const CompareResult r = compare_rows("y", fast_y, p.expected, kBf16OutVsCpu);  // not two untouched outputs
+  EXPECT_TRUE(r.pass()) << describe(r);
+  const std::vector<unsigned char> fast = bytes_of(fast_y);
   Tensor x_buf = Tensor::empty({1 + p.tokens * p.in}, DType::BF16, Device::CUDA);
   Tensor w_buf = Tensor::empty({1 + p.out * p.in}, DType::BF16, Device::CUDA);
   const TensorView x = x_buf.view().rows(1, p.tokens * p.in).reshape({p.tokens, p.in});

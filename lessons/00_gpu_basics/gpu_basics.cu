@@ -14,6 +14,7 @@
 #include "common/buffer.h"
 #include "common/cuda_utils.cuh"  // ceil_div, blocks_for_one_wave (README section 4)
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "gpu_basics.h"
 
 namespace tvllm {
@@ -25,23 +26,54 @@ constexpr int kThreadsPerBlock = 256;  // a multiple of the warp size (32); 256 
 // v1: one element per thread. The grid has ceil(n / 256) blocks, so its last block may reach past the
 // end of the arrays: the `if` keeps those threads from reading and writing memory that is not ours.
 __global__ void saxpy_v1_kernel(float* out, float a, const float* x, const float* y, int64_t n) {
+  // --- exercise 00.2: v1, one thread per element ---------------------------------------------------------
+  // Task: thread i of the grid (i = blockIdx.x * blockDim.x + threadIdx.x) computes out[i] = fmaf(a, x[i],
+  //   y[i]). The launcher starts ceil(n / 256) blocks of 256 threads, so the last block may stick out.
+  // Hint: compute i in 64 bits (n may pass 2^31) and let only the threads with i < n touch memory.
+  // Tests: SaxpyGpu.V1MatchesTheCpu
+  // Stub: device
+  // --- solution ---
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // 64-bit: n may pass 2^31
   if (i < n) out[i] = fmaf(a, x[i], y[i]);
+  // --- end of exercise 00.2 ---
 }
 
 // v2: grid-stride loop. The grid is sized to the GPU (enough blocks to fill every SM once), and each
 // thread handles elements i, i + stride, i + 2*stride, ... where stride is the number of threads in
 // the grid. Consecutive threads still touch consecutive addresses in every step (coalesced).
 __global__ void saxpy_v2_kernel(float* out, float a, const float* x, const float* y, int64_t n) {
+  // --- exercise 00.3: v2, the grid-stride loop -----------------------------------------------------------
+  // Task: the same SAXPY, but the grid is only as large as one wave of the GPU (far fewer threads than
+  //   n): each thread handles i, i + stride, i + 2 * stride, ... while i < n, stride being the number of
+  //   threads in the whole grid.
+  // Hint: stride = gridDim.x * blockDim.x, in 64 bits; consecutive threads still touch consecutive
+  //   addresses in each step, so the accesses stay coalesced.
+  // Hint: v3 falls back to this kernel on misaligned views: MisalignedViewsStillWork grades both.
+  // Tests: SaxpyGpu.V2MatchesTheCpu
+  // Stub: device
+  // --- solution ---
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = fmaf(a, x[i], y[i]);
   }
+  // --- end of exercise 00.3 ---
 }
 
 // v3: v2 on float4. Each step moves 16 bytes per thread per array in one instruction (LDG.128/STG.128),
 // a quarter of the memory instructions of v2. The pointers must be 16-byte aligned (the launcher checks).
 __global__ void saxpy_v3_kernel(float* out, float a, const float* x, const float* y, int64_t n) {
+  // --- exercise 00.4: v3, float4 loads and stores --------------------------------------------------------
+  // Task: v2 on float4: a grid-stride loop over the n / 4 whole float4s of x, y and out (one 16-byte
+  //   load of each input, four fmaf, one 16-byte store), then the n % 4 elements after the last whole
+  //   float4, one each for the first (at most 3) threads of the grid. The launcher checked that the
+  //   pointers are 16-byte aligned and sized the grid with room for the tail.
+  // Hint: reinterpret_cast<const float4*>(x)[i] is element 4i..4i+3 of x.
+  // Hint: the tail element of thread t is 4 * (n / 4) + t; only t < n % 4 has one.
+  // Tests: SaxpyGpu.V3MatchesTheCpu
+  // Tests: SaxpyGpu.EveryKernelMatchesTheCpuBitForBit SaxpyGpu.MisalignedViewsStillWork SaxpyGpu.InPlace
+  // Tests: SaxpyGpu.ClosedFormOnTheFullLessonSize SaxpyGpu.RunsOnTheCallersStream lesson00_gpu_basics.gpu
+  // Stub: device
+  // --- solution ---
   int64_t n4 = n / 4;  // whole float4s
   int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -61,6 +93,7 @@ __global__ void saxpy_v3_kernel(float* out, float a, const float* x, const float
   // the n % 4 elements after the last whole float4: one each for the first (at most 3) threads
   int64_t tail = 4 * n4 + start;
   if (tail < n) out[tail] = fmaf(a, x[tail], y[tail]);
+  // --- end of exercise 00.4 ---
 }
 
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "gpu_basics.h"
 
 namespace tvllm {
@@ -13,9 +14,23 @@ const std::vector<std::string>& saxpy_kernel_versions() {
 }
 
 void saxpy_cpu(float* out, float a, const float* x, const float* y, int64_t n) {
+  // --- exercise 00.1: the CPU reference ---------------------------------------------------------------
+  // Task: out[i] = a * x[i] + y[i] for i in [0, n), with ONE rounding (the exact a * x[i] + y[i], rounded
+  //   to fp32 once), as the GPU's fused multiply-add computes it: the GPU kernels are checked against
+  //   this function bit for bit.
+  // Hint: `a * x[i] + y[i]` rounds twice here (the project compiles host code with -ffp-contract=off);
+  //   <cmath> has the one-rounding operation.
+  // Hint: out may be y itself (in place), and n may be 0.
+  // Tests: SaxpyCpu.KnownValues SaxpyCpu.RoundsOnceLikeAFusedMultiplyAdd ClosedForm.KnownValues
+  // Tests: Saxpy.ViewsOnTheCpuRunTheReference lesson00_gpu_basics.cpu
+  // Stub:
+  //   (void)out, (void)a, (void)x, (void)y, (void)n;
+  //   throw NotWrittenYet("00.1", "the CPU reference");
+  // --- solution ---
   // std::fma computes a * x + y exactly and rounds once, like the GPU's fused multiply-add instruction.
   // That is what makes the GPU result reproducible bit for bit on the CPU.
   for (int64_t i = 0; i < n; ++i) out[i] = std::fma(a, x[i], y[i]);
+  // --- end of exercise 00.1 ---
 }
 
 void saxpy_cpu_unfused(float* out, float a, const float* x, const float* y, int64_t n) {

@@ -12,6 +12,7 @@
 #include "bf16.h"
 #include "common/cuda_utils.cuh"  // ceil_div, blocks_for_one_wave (lesson 00)
 #include "common/errors.h"
+#include "common/exercise.h"
 
 namespace tvllm {
 
@@ -23,9 +24,24 @@ constexpr int kThreadsPerBlock = 256;
 // everything is the same integer arithmetic. (common/cuda_utils.cuh's f32_to_bf16_bits, which later
 // kernels use, is the hardware instruction of v2 instead.)
 __device__ __forceinline__ uint16_t round_bits_to_bf16(uint32_t u) {
+  // --- exercise 02.2: v1, rounding on the bits ---------------------------------------------------------
+  // Task: u holds the bits of an fp32 value; return the bits of the nearest bf16 (round to nearest,
+  //   ties to even), exactly as common/dtype.h's f32_to_bf16 does, NaN included: a NaN stays a NaN with
+  //   its sign and top payload bits, quieted (bit 0x0040 set). The v1 kernel below calls this for
+  //   every element.
+  // Hint: adding 0x7fff and then the last kept bit (bit 16) before dropping the low 16 bits rounds
+  //   to nearest, ties to even; a carry into the exponent is the right answer (up to inf).
+  // Hint: test for NaN first ((u & 0x7fffffff) > 0x7f800000): rounding would turn some NaNs into inf.
+  // Tests: Bf16Gpu.V1MatchesTheCpu
+  // Stub:
+  //   (void)u;
+  //   TVLLM_DEVICE_NOT_WRITTEN_YET("02.2", "v1, rounding on the bits");
+  //   return 0xffffu;  // a NaN: wrong for every number
+  // --- solution ---
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep it NaN
   uint32_t lsb = (u >> 16) & 1u;  // the last bit we keep: on a tie we round towards making it 0
   return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
+  // --- end of exercise 02.2 ---
 }
 
 // v1: the hand-written rounding. The input is read as integers: no float register ever holds it, so
@@ -54,6 +70,17 @@ struct alignas(8) Bf16x4 {
 // (.x to the lower address) in one cvt.rn.bf16x2.f32 instruction. x must be 16-byte aligned and out
 // 8-byte aligned (the launcher checks). The n % 4 tail elements: one each for the first threads.
 __global__ void f32_to_bf16_v3_kernel(__nv_bfloat16* out, const float* x, int64_t n) {
+  // --- exercise 02.3: v3, four elements per thread -----------------------------------------------------
+  // Task: the v2 conversion (__float2bfloat16_rn) four elements at a time: a grid-stride loop over the
+  //   n / 4 whole groups of four, each one 16-byte float4 load, two pair conversions
+  //   (__float22bfloat162_rn) and one 8-byte store of a Bf16x4; then the n % 4 tail elements, one each
+  //   for the first threads of the grid. The launcher checked x (16 bytes) and out (8 bytes) alignment.
+  // Hint: __float22bfloat162_rn(make_float2(a, b)) puts a at the lower address.
+  // Tests: Bf16Gpu.V3MatchesTheCpu
+  // Tests: Bf16Gpu.EveryNarrowingKernelMatchesTheCpu Bf16Gpu.OddSizesAndMisalignedViews
+  // Tests: Bf16Gpu.ConversionsRunOnTheCallersStream lesson02_bf16.gpu
+  // Stub: device
+  // --- solution ---
   int64_t n4 = n / 4;
   int64_t start = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -68,14 +95,23 @@ __global__ void f32_to_bf16_v3_kernel(__nv_bfloat16* out, const float* x, int64_
   }
   int64_t tail = 4 * n4 + start;
   if (tail < n) out[tail] = __float2bfloat16_rn(x[tail]);
+  // --- end of exercise 02.3 ---
 }
 
 // bf16 -> fp32: the bf16 bits become the top half of the fp32 bits. Exact for every value.
 __global__ void bf16_to_f32_kernel(uint32_t* out, const uint16_t* x, int64_t n) {
+  // --- exercise 02.4: widening, bf16 to fp32 -----------------------------------------------------------
+  // Task: out[i] = the fp32 bits of bf16 x[i], exactly, for every pattern (NaN payloads included), in
+  //   a grid-stride loop (lesson 00's v2).
+  // Hint: a bf16 is the top half of an fp32: no arithmetic, no float register, just the bits.
+  // Tests: Bf16Gpu.WideningIsExactForAllPatterns
+  // Stub: device
+  // --- solution ---
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     out[i] = static_cast<uint32_t>(x[i]) << 16;
   }
+  // --- end of exercise 02.4 ---
 }
 
 // fp32 -> fp16 with CUDA's intrinsic (cvt.rn.f16.f32): round to nearest even, overflow to inf.

@@ -5,6 +5,7 @@
 
 #include "bf16.h"
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "common/random.h"
 
 namespace tvllm {
@@ -97,6 +98,23 @@ constexpr Format kBf16Format{8, 8, -126, 127};
 constexpr Format kF16Format{11, 5, -14, 15};
 
 uint16_t round_by_definition(float x, const Format& f) {
+  // --- exercise 02.1: rounding by definition --------------------------------------------------------
+  // Task: return the bits of the value of format f (bf16 or fp16) nearest to x, found the slow and
+  //   obvious way: take the two neighbours of |x| in the format, compare their distances in double
+  //   arithmetic, keep the nearer (on a tie, the one whose last mantissa bit is 0), and encode it with
+  //   the sign of x. Overflow (rounding to 2^(max_exponent + 1) or beyond) gives inf, NaN the canonical
+  //   quiet NaN (all-ones exponent, top mantissa bit set, the sign of x). Share no line with
+  //   common/dtype.h: this is the oracle the bit tricks are checked against.
+  // Hint: std::frexp(a, &e) puts a in [2^(e-1), 2^e); below 2^min_exponent the spacing stays that of the
+  //   smallest normal binade (the subnormals). spacing = 2^(binade - (significant_bits - 1)).
+  // Hint: every step is exact in double: |x| has at most 24 significant bits and the spacing is a power
+  //   of two. Rounding up may carry into the next binade: find the exponent of the rounded value.
+  // Tests: RoundByDefinition.AgreesWithTheFastConversionsOnRandomPatterns RoundByDefinition.KnownAnswers
+  // Tests: RoundByDefinition.EveryBf16TieGoesToEven lesson02_bf16.cpu
+  // Stub:
+  //   (void)x, (void)f;
+  //   throw NotWrittenYet("02.1", "rounding by definition");
+  // --- solution ---
   const int mbits = f.significant_bits - 1;  // stored mantissa bits
   const uint32_t sign = std::signbit(x) ? 0x8000u : 0u;
   const uint32_t all_ones = ((1u << f.exponent_bits) - 1u) << mbits;  // the exponent field of inf and NaN
@@ -138,6 +156,7 @@ uint16_t round_by_definition(float x, const Format& f) {
   const uint32_t mantissa =
       static_cast<uint32_t>(value / std::ldexp(1.0, value_binade - mbits)) - (1u << mbits);  // drop the leading 1
   return static_cast<uint16_t>(sign | (exponent_field << mbits) | mantissa);
+  // --- end of exercise 02.1 ---
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -44,14 +45,26 @@ std::string hex(uint32_t v, int digits) {
 }
 
 // Runs body(begin, end, worker) over [0, n) split into contiguous slices, one per hardware thread.
+// An exception in a worker is rethrown here after every worker has joined (escaping a std::thread it
+// would abort the program, e.g. a student workspace's "not written yet").
 template <class Body>
 void parallel_for(int64_t n, int workers, const Body& body) {
   std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(workers));
   for (int w = 0; w < workers; ++w) {
     int64_t begin = n * w / workers, end = n * (w + 1) / workers;
-    threads.emplace_back([&body, begin, end, w] { body(begin, end, w); });
+    threads.emplace_back([&body, &errors, begin, end, w] {
+      try {
+        body(begin, end, w);
+      } catch (...) {
+        errors[static_cast<size_t>(w)] = std::current_exception();
+      }
+    });
   }
   for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 int worker_count() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u)); }

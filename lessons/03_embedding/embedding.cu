@@ -14,6 +14,7 @@
 
 #include "common/cuda_utils.cuh"  // ceil_div, kWarpSize, pointer_alignment
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "embedding.h"
 
 namespace tvllm {
@@ -25,9 +26,11 @@ constexpr int kMaxThreads = 256;                   // per block for v1/v2: enoug
 constexpr int kV3Threads = 256;
 constexpr int kV3ChunksPerThread = 4;
 
+[[maybe_unused]]
 __device__ __forceinline__ bool id_in_range(int32_t id, int64_t vocab) { return id >= 0 && id < vocab; }
 
 // Keeps the lowest (position, id) pair: position in the high half, so atomicMin orders by position.
+[[maybe_unused]]
 __device__ __forceinline__ void record_bad_token(unsigned long long* flag, int64_t position, int32_t id) {
   if (flag != nullptr)
     atomicMin(flag, (static_cast<unsigned long long>(position) << 32) | static_cast<uint32_t>(id));
@@ -40,6 +43,17 @@ __global__ void embedding_v1_kernel(Elem* out,           // [T, hidden]
                                     const int32_t* ids,  // [T]
                                     const Elem* table,   // [vocab, hidden]
                                     int64_t vocab, int64_t hidden, unsigned long long* bad) {
+  // --- exercise 03.3: v1, one block per token ----------------------------------------------------------
+  // Task: block t copies row ids[t] of the table to row t of out, thread i taking elements i,
+  //   i + blockDim.x, ... of the row. An id outside [0, vocab) must not be read: its row of out becomes
+  //   zeros, and one thread of the block records it with record_bad_token(bad, t, id).
+  // Hint: id_in_range(id, vocab); for a bad id, point src at row 0 (never form a pointer outside the
+  //   table) and write Elem(0).
+  // Hint: v2 and v3 fall back to this kernel on misaligned views or rows that are not a multiple of 16
+  //   bytes (MisalignedViewsFallBackAndStayCorrect, F32AndF16TablesCopyToo).
+  // Tests: Embedding03Gpu.V1EqualsTheReference
+  // Stub: device
+  // --- solution ---
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool ok = id_in_range(id, vocab);
@@ -47,6 +61,7 @@ __global__ void embedding_v1_kernel(Elem* out,           // [T, hidden]
   const Elem* src = table + (ok ? id : 0) * hidden;  // a bad id never even forms a pointer outside the table
   Elem* dst = out + t * hidden;
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) dst[h] = ok ? src[h] : Elem(0);
+  // --- end of exercise 03.3 ---
 }
 
 // v2: as v1, in 16-byte chunks. Needs every row to start on a 16-byte boundary (the launcher checks).
@@ -54,6 +69,14 @@ __global__ void embedding_v2_kernel(uint4* out,          // [T, chunks]
                                     const int32_t* ids,  // [T]
                                     const uint4* table,  // [vocab, chunks]
                                     int64_t vocab, int64_t chunks, unsigned long long* bad) {
+  // --- exercise 03.4: v2, 16-byte copies ---------------------------------------------------------------
+  // Task: v1 on uint4: each access moves one 16-byte chunk (8 bf16). The row has `chunks` chunks; a
+  //   bad id's row becomes zero chunks and is recorded, as in v1. The launcher checked that every row
+  //   starts on a 16-byte boundary.
+  // Hint: make_uint4(0, 0, 0, 0) is +0.0 in every float format.
+  // Tests: Embedding03Gpu.V2EqualsTheReference
+  // Stub: device
+  // --- solution ---
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool ok = id_in_range(id, vocab);
@@ -62,6 +85,7 @@ __global__ void embedding_v2_kernel(uint4* out,          // [T, chunks]
   uint4* dst = out + t * chunks;
   const uint4 zero = make_uint4(0, 0, 0, 0);  // all-zero bits are +0.0 in every float format
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = ok ? src[c] : zero;
+  // --- end of exercise 03.4 ---
 }
 
 // v3: the output as one flat array of T * chunks 16-byte chunks; chunk c belongs to token c / chunks.
@@ -73,6 +97,19 @@ __global__ void embedding_v3_kernel(uint4* out,          // [T * chunks]
                                     const uint4* table,  // [vocab, chunks]
                                     int64_t vocab, uint32_t chunks, uint32_t total_chunks,
                                     unsigned long long* bad) {
+  // --- exercise 03.5: v3, one flat grid, four loads in flight ------------------------------------------
+  // Task: out is one flat array of total_chunks 16-byte chunks; chunk c belongs to token c / chunks.
+  //   Thread i of block b handles chunks first + k * blockDim.x for k < kV3ChunksPerThread, with
+  //   first = b * blockDim.x * kV3ChunksPerThread + i: issue all of its loads into registers, then
+  //   all of its stores. Bad ids: zeros, recorded once per token (by the thread of the row's chunk 0).
+  // Hint: keep the indices in 32 bits (the launcher guarantees total_chunks < 2^31): 64-bit division
+  //   is several times slower. #pragma unroll on both loops keeps data[k] in registers.
+  // Tests: Embedding03Gpu.V3EqualsTheReference
+  // Tests: Embedding03Gpu.EveryKernelEqualsTheReference Embedding03Gpu.ManyTokensCoverEveryBlockAndTheTail
+  // Tests: Embedding03Gpu.F32AndF16TablesCopyToo Embedding03Gpu.BadDeviceIdsThrowAndTheirRowsAreZero
+  // Tests: Embedding03Gpu.MisalignedViewsFallBackAndStayCorrect lesson03_embedding.gpu
+  // Stub: device
+  // --- solution ---
   const uint32_t first = blockIdx.x * (blockDim.x * kV3ChunksPerThread) + threadIdx.x;
   uint4 data[kV3ChunksPerThread];
 #pragma unroll
@@ -94,6 +131,7 @@ __global__ void embedding_v3_kernel(uint4* out,          // [T * chunks]
     const uint32_t c = first + k * blockDim.x;
     if (c < total_chunks) out[c] = data[k];
   }
+  // --- end of exercise 03.5 ---
 }
 
 int threads_for(int64_t work_items) {

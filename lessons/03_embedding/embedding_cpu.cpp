@@ -2,6 +2,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "embedding.h"
 
 namespace tvllm {
@@ -66,12 +67,23 @@ EmbeddingShape check_embedding_args(const TensorView& out, const TensorView& ids
 }
 
 void check_token_ids(const int32_t* ids, int64_t count, int64_t vocab) {
+  // --- exercise 03.2: refuse ids outside the table -----------------------------------------------------
+  // Task: throw InputError for the first position t whose id is outside [0, vocab), with a message
+  //   that names the id, its position and the range: "embedding: token id 9 at position 1 is outside
+  //   the vocabulary [0, 5)". The reference calls this before it writes anything.
+  // Hint: two comparisons: a negative id passes `id < vocab` alone.
+  // Tests: Embedding03.OutOfRangeIdsAreRefusedAndOutIsUntouched Embedding03.FirstBadIdIsNamed
+  // Stub:
+  //   (void)ids, (void)count, (void)vocab;
+  //   throw NotWrittenYet("03.2", "refuse ids outside the table");
+  // --- solution ---
   for (int64_t t = 0; t < count; ++t) {
     // One comparison per bound: a negative id would pass `id < vocab` alone.
     if (ids[t] < 0 || ids[t] >= vocab)
       throw InputError("embedding: token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   }
+  // --- end of exercise 03.2 ---
 }
 
 void embedding_cpu(const TensorView& out, const TensorView& ids, const TensorView& table) {
@@ -80,6 +92,18 @@ void embedding_cpu(const TensorView& out, const TensorView& ids, const TensorVie
   const int32_t* id = ids.ptr<int32_t>();  // [T]
   // Check every id before writing anything: a failed call leaves out untouched.
   check_token_ids(id, s.tokens, s.vocab);
+  // --- exercise 03.1: the fp32 gather ------------------------------------------------------------------
+  // Task: out[t, :] = table[ids[t], :] widened to fp32, for every token t < s.tokens (the ids are
+  //   checked already). out is F32 [T, hidden] on the CPU; the table is [vocab, hidden] in any floating
+  //   dtype (BF16 in the course).
+  // Hint: load_as_f32(table.data, table.dtype, index) (common/dtype.h) reads element `index` of a raw
+  //   buffer of that dtype as fp32; bf16 and fp16 widen exactly, so this is a copy.
+  // Hint: compute the row offset id * hidden in size_t (or int64_t): vocab * hidden may pass 2^31.
+  // Tests: Embedding03.KnownAnswerF32Table Embedding03.Bf16AndF16TablesWidenExactly
+  // Tests: Embedding03.Bf16WideningIsTheTopHalfOfFp32 lesson03_embedding.cpu
+  // Stub:
+  //   throw NotWrittenYet("03.1", "the fp32 gather");
+  // --- solution ---
   float* dst = out.ptr<float>();  // [T, hidden]
   for (int64_t t = 0; t < s.tokens; ++t) {
     const size_t row = static_cast<size_t>(id[t]) * static_cast<size_t>(s.hidden);
@@ -87,6 +111,7 @@ void embedding_cpu(const TensorView& out, const TensorView& ids, const TensorVie
     // bf16 and fp16 widen to fp32 exactly, so this is a copy: the result equals HF's fp32 embed_tokens.
     for (int64_t h = 0; h < s.hidden; ++h) out_row[h] = load_as_f32(table.data, table.dtype, row + h);
   }
+  // --- end of exercise 03.1 ---
 }
 
 }  // namespace tvllm

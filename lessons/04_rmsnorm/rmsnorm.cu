@@ -19,6 +19,7 @@
 
 #include "common/cuda_utils.cuh"  // warp_sum, block_sum, Pack, load_pack, store_pack
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "rmsnorm.h"
 
 namespace tvllm {
@@ -42,7 +43,7 @@ struct RowArgs {
 // ---- rounding, exactly as Hugging Face's LlamaRMSNorm does in bf16 -------------------------------------
 //   hidden = x.float() * rsqrt(mean(x^2) + eps)      fp32
 //   return weight * hidden.to(bfloat16)              round to bf16, multiply, round again
-__device__ __forceinline__ float scaled(float v, float inv_rms, float w) {
+[[maybe_unused]] __device__ __forceinline__ float scaled(float v, float inv_rms, float w) {
   const float normed = __bfloat162float(__float2bfloat16_rn(v * inv_rms));  // the first rounding
   return normed * w;  // exact in fp32 (8-bit x 8-bit significands); the caller rounds it to bf16
 }
@@ -70,6 +71,19 @@ __device__ __forceinline__ float reload_input(const RowArgs& a, int64_t offset) 
 // blockDim.x: a power of two in [32, kV1V2MaxThreads].
 template <bool kFused>
 __global__ void rmsnorm_v1_kernel(RowArgs a) {
+  // --- exercise 04.2: v1, the shared-memory tree -------------------------------------------------------
+  // Task: block blockIdx.x normalises row blockIdx.x (H = a.hidden elements from a.x + row * H; write
+  //   a.out): each thread sums the squares of its strided elements (load_input), the block adds the
+  //   partial sums with a tree in shared memory (partial[], halving strides), then every thread writes
+  //   its elements scaled by inv_rms = rsqrtf(total / H + eps) and the weight (scaled(), rounded to bf16).
+  // Hint: blockDim.x is a power of two in [32, 256]. Sequential addressing: at stride s, threads
+  //   i < s add partial[i + s] into partial[i]; __syncthreads() after the slots are written and after
+  //   every level, and never inside a branch some threads skip.
+  // Hint: load_input<kFused> does the fused residual add for you; reload_input<kFused> reads the value
+  //   again in the second pass.
+  // Tests: RmsNorm04Gpu.V1MatchesTheReference
+  // Stub: device
+  // --- solution ---
   __shared__ float partial[kV1V2MaxThreads];   // one slot per thread
   const int64_t base = blockIdx.x * a.hidden;  // this block's row
   float sum_sq = 0.f;
@@ -91,6 +105,7 @@ __global__ void rmsnorm_v1_kernel(RowArgs a) {
     const float v = reload_input<kFused>(a, base + h);
     a.out[base + h] = __float2bfloat16_rn(scaled(v, inv_rms, __bfloat162float(a.weight[h])));
   }
+  // --- end of exercise 04.2 ---
 }
 
 // ---- v2: warp shuffles -------------------------------------------------------------------------------
@@ -99,6 +114,14 @@ __global__ void rmsnorm_v1_kernel(RowArgs a) {
 
 template <bool kFused>
 __global__ void rmsnorm_v2_kernel(RowArgs a) {
+  // --- exercise 04.3: v2, warp shuffles ----------------------------------------------------------------
+  // Task: v1 with the reduction done by block_sum (common/cuda_utils.cuh): warp_sum adds the 32 lanes
+  //   of a warp through registers, one shared slot per warp, one barrier. Same three steps, same
+  //   rounding. v3 also runs this kernel when a row is too long to hold in registers.
+  // Hint: every thread of the block must reach block_sum (no early return): it has a barrier inside.
+  // Tests: RmsNorm04Gpu.V2MatchesTheReference
+  // Stub: device
+  // --- solution ---
   __shared__ float warp_sums[kMaxBlock / kWarp];
   const int64_t base = blockIdx.x * a.hidden;
   float sum_sq = 0.f;
@@ -112,6 +135,7 @@ __global__ void rmsnorm_v2_kernel(RowArgs a) {
     const float v = reload_input<kFused>(a, base + h);
     a.out[base + h] = __float2bfloat16_rn(scaled(v, inv_rms, __bfloat162float(a.weight[h])));
   }
+  // --- end of exercise 04.3 ---
 }
 
 // ---- v3: 16-byte vectors, the row in registers ---------------------------------------------------------
@@ -123,6 +147,21 @@ __global__ void rmsnorm_v2_kernel(RowArgs a) {
 // step the warp reads 32 consecutive vectors (512 contiguous bytes for kVec = 8), fully coalesced.
 template <int kVec, int kPerThread, bool kFused>
 __global__ void rmsnorm_v3_kernel(RowArgs a) {
+  // --- exercise 04.4: v3, the row in registers ---------------------------------------------------------
+  // Task: thread i holds vectors i, i + blockDim.x, ..., i + (kPerThread - 1) * blockDim.x of the row,
+  //   each a Pack<kVec> of kVec bf16 moved by one load_pack/store_pack; the row has a.hidden / kVec
+  //   vectors (zeros past the end). Load them all first; fused: residual += x, rounded to bf16, stored,
+  //   and that stored value normalised. Then block_sum of the squares, then scale and store: x is read
+  //   from memory once.
+  // Hint: Pack::get(i) widens element i to fp32; Pack::set(i, v) rounds v to bf16. The weight is
+  //   read with load_pack too (an L1/L2 hit).
+  // Hint: out may be x: every load of x must happen before the barrier inside block_sum.
+  // Tests: RmsNorm04Gpu.V3MatchesTheReference RmsNorm04Gpu.EveryV3ShapeMatchesTheReference
+  // Tests: RmsNorm04Gpu.EveryKernelMatchesTheReference RmsNorm04Gpu.ManyRows RmsNorm04Gpu.InPlace
+  // Tests: RmsNorm04Gpu.MisalignedViewsNarrowTheVectors RmsNorm04Gpu.ExtremeMagnitudes
+  // Tests: RmsNorm04Gpu.AllOnesAndZerosExactly lesson04_rmsnorm.gpu
+  // Stub: device
+  // --- solution ---
   __shared__ float warp_sums[kMaxBlock / kWarp];
   const int64_t base = blockIdx.x * a.hidden;
   const int vectors = static_cast<int>(a.hidden / kVec);  // the launcher made H % kVec == 0
@@ -167,6 +206,7 @@ __global__ void rmsnorm_v3_kernel(RowArgs a) {
     for (int i = 0; i < kVec; ++i) y.set(i, scaled(row[k].get(i), inv_rms, w.get(i)));
     store_pack<kVec>(a.out + base + static_cast<int64_t>(v) * kVec, y);
   }
+  // --- end of exercise 04.4 ---
 }
 
 // ---- launchers -----------------------------------------------------------------------------------------

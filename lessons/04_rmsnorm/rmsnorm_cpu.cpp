@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "rmsnorm.h"
 
 namespace tvllm {
@@ -87,6 +88,22 @@ namespace {
 // any disagreement with a kernel or with Hugging Face is theirs. (HF sums in fp32: for H = 2048 that
 // differs from the exact sum by ~1e-7 relative, far inside the 1e-5 we allow.)
 void normalize_row(float* out, const float* row, const std::vector<float>& w, int64_t H, float eps) {
+  // --- exercise 04.1: the fp32 reference ---------------------------------------------------------------
+  // Task: one row of RMSNorm: out[h] = (row[h] / rms) * w[h] for h < H, where
+  //   rms = sqrt((row[0]^2 + ... + row[H-1]^2) / H + eps). Round like Hugging Face: normalise first and
+  //   round that to fp32, then multiply by the weight. out may be row itself (in place).
+  // Hint: accumulate the sum of squares in double: the oracle's own rounding error then stays ~1e-16
+  //   relative whatever H is.
+  // Hint: compute 1 / rms once per row, then one multiply per element; read row[h] before writing out[h].
+  // Tests: RmsNorm04.KnownAnswerOneToFour RmsNorm04.KnownAnswerEpsAndWeight RmsNorm04.ZeroRowGivesZeros
+  // Tests: RmsNorm04.RowsAreIndependentAndScaleInvariant RmsNorm04.HugeAndTinyMagnitudes
+  // Tests: RmsNorm04.AllOnesNeedsMoreThanBf16Accumulation RmsNorm04.Bf16WeightIsWidenedExactly
+  // Tests: RmsNorm04.InPlaceEqualsOutOfPlace RmsNorm04.FusedKnownAnswer RmsNorm04.FusedEqualsAddThenNorm
+  // Tests: RmsNorm04.AnyLeadingShape lesson04_rmsnorm.cpu
+  // Stub:
+  //   (void)out, (void)row, (void)w, (void)H, (void)eps;
+  //   throw NotWrittenYet("04.1", "the fp32 reference");
+  // --- solution ---
   double sum_sq = 0.0;
   for (int64_t h = 0; h < H; ++h) sum_sq += static_cast<double>(row[h]) * row[h];
   const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(H) + static_cast<double>(eps));
@@ -95,6 +112,7 @@ void normalize_row(float* out, const float* row, const std::vector<float>& w, in
     const float normed = static_cast<float>(row[h] * inv_rms);
     out[h] = normed * w[h];  // row[h] was read above before out[h] is written: out may be x
   }
+  // --- end of exercise 04.1 ---
 }
 
 std::vector<float> widen(const TensorView& weight) {

@@ -15,6 +15,7 @@
 
 #include "common/cuda_utils.cuh"  // Pack, load_pack, store_pack
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "rope.h"
 
 namespace tvllm {
@@ -41,7 +42,7 @@ struct RopeArgs {
 
 // apply_rope validated the positions unless the caller said they are trusted; either way a kernel never
 // reads outside the table.
-__device__ __forceinline__ int clamp_position(int32_t pos, int max_positions) {
+[[maybe_unused]] __device__ __forceinline__ int clamp_position(int32_t pos, int max_positions) {
   return min(max(pos, 0), max_positions - 1);
 }
 
@@ -49,6 +50,7 @@ __device__ __forceinline__ int clamp_position(int32_t pos, int max_positions) {
 //   a' = a*cos - b*sin,   b' = b*cos + a*sin
 // __fmul_rn / __fadd_rn / __fsub_rn round each operation on its own: the compiler may not fuse them into
 // an FMA (it would with plain `a*c - b*s`), so the result is bit-for-bit the CPU reference's.
+[[maybe_unused]]
 __device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, float& a_out, float& b_out) {
   a_out = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
   b_out = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
@@ -65,6 +67,17 @@ __device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, 
 __global__ void rope_v1_kernel(__nv_bfloat16* x, int64_t row_stride, int heads, int half,
                                const int32_t* positions, const float* cos_table, const float* sin_table,
                                int64_t tokens, int max_positions) {
+  // --- exercise 05.3: v1, one thread per pair ----------------------------------------------------------
+  // Task: thread idx = blockIdx.x * blockDim.x + threadIdx.x rotates pair idx of the tokens * heads *
+  //   half pairs of x: token t = idx / (heads * half), then head h and pair j within the token. Read
+  //   cos/sin of row `pos` of the tables, rotate (x[j], x[j + half]) of that head with rotate_pair, and
+  //   store both back as bf16. Row t of x starts at x + t * row_stride.
+  // Hint: the launcher rounds the grid up: threads past the last pair must return.
+  // Hint: clamp_position(positions[t], max_positions): a trusted position never reads outside the table.
+  // Hint: rotate_pair uses __fmul_rn/__fsub_rn so nothing is fused: the result then equals the CPU's.
+  // Tests: RopeGpu.V1MatchesTheCpuReference
+  // Stub: device
+  // --- solution ---
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t per_token = static_cast<int64_t>(heads) * half;  // pairs per token
   if (idx >= tokens * per_token) return;
@@ -84,6 +97,7 @@ __global__ void rope_v1_kernel(__nv_bfloat16* x, int64_t row_stride, int heads, 
   rotate_pair(a, b, c, s, a_out, b_out);
   head[j] = __float2bfloat16_rn(a_out);
   head[j + half] = __float2bfloat16_rn(b_out);
+  // --- end of exercise 05.3 ---
 }
 
 // ---- v2 and v3: N consecutive pairs per thread, vector loads --------------------------------------
@@ -106,6 +120,7 @@ struct Chunk {
 
 // Where work item `item` of token t lives: item = head * chunks + chunk, heads 0..q_heads-1 in q, then
 // k's heads. Returns a pointer to x[j0] of that head.
+[[maybe_unused]]
 __device__ __forceinline__ __nv_bfloat16* locate(const RopeArgs& a, int64_t t, int item, int chunks, int n,
                                                  int& j0) {
   const int head = item / chunks;
@@ -146,6 +161,16 @@ __device__ __forceinline__ void rotate_store(__nv_bfloat16* x, int half, Chunk<N
 // every head of a token reads the same row, so after the first head it is an L1/L2 hit.
 template <int N>
 __global__ void rope_v2_kernel(RopeArgs a) {
+  // --- exercise 05.4: v2, N pairs per thread, q and k in one launch ------------------------------------
+  // Task: the block is blockDim.x threads over the items of one token times blockDim.y tokens (token
+  //   t = blockIdx.x * blockDim.y + threadIdx.y). A token has (q_heads + k_heads) * (half / N) items,
+  //   q's heads first; item i is the N pairs j0 .. j0 + N - 1 of one head. Each thread walks the items
+  //   of its token in steps of blockDim.x: locate, load_chunk, rotate_store with row `pos` of the table.
+  // Hint: locate(a, t, item, chunks, N, j0) returns &x[j0] of the item's head (q or k) and sets j0.
+  // Hint: this kernel has no barrier: a thread past the last token may simply return.
+  // Tests: RopeGpu.V2MatchesTheCpuReference
+  // Stub: device
+  // --- solution ---
   const int chunks = a.half / N;                       // chunks per head
   const int items = (a.q_heads + a.k_heads) * chunks;  // chunks per token
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -158,6 +183,7 @@ __global__ void rope_v2_kernel(RopeArgs a) {
     __nv_bfloat16* x = locate(a, t, item, chunks, N, j0);
     rotate_store<N>(x, a.half, load_chunk<N>(x, a.half), cos_row + j0, sin_row + j0);
   }
+  // --- end of exercise 05.4 ---
 }
 
 // v3: no table. The block computes cos/sin of its own tokens with sincosf into shared memory, once per
@@ -169,6 +195,19 @@ __global__ void rope_v2_kernel(RopeArgs a) {
 // intrinsic, does no such reduction: its error grows with |x| and is useless at position 100,000.
 template <int N>
 __global__ void rope_v3_kernel(RopeArgs a) {
+  // --- exercise 05.5: v3, cos and sin computed in shared memory ----------------------------------------
+  // Task: v2 without the table. The block fills trig[] (dynamic shared memory: cos for its blockDim.y
+  //   tokens x half pairs, then sin) with sincosf of the fp32 angle (float)pos * inv_freq[j], times
+  //   a.attention_scaling, every thread of the block taking a share; one __syncthreads(); then rotate
+  //   the items as v2 does, with cos/sin from shared memory. Start loading the first chunk before the
+  //   trigonometry so the load is in flight meanwhile.
+  // Hint: sincosf, not __sincosf: positions reach 131071 radians, and only the accurate one reduces
+  //   such angles correctly (LargePositionsNeedAccurateSinCos).
+  // Hint: threads of tokens past a.tokens still help fill the table and must reach the barrier.
+  // Tests: RopeGpu.V3MatchesTheCpuReference RopeGpu.EveryVersionMatchesTheCpuReference
+  // Tests: RopeGpu.LargePositionsNeedAccurateSinCos lesson05_rope.gpu
+  // Stub: device
+  // --- solution ---
   extern __shared__ __align__(16) float trig[];      // [2][blockDim.y][half]: cos, then sin
   float* cos_s = trig;
   float* sin_s = trig + blockDim.y * a.half;
@@ -217,6 +256,7 @@ __global__ void rope_v3_kernel(RopeArgs a) {
     x = locate(a, t, item, chunks, N, j0);
     rotate_store<N>(x, a.half, load_chunk<N>(x, a.half), cos_row + j0, sin_row + j0);
   }
+  // --- end of exercise 05.5 ---
 }
 
 // The widest N in {8, 4, 2, 1} for which every chunk access is aligned: N divides half (so chunk starts,

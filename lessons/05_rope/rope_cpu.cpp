@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "rope.h"
 
 namespace tvllm {
@@ -80,6 +81,22 @@ namespace {
 //   q * cos + rotate_half(q) * sin,   rotate_half(q) = cat(-q[half:], q[:half])
 // rounding for rounding: each product is rounded to fp32, then the sum (negating is exact).
 void rotate_head(float* x, const float* cos_row, const float* sin_row, int64_t half) {
+  // --- exercise 05.2: the fp32 reference rotation ------------------------------------------------------
+  // Task: rotate one head of 2 * half floats in place, rotate-half layout: pair j is (a, b) =
+  //   (x[j], x[j + half]), and becomes (a cos - b sin, b cos + a sin) with cos_row[j], sin_row[j].
+  //   Round like Hugging Face's q * cos + rotate_half(q) * sin: each product rounded to fp32, then the
+  //   sum (the GPU kernels v1 and v2 must equal this bit for bit).
+  // Hint: read both members of a pair before writing either.
+  // Hint: a_cos - b_sin written as two named float products; the project compiles host code with
+  //   -ffp-contract=off, so nothing is fused into an FMA behind your back.
+  // Tests: RopeCpu.KnownValuesByHand RopeCpu.RotationPreservesTheNormOfEveryPair
+  // Tests: RopeCpu.ScoresDependOnlyOnRelativePosition RopeCpu.StridedRowsOfAFusedQkvBuffer
+  // Tests: RopeCpu.ArbitraryPositionsEqualOneTokenAtATime RopeLayout.PermutingTheWeightsCommutesWithRope
+  // Tests: lesson05_rope.cpu
+  // Stub:
+  //   (void)x, (void)cos_row, (void)sin_row, (void)half;
+  //   throw NotWrittenYet("05.2", "the fp32 reference rotation");
+  // --- solution ---
   for (int64_t j = 0; j < half; ++j) {
     const float a = x[j];         // first member of pair j
     const float b = x[j + half];  // second member
@@ -88,6 +105,7 @@ void rotate_head(float* x, const float* cos_row, const float* sin_row, int64_t h
     x[j] = a_cos - b_sin;
     x[j + half] = b_cos + a_sin;
   }
+  // --- end of exercise 05.2 ---
 }
 
 void rotate_rows(const TensorView& x, int64_t heads, const int32_t* positions, const RopeTable& table) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "rope.h"
 
 namespace tvllm {
@@ -62,6 +63,22 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
   //   wavelen > old_len / low_freq_factor    theta / factor
   //   otherwise                              (1 - s) * theta / factor + s * theta,
   //                                          s = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  // --- exercise 05.1: Llama 3's frequency scaling ------------------------------------------------------
+  // Task: rescale inv_freq[j] (theta_j, fp32) as Hugging Face's _compute_llama3_parameters does, with
+  //   rs = config.rope_scaling: wavelen = 2 pi / theta; wavelen < old_len / high_freq_factor keeps
+  //   theta, wavelen > old_len / low_freq_factor gives theta / factor, and in between blend
+  //   (1 - s) * theta / factor + s * theta, s = (old_len / wavelen - low_freq_factor) / (high - low).
+  //   Bit for bit: the same fp32 operations in the same order as the Python (the comment above).
+  // Hint: torch computes `2 * math.pi / inv_freq` as (1 / theta) * 2pi, each rounded to fp32, and
+  //   `old_len / wavelen` as (1 / wavelen) * old_len; the two wavelength limits are Python floats
+  //   (double) rounded to fp32 when compared with the fp32 wavelengths.
+  // Hint: Hugging Face computes the blend for every j and then selects; (1 - s) * theta_llama / factor
+  //   + s * theta_llama, where theta_llama is already theta / factor for the long wavelengths.
+  // Tests: RopeFrequencies.Llama32MatchesHuggingFaceBitForBit RopeTable.Llama32ValuesMatchHuggingFace
+  // Tests: RopeFrequencies.Llama3ScalingKeepsHighDividesLowAndBlendsBetween lesson05_rope.cpu
+  // Stub:
+  //   throw NotWrittenYet("05.1", "Llama 3's frequency scaling");
+  // --- solution ---
   const float factor = static_cast<float>(rs.factor);
   const float low_freq_factor = static_cast<float>(rs.low_freq_factor);
   const float old_len = static_cast<float>(rs.original_max_position_embeddings);
@@ -84,6 +101,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) {
     const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
     inv_freq[j] = medium ? smoothed : theta_llama;
   }
+  // --- end of exercise 05.1 ---
   return inv_freq;
 }
 

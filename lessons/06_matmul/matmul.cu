@@ -16,6 +16,7 @@
 
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "common/mma.cuh"
 #include "matmul.h"
 
@@ -26,8 +27,8 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 // Writes one fp32 accumulator to the output: rounded to nearest-even bf16, or kept as fp32.
-__device__ __forceinline__ void store_output(bf16* p, float v) { *p = __float2bfloat16(v); }
-__device__ __forceinline__ void store_output(float* p, float v) { *p = v; }
+[[maybe_unused]] __device__ __forceinline__ void store_output(bf16* p, float v) { *p = __float2bfloat16(v); }
+[[maybe_unused]] __device__ __forceinline__ void store_output(float* p, float v) { *p = v; }
 
 // ---- v1: naive -----------------------------------------------------------------------------------
 //
@@ -46,6 +47,16 @@ __global__ void linear_naive_kernel(OutT* __restrict__ y,         // [T, out]
                                     const bf16* __restrict__ x,   // [T, in]
                                     const bf16* __restrict__ w,   // [out, in]
                                     int tokens, int in, int out) {
+  // --- exercise 06.2: v1, one thread per output --------------------------------------------------------
+  // Task: thread (x, y) of the grid computes y[t][o] = sum over i of x[t][i] * w[o][i] (bf16 inputs
+  //   widened to fp32, fp32 sum, store_output rounds), o = blockIdx.x * blockDim.x + threadIdx.x, for
+  //   t = blockIdx.y * blockDim.y + threadIdx.y and then every gridDim.y * blockDim.y tokens further:
+  //   gridDim.y is capped at 65535, so the grid strides over T.
+  // Hint: threads with o >= out have nothing to do (there is no barrier here: they may return).
+  // Hint: index rows with size_t: T * in passes 2^31 in MoreTokensThanOneGridHolds.
+  // Tests: AllVersions/Matmul06Kernel.*/v1
+  // Stub: device
+  // --- solution ---
   const int o = blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= out) return;  // no __syncthreads below, so an early return is safe
   const bf16* w_row = w + static_cast<size_t>(o) * in;
@@ -56,6 +67,7 @@ __global__ void linear_naive_kernel(OutT* __restrict__ y,         // [T, out]
     for (int i = 0; i < in; ++i) acc += __bfloat162float(x_row[i]) * __bfloat162float(w_row[i]);
     store_output(y + static_cast<size_t>(t) * out + o, acc);
   }
+  // --- end of exercise 06.2 ---
 }
 
 // ---- v2: shared-memory tiles and register blocking ------------------------------------------------
@@ -83,8 +95,8 @@ constexpr int kTileN = 64;       // outputs per block tile
 constexpr int kTileK = 32;       // K slice staged per step
 constexpr int kThreadsSide = 16; // 16 x 16 threads
 constexpr int kTiledThreads = kThreadsSide * kThreadsSide;
-constexpr int kRegM = kTileM / kThreadsSide;  // 4 rows of outputs per thread
-constexpr int kRegN = kTileN / kThreadsSide;  // 4 columns of outputs per thread
+[[maybe_unused]] constexpr int kRegM = kTileM / kThreadsSide;  // 4 rows of outputs per thread
+[[maybe_unused]] constexpr int kRegN = kTileN / kThreadsSide;  // 4 columns of outputs per thread
 constexpr int kLoadVec = 8;      // bf16 elements per 16-byte load
 static_assert(kTileM * kTileK == kTiledThreads * kLoadVec, "each thread loads one 16-byte chunk of x per step");
 static_assert(kTileN * kTileK == kTiledThreads * kLoadVec, "each thread loads one 16-byte chunk of w per step");
@@ -93,6 +105,7 @@ static_assert(kTileN * kTileK == kTiledThreads * kLoadVec, "each thread loads on
 // tile (as fp32), zero-filling outside the matrix. Thread `tid` copies 8 consecutive elements: row
 // tid / 4, columns (tid % 4) * 8 ... + 8. `vec_ok` says 16-byte loads are safe: cols % 8 == 0 and
 // the base pointer is 16-byte aligned.
+[[maybe_unused]]
 __device__ __forceinline__ void load_tile(float (*tile)[kTileK + 1], const bf16* __restrict__ src, int rows,
                                           int cols, int row0, int k0, bool vec_ok) {
   const int tid = threadIdx.y * kThreadsSide + threadIdx.x;
@@ -128,6 +141,18 @@ __global__ void __launch_bounds__(kTiledThreads)
                         const bf16* __restrict__ x,  // [T, in]
                         const bf16* __restrict__ w,  // [out, in]
                         int tokens, int in, int out, bool vec_x, bool vec_w) {
+  // --- exercise 06.3: v2, shared-memory tiles and a register block -------------------------------------
+  // Task: block (blockIdx.x, blockIdx.y) computes the 64 x 64 tile of y at outputs n0 = blockIdx.x * 64
+  //   and tokens m0 = m_tile * 64 (m_tile from blockIdx.y, striding by gridDim.y). Per 32-wide slice of
+  //   K: load_tile the x and w slices into shared memory (xs, ws: [64][32 + 1] floats), barrier, each of
+  //   the 16 x 16 threads adds its 4 x 4 register block (rows ty + 16i, columns tx + 16j), barrier.
+  //   Then store the outputs inside y.
+  // Hint: the number of token tiles is the same for every thread of the block, so every thread
+  //   reaches both __syncthreads() of every slice; load_tile fills zeros outside x and w.
+  // Hint: per K step load 4 values of xs and 4 of ws into registers, then do the 16 multiply-adds.
+  // Tests: AllVersions/Matmul06Kernel.*/v2
+  // Stub: device
+  // --- solution ---
   __shared__ float xs[kTileM][kTileK + 1];  // [64 tokens][32 K + 1 pad]
   __shared__ float ws[kTileN][kTileK + 1];  // [64 outputs][32 K + 1 pad]
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -172,6 +197,7 @@ __global__ void __launch_bounds__(kTiledThreads)
       }
     }
   }
+  // --- end of exercise 06.3 ---
 }
 
 // ---- v3 and v4: the tensor cores -------------------------------------------------------------------
@@ -203,8 +229,8 @@ constexpr int kTcTileN = 128;  // outputs per block tile
 constexpr int kTcTileK = 32;   // K slice per step
 constexpr int kTcWarpsM = 2, kTcWarpsN = 4;
 constexpr int kTcThreads = kTcWarpsM * kTcWarpsN * kWarpSize;  // 256
-constexpr int kTcWarpM = kTcTileM / kTcWarpsM;  // 64 token rows per warp
-constexpr int kTcWarpN = kTcTileN / kTcWarpsN;  // 32 output columns per warp
+[[maybe_unused]] constexpr int kTcWarpM = kTcTileM / kTcWarpsM;  // 64 token rows per warp
+[[maybe_unused]] constexpr int kTcWarpN = kTcTileN / kTcWarpsN;  // 32 output columns per warp
 // Why pad: ldmatrix (v4) reads 8 rows of 16 bytes at a time, and shared memory serves 128 bytes (32
 // banks of 4 bytes) per cycle. With 64-byte rows, rows r and r + 2 start in the same bank: 8 rows land
 // on 2 distinct 16-byte bank groups, a 4-way conflict. With 80-byte rows the 8 rows start at byte
@@ -273,6 +299,19 @@ __global__ void __launch_bounds__(kTcThreads)
                        const bf16* __restrict__ w,  // [out, in]
                        int tokens, int in, int out) {
 #ifdef TVLLM_MMA_PTX
+  // --- exercise 06.4: v3, the tensor cores through WMMA ------------------------------------------------
+  // Task: the 128 x 128 tile of y at n0 = blockIdx.x * 128 and token tiles from blockIdx.y (striding
+  //   by gridDim.y), 8 warps as 2 x 4, each warp 64 tokens x 32 outputs = 4 x 2 accumulator fragments
+  //   (16 x 16 x 16, bf16 in, fp32 accumulate). Per 32-wide slice of K: load_tc_tile<kCopy> both slices
+  //   into shared memory (bf16, rows of kTcStride), barrier, two 16-wide steps of load_matrix_sync and
+  //   mma_sync, barrier. Epilogue: store_matrix_sync each accumulator to the warp's staging tile and
+  //   let the 32 lanes copy the values that fall inside y out with store_output.
+  // Hint: x's tile is row-major A (row_major, leading dimension kTcStride); W's tile is B = W^T,
+  //   which is W row-major read as col_major with the same leading dimension.
+  // Hint: __syncwarp() between storing to the staging tile and reading it back.
+  // Tests: AllVersions/Matmul06Kernel.*/v3 TensorCores/Matmul06TensorCore.*/v3
+  // Stub: device
+  // --- solution ---
   namespace wmma = nvcuda::wmma;
   constexpr int kFrag = 16;                          // WMMA's bf16 shape: 16 x 16 x 16
   constexpr int kFragsM = kTcWarpM / kFrag;          // 4 A fragments per warp
@@ -336,6 +375,7 @@ __global__ void __launch_bounds__(kTcThreads)
       }
     }
   }
+  // --- end of exercise 06.4 ---
 #else
   __trap();  // bf16 WMMA needs sm_80 or later; the launcher checks the device first
 #endif
@@ -366,6 +406,19 @@ __global__ void __launch_bounds__(kTcThreads)
                       const bf16* __restrict__ x,  // [T, in]
                       const bf16* __restrict__ w,  // [out, in]
                       int tokens, int in, int out) {
+  // --- exercise 06.5: v4, mma.sync, ldmatrix and cp.async ----------------------------------------------
+  // Task: v3's tiling with the instructions made explicit (common/mma.cuh): per warp 4 x 4 mma tiles
+  //   of 16 x 8 (m16n8k16), A and B fragments loaded with ldmatrix.x4 from shared memory, and two
+  //   shared stages filled with cp.async so that slice k + 1 loads while slice k multiplies. The
+  //   epilogue needs no staging: lane (g = lane / 4, c = lane % 4) holds accumulator rows g and g + 8
+  //   at columns 2c and 2c + 1 of each mma tile; store those inside y with store_output.
+  // Hint: the comment above gives each lane's ldmatrix row address for A and for B.
+  // Hint: wait for the stage you are about to read (cp.async wait + __syncthreads) and issue the next
+  //   stage's copies only after every warp is done reading the buffer they overwrite.
+  // Tests: AllVersions/Matmul06Kernel.*/v4 TensorCores/Matmul06TensorCore.*/v4
+  // Tests: Matmul06Gpu.TensorCoresAgreeWithTheTiledKernel lesson06_matmul.gpu
+  // Stub: device
+  // --- solution ---
   constexpr int kStages = 2;
   constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
   constexpr int kTilesM = kTcWarpM / kMmaM;  // 4 mma tiles down a warp's 64 rows
@@ -443,6 +496,7 @@ __global__ void __launch_bounds__(kTcThreads)
       }
     }
   }
+  // --- end of exercise 06.5 ---
 }
 
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "matmul.h"
 
 namespace tvllm {
@@ -165,6 +167,22 @@ void widen_weight_rows(float* dst, const TensorView& w, int64_t o0, int64_t coun
 // y[t0..t0+R)[o0..o0+C) from x rows t0.. and the C widened weight rows in w_rows [C, in].
 template <int R, int C>
 void dot_block(float* y, const float* x, const float* w_rows, int64_t t0, int64_t o0, int64_t in, int64_t out) {
+  // --- exercise 06.1: the fp32 reference ---------------------------------------------------------------
+  // Task: the R x C outputs y[t0 + r][o0 + c] = sum over i < in of x[t0 + r][i] * w_rows[c][i], for
+  //   r < R, c < C: x is [T, in] and y [T, out], row-major; w_rows holds C weight rows, already widened
+  //   to fp32, one after the other ([C, in]). Sum in double and round each output once to fp32.
+  // Hint: the product of two floats is exact in double (24 + 24 bits < 53): only the sum rounds, and
+  //   in double that error is far below the GPU's.
+  // Hint: keep the R x C sums in a local array and walk i once: each x[.][i] and w_rows[.][i] is then
+  //   loaded once for R * C multiply-adds (the register block the GPU's v2 uses too).
+  // Tests: Matmul06Cpu.KnownProductByHand Matmul06Cpu.WIsUsedAsStoredNotTransposed
+  // Tests: Matmul06Cpu.IdentityWeightReturnsTheInput Matmul06Cpu.OneHotInputSelectsAColumnOfW
+  // Tests: Matmul06Cpu.MatchesTheDefinitionOnOddShapes Matmul06Cpu.Bf16WeightsAreWidenedExactly
+  // Tests: Matmul06Cpu.RowsDoNotDependOnTheBatch lesson06_matmul.cpu
+  // Stub:
+  //   (void)y, (void)x, (void)w_rows, (void)t0, (void)o0, (void)in, (void)out;
+  //   throw NotWrittenYet("06.1", "the fp32 reference");
+  // --- solution ---
   double acc[R][C] = {};
   const float* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = x + (t0 + r) * in;
@@ -177,6 +195,7 @@ void dot_block(float* y, const float* x, const float* w_rows, int64_t t0, int64_
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[(t0 + r) * out + o0 + c] = static_cast<float>(acc[r][c]);
+  // --- end of exercise 06.1 ---
 }
 
 // All T rows against weight rows [o0, o0 + C).
@@ -223,14 +242,26 @@ void detail::linear_cpu(const TensorView& y, const TensorView& x, const TensorVi
   }
   // Thread j takes whole 4-column blocks [j*blocks/threads, (j+1)*blocks/threads): no two threads
   // write the same output, so no synchronisation is needed beyond join().
+  // An exception in a worker is rethrown here after the join (escaping a std::thread it would abort the
+  // program, e.g. a student workspace's "not written yet").
   std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   pool.reserve(static_cast<size_t>(threads));
   for (int64_t j = 0; j < threads; ++j) {
     const int64_t o_begin = std::min(out, j * blocks / threads * kBlock);
     const int64_t o_end = std::min(out, (j + 1) * blocks / threads * kBlock);
-    pool.emplace_back(linear_cpu_columns, std::cref(y), std::cref(x), std::cref(w), o_begin, o_end);
+    pool.emplace_back([&y, &x, &w, &errors, j, o_begin, o_end] {
+      try {
+        linear_cpu_columns(y, x, w, o_begin, o_end);
+      } catch (...) {
+        errors[static_cast<size_t>(j)] = std::current_exception();
+      }
+    });
   }
   for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace tvllm

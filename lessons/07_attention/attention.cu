@@ -17,6 +17,7 @@
 
 #include "attention.h"
 #include "common/cublas.h"
+#include "common/exercise.h"
 #include "flash_attention.cuh"
 
 namespace tvllm {
@@ -30,10 +31,11 @@ using bf16 = __nv_bfloat16;
 // =================================================================================================
 
 constexpr int kSoftmaxThreads = 256;
+[[maybe_unused]]
 constexpr int kSoftmaxItems = 4;  // values each thread has in flight per chunk (more loads in flight)
 
 // Merges two partial softmax states (max m, sum l of exp(s - m)) into (m, l).
-__device__ __forceinline__ void softmax_merge(float& m, float& l, float m2, float l2) {
+[[maybe_unused]] __device__ __forceinline__ void softmax_merge(float& m, float& l, float m2, float l2) {
   const float m_new = fmaxf(m, m2);
   if (m_new == -INFINITY) return;  // both sides saw no key: stay (-inf, 0); never compute -inf - -inf
   l = l * expf(m - m_new) + l2 * expf(m2 - m_new);  // an empty side has m = -inf: exp(-inf) = 0
@@ -47,6 +49,19 @@ __device__ __forceinline__ void softmax_merge(float& m, float& l, float m2, floa
 // occupies the first half of the fp32 row's bytes, so the P V GEMM reads P with a leading dimension of
 // 2*k_len bf16 elements. Masked keys get p = 0.
 __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel(float* scores, int q_len, int k_len) {
+  // --- exercise 07.2: v1's causal softmax, in place ----------------------------------------------------
+  // Task: block (i, h) turns row i of head h of the fp32 scores [n_heads, q_len, k_len] into
+  //   probabilities: over the visible keys j < k_len - q_len + i + 1, p_j = exp(s_j - max) / sum;
+  //   masked keys get 0. Write p as bf16 OVER the same row (the bf16 row fills the first half of the
+  //   fp32 row's bytes: the P V GEMM reads it with leading dimension 2 * k_len). A row with no visible
+  //   key writes zeros, never NaN.
+  // Hint: one pass for (max, sum) per thread (online: when the max grows, rescale the sum), merge the
+  //   pairs across the block with softmax_merge (shuffles, then shared memory), then a second pass.
+  // Hint: writing in place: read a chunk of the row into registers, __syncthreads(), then write it;
+  //   the bf16 writes of a chunk only land on fp32 elements this chunk or an earlier one has read.
+  // Tests: Attention07Gpu.V1MatchesCpu
+  // Stub: device
+  // --- solution ---
   const int i = blockIdx.x;
   const int n = k_len;  // the row length
   float* row = scores + (static_cast<size_t>(blockIdx.y) * q_len + i) * static_cast<size_t>(n);
@@ -114,6 +129,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel
       if (j < n) prow[j] = __float2bfloat16(p[it]);
     }
   }
+  // --- end of exercise 07.2 ---
 }
 
 // Rows of a 2-D view are strides[0] elements apart (q, k, v may be column slices of one fused buffer).

@@ -19,11 +19,31 @@
 #include <vector>
 
 #include "attention.h"
+#include "common/exercise.h"
 
 namespace tvllm {
 
 void attention_cpu(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                    const AttentionBatch& batch, const AttentionShape& shape) {
+  // --- exercise 07.1: the reference, one query at a time -----------------------------------------------
+  // Task: for every sequence b of the batch, head h and query i < q_len(b): the query sits at
+  //   position pos = k_len - q_len + i and sees keys j = 0..pos of its own sequence (causal).
+  //   scores_j = (q . k_j) * shape.scale(), p = softmax(scores) with the max subtracted, and
+  //   out = sum_j p_j v_j. Query head h reads kv head h / shape.group_size() (grouped-query attention).
+  //   q, k, v, out are fp32 with rows strides[0] elements apart; head h is columns [h*D, (h+1)*D).
+  // Hint: do every dot product, exponential and sum in double: the oracle's own error is then far
+  //   below what any test measures.
+  // Hint: batch.q_begin(b) / batch.k_begin(b) are the first rows of sequence b in q and in k, v.
+  // Tests: Attention07Cpu.SingleTokenReturnsItsValueExactly Attention07Cpu.ZeroQueryGivesTheRunningMeanOfV
+  // Tests: Attention07Cpu.TwoTokensByHand Attention07Cpu.TheFutureDoesNotChangeThePast
+  // Tests: Attention07Cpu.GroupedQueryHeadsReadTheirGroupsKvHead Attention07Cpu.SequencesInABatchDoNotSeeEachOther
+  // Tests: Attention07Cpu.HugeScoresStayFinite Attention07Cpu.QueriesAfterEarlierKeysMatchTheDefinition
+  // Tests: Attention07Cpu.ChunkedPrefillEqualsOnePrefill Attention07Cpu.DecodeStepSeesEveryKey
+  // Tests: Attention07Cpu.StridedViewsIntoAFusedQkvBuffer lesson07_attention.cpu
+  // Stub:
+  //   (void)out, (void)q, (void)k, (void)v, (void)batch, (void)shape;
+  //   throw NotWrittenYet("07.1", "the reference, one query at a time");
+  // --- solution ---
   const int64_t D = shape.head_dim;
   const int64_t group = shape.group_size();
   const double scale = shape.scale();
@@ -70,6 +90,7 @@ void attention_cpu(const TensorView& out, const TensorView& q, const TensorView&
       }
     }
   }
+  // --- end of exercise 07.1 ---
 }
 
 }  // namespace tvllm

@@ -51,6 +51,7 @@
 #include "attention.h"
 #include "common/cuda_utils.cuh"  // ceil_div, warp_sum, pack_bf16x2, Pack / load_pack / store_pack
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "common/mma.cuh"         // cp.async, ldmatrix, mma.sync: the PTX wrappers lesson 06 introduces
 
 namespace tvllm {
@@ -142,6 +143,24 @@ __device__ __forceinline__ void load_tile_async(bf16* tile, const RowAddress& ro
 template <int DP, bool kPadded, class KV>
 __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
     flash_attention_mma_kernel(const FlashParams p, const KV kv) {
+  // --- exercise 07.3: v2, flash attention on the tensor cores ------------------------------------------
+  // Task: block (x, h, b) computes the outputs of 64 queries of sequence b, head h (the last query
+  //   tiles first: q_tile = gridDim.x - 1 - blockIdx.x); warp w owns query rows [16w, 16w + 16). Load
+  //   the Q tile into shared memory, then stream the visible 64-key tiles of K and V through a double
+  //   buffer (cp.async), and per tile: S = Q K^T * scale with mma.sync, the causal mask on the last
+  //   tiles, the online softmax (running max m and sum l per row; rescale the output accumulators
+  //   when m grows), P rounded to bf16, O += P V with mma.sync. At the end O / l, stored as bf16 through
+  //   shared memory. kv.sequence(b, k_begin, kv_head) gives the sequence's key(pos) / value(pos) rows
+  //   (the KV policy, README section 8); p.scale_log2 folds log2(e) in, so exp becomes exp2.
+  // Hint: README sections 4-6 derive the online softmax, this kernel's tiling and the masking; lesson 06's v4
+  //   has the fragment layouts (g = lane / 4, c = lane % 4) and ldmatrix addressing.
+  // Hint: padded head dims (kPadded): columns past p.head_dim load as zeros and are never stored.
+  // Tests: Attention07Gpu.V2MatchesCpu Attention07Gpu.MatchesCpuTinyShapes Attention07Gpu.Matches1BShapes
+  // Tests: Attention07Gpu.EveryHeadDim Attention07Gpu.ChunkedPrefill Attention07Gpu.DecodeSteps
+  // Tests: Attention07Gpu.GqaGroups Attention07Gpu.LargeScoresStressTheMaxSubtraction
+  // Tests: Attention07Gpu.FusedQkvBuffer Attention07Gpu.RunsOnACreatedStream lesson07_attention.gpu
+  // Stub: device
+  // --- solution ---
   constexpr int Br = kBr, Bc = kBc, S = smem_stride<DP>();
   constexpr int kDimChunks = DP / 16;  // k-steps of Q K^T (16 dims each)
   constexpr int kKeyTiles = Bc / 8;    // 8-key column tiles of the warp's score block [16, Bc]
@@ -350,6 +369,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
           *reinterpret_cast<const uint4*>(sO + row * S + col);
     }
   }
+  // --- end of exercise 07.3 ---
 }
 
 // ---- the CUDA-core kernel (head_dim 136..256) -------------------------------------------------------------
