@@ -177,8 +177,11 @@ if(TVLLM_BUILD_TESTS)
     URL https://github.com/google/googletest/archive/refs/tags/v1.14.0.tar.gz
     SHA256 8ad598c73ad796e0d8280b082cebd82a630d73e73cd3c70057938a6501bba5d7)
 endif()
-# Later lessons (09: the tokenizer's regex; 13: the HTTP server) add, in the same way:
-#   tvllm_dependency(PCRE2 DEBIAN libpcre2-dev PKGCONFIG libpcre2-8)         -> PkgConfig::PCRE2
+# Lesson 09: the tokenizer's pre-tokenizer regexes (Unicode \p{L}, \p{N}, \s) -> PkgConfig::PCRE2. pkg-config
+# also looks in <prefix>/lib/pkgconfig of every CMAKE_PREFIX_PATH entry (the .deps/ staging of tests/gpu_pass.sh).
+# No download fallback: PCRE2's own build is large; the configure names the package to install instead.
+tvllm_dependency(PCRE2 DEBIAN libpcre2-dev PKGCONFIG libpcre2-8)
+# Lesson 13 (the HTTP server) adds, in the same way:
 #   tvllm_dependency(HTTPLIB DEBIAN libcpp-httplib-dev PKGCONFIG cpp-httplib) -> PkgConfig::HTTPLIB
 tvllm_resolve_dependencies()
 

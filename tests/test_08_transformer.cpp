@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -557,6 +559,61 @@ TEST(ForwardFlops, CountsEveryMatmul) {
   // Attention, one sequence of 3 new tokens after 2 earlier ones: 3*2 + 3*4/2 = 12 pairs x 2 heads x 2 x 2.
   // lm_head: 4 x 10 per row.
   EXPECT_DOUBLE_EQ(forward_flops(c, {3}, {5}, 1), 2 * (2.0 * 3 * 120) + 2 * 12 * 4.0 * 2 * 2 + 2.0 * 40);
+}
+
+// ---- the GPU bound: Hugging Face's bf16 noise floor from the manifest -----------------------------------
+
+TEST(Bf16Floor, TheBundledManifestRecordsEveryPromptAndSequence) {
+  const std::map<std::string, Bf16Floor> floors = read_bf16_floors(testing::tiny_model_dir());
+  const ReferenceSet ref = ReferenceSet::open(testing::tiny_model_dir());
+  for (int i = 0; i < ref.num_prompts(); ++i) {
+    for (const std::string& name : {"p" + std::to_string(i), "g" + std::to_string(i)}) {
+      const Bf16Floor* f = find_floor(floors, name);
+      ASSERT_NE(f, nullptr) << name << ": rerun weights/tools/make_reference.py";
+      // bf16 vs fp32 of a trained model: a real but small error (a few % of the logits' rms of ~4.5).
+      EXPECT_GT(f->logits_max_abs_error, 0.01) << name;
+      EXPECT_LT(f->logits_max_abs_error, 1.0) << name;
+      EXPECT_LT(f->logits_rms_error, f->logits_max_abs_error) << name;
+      EXPECT_GT(f->rows, 0) << name;
+      EXPECT_LE(f->top1_agree, f->rows) << name;
+      EXPECT_EQ(f->norm_max_abs_error >= 0, name[0] == 'p') << name;  // the norm: prompts only
+    }
+    EXPECT_EQ(find_floor(floors, "p" + std::to_string(i))->rows,
+              static_cast<int64_t>(ref.prompt_ids(i).size()));
+  }
+  // On the bundled model the fixed part is the larger: 0.2 x rms (~0.9) > 1.5 x HF bf16 (<= 0.5).
+  const Tensor want = Tensor::copy_of(ref.prompt(0, "logits"), Device::CPU, DType::F32);
+  const GpuLogitBound b = gpu_logit_bound(rms(want), find_floor(floors, "p0"));
+  EXPECT_DOUBLE_EQ(b.epsilon, kGpuLogitErrorPerRms * rms(want));
+}
+
+TEST(Bf16Floor, TheBoundIsTheLargerPart) {
+  Bf16Floor f;
+  f.logits_max_abs_error = 7.97;
+  const GpuLogitBound chaotic = gpu_logit_bound(10.04, &f);  // HF's own bf16 error on a deep random model
+  EXPECT_DOUBLE_EQ(chaotic.epsilon, kBf16FloorFactor * 7.97);
+  EXPECT_DOUBLE_EQ(chaotic.clear_margin(), 2 * kBf16FloorFactor * 7.97);
+  EXPECT_NE(chaotic.describe().find("HF bf16 7.97"), std::string::npos) << chaotic.describe();
+  f.logits_max_abs_error = 0.1;
+  EXPECT_DOUBLE_EQ(gpu_logit_bound(10.0, &f).epsilon, kGpuLogitErrorPerRms * 10.0);
+  const GpuLogitBound fixed = gpu_logit_bound(10.0, nullptr);
+  EXPECT_DOUBLE_EQ(fixed.epsilon, kGpuLogitErrorPerRms * 10.0);
+  EXPECT_NE(fixed.describe().find("no HF bf16 floor"), std::string::npos) << fixed.describe();
+}
+
+TEST(Bf16Floor, AnOldManifestHasNoneAndABadOneIsAnError) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() / "reference");
+  const auto manifest = dir.path() / "reference" / "manifest.json";
+  testing::write_file(manifest, std::string(R"({"prompts": [{"name": "p0", "min_top1_margin": 1.0}],
+    "generate": {"sequences": [{"name": "g0"}]}})"));
+  EXPECT_TRUE(read_bf16_floors(dir.path()).empty());  // the fixed rule, with a notice
+  testing::write_file(manifest, std::string(R"({"prompts": [{"name": "p0", "hf_bf16": {"logits_max_abs_error": "x"}}]})"));
+  expect_input_error([&] { read_bf16_floors(dir.path()); }, {"manifest.json", "hf_bf16"});
+  testing::write_file(manifest, std::string("{\"prompts\": ["));
+  expect_input_error([&] { read_bf16_floors(dir.path()); }, {"manifest.json"});
+  std::filesystem::remove(manifest);
+  EXPECT_TRUE(read_bf16_floors(dir.path()).empty());  // no manifest at all: the fixed rule too
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -228,9 +229,12 @@ struct BundledGpu {
     o.eos_ids = gens.eos_ids;
     return o;
   }
-  // Lesson 08's bound on a bf16 logit's error, for the prompt a sequence continues.
+  std::map<std::string, Bf16Floor> floors = read_bf16_floors(testing::tiny_model_dir());
+  // Lesson 08's bound on a bf16 logit's error: max(0.2 x rms of the prompt's logits, 1.5 x Hugging Face's own
+  // bf16 error over the sequence's rows).
   double error(const ReferenceGeneration& g) const {
-    return kGpuLogitErrorPerRms * rms(Tensor::copy_of(ref.get(g.prompt + ".logits"), Device::CPU, DType::F32));
+    const double r = rms(Tensor::copy_of(ref.get(g.prompt + ".logits"), Device::CPU, DType::F32));
+    return gpu_logit_bound(r, find_floor(floors, g.name)).epsilon;
   }
 };
 

@@ -1,10 +1,14 @@
 // Lesson 08: teacher-forced top-1 agreement of two logits matrices.
 #include "logits_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "common/errors.h"
+#include "json_strict.h"
 
 namespace tvllm {
 
@@ -62,6 +66,68 @@ Top1Agreement top1_agreement(const TensorView& actual, const TensorView& referen
     }
   }
   return r;
+}
+
+std::map<std::string, Bf16Floor> read_bf16_floors(const std::filesystem::path& model_dir) {
+  const std::filesystem::path path = model_dir / "reference" / "manifest.json";
+  std::map<std::string, Bf16Floor> out;
+  if (!std::filesystem::exists(path)) return out;  // references without a manifest: the fixed rule
+  std::ifstream in(path, std::ios::binary);
+  TVLLM_REQUIRE(in.good(), path.string() + ": cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json manifest = parse_json_strict(text.str(), path.string());
+  auto add = [&](const nlohmann::json& entry) {
+    if (!entry.is_object() || !entry.contains("hf_bf16")) return;
+    const nlohmann::json& f = entry["hf_bf16"];
+    Bf16Floor b;
+    b.logits_max_abs_error = f.at("logits_max_abs_error").get<double>();
+    b.logits_rms_error = f.at("logits_rms_error").get<double>();
+    b.top1_agree = f.at("top1_agree").get<int64_t>();
+    b.rows = f.at("rows").get<int64_t>();
+    if (f.contains("norm_max_abs_error")) b.norm_max_abs_error = f["norm_max_abs_error"].get<double>();
+    TVLLM_REQUIRE(std::isfinite(b.logits_max_abs_error) && b.logits_max_abs_error >= 0,
+                  path.string() + ": " + entry.at("name").get<std::string>() + ": bad hf_bf16.logits_max_abs_error");
+    out[entry.at("name").get<std::string>()] = b;
+  };
+  try {
+    if (manifest.contains("prompts"))
+      for (const auto& p : manifest["prompts"]) add(p);
+    if (manifest.contains("generate") && manifest["generate"].contains("sequences"))
+      for (const auto& s : manifest["generate"]["sequences"]) add(s);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path.string() + ": malformed \"hf_bf16\": " + e.what());
+  }
+  return out;
+}
+
+const Bf16Floor* find_floor(const std::map<std::string, Bf16Floor>& floors, const std::string& name) {
+  const auto it = floors.find(name);
+  return it == floors.end() ? nullptr : &it->second;
+}
+
+GpuLogitBound gpu_logit_bound(double reference_rms, const Bf16Floor* floor) {
+  GpuLogitBound b;
+  b.reference_rms = reference_rms;
+  b.rms_part = kGpuLogitErrorPerRms * reference_rms;
+  b.epsilon = b.rms_part;
+  if (floor != nullptr) {
+    b.hf_error = floor->logits_max_abs_error;
+    b.floor_part = kBf16FloorFactor * floor->logits_max_abs_error;
+    b.epsilon = std::max(b.epsilon, b.floor_part);
+  }
+  return b;
+}
+
+std::string GpuLogitBound::describe() const {
+  char text[200];
+  if (floor_part < 0)
+    std::snprintf(text, sizeof text, "%.4g = %.2f x rms %.4g (no HF bf16 floor)", epsilon, kGpuLogitErrorPerRms,
+                  reference_rms);
+  else
+    std::snprintf(text, sizeof text, "%.4g = max(%.2f x rms %.4g, %.1f x HF bf16 %.4g)", epsilon,
+                  kGpuLogitErrorPerRms, reference_rms, kBf16FloorFactor, hf_error);
+  return text;
 }
 
 std::string Top1Agreement::summary() const {

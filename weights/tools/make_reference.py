@@ -10,6 +10,13 @@ a GPU with TF32 off, so the reference is a plain fp32 computation of the stored 
 tensors are captured with forward hooks on the modules; the script then recomputes every stage from its
 captured inputs in float64 and stops with an error if anything disagrees, so a reference file is never
 silently inconsistent.
+
+The model is also run a second time as Hugging Face serves it in bf16 (dtype bfloat16, its default sdpa
+attention, same device), and the manifest records how far THAT run is from the fp32 reference: per prompt
+("hf_bf16": max and rms |logits_bf16 - logits_fp32|, the final norm's max error, top-1 agreement) and per
+generated sequence (the same over the teacher-forced rows of its continuation). That is the bf16 noise
+floor of this model: lessons 08 and 10 allow a GPU error of a stated factor times it (a deep random model
+amplifies rounding chaotically, so its floor is large; a trained model's is small).
 """
 
 from __future__ import annotations
@@ -122,11 +129,16 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def load_model(model_dir: Path, device: torch.device):
+def load_model(model_dir: Path, device: torch.device, dtype=torch.float32, attn: str = "eager"):
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     return model.to(device).eval()
+
+
+# The bf16 run whose distance from the fp32 reference is the noise floor: Hugging Face as it serves a bf16
+# checkpoint (its default attention, sdpa).
+BF16_ATTN = "sdpa"
 
 
 def load_tokenizer(model_dir: Path):
@@ -245,6 +257,30 @@ def rope_tables(model, max_t: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         cos, sin = model.model.rotary_emb(dummy, positions)
     return cos[0].float().cpu().contiguous(), sin[0].float().cpu().contiguous()
+
+
+def forward_logits_norm(model, ids: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, vocab] and the final norm's output [T, hidden] of one forward pass, as fp32 on the host."""
+    captured = {}
+    handle = model.model.norm.register_forward_hook(lambda mod, args, out: captured.update(norm=_first(out)))
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], dtype=torch.long, device=device), use_cache=False).logits
+    finally:
+        handle.remove()
+    t = len(ids)
+    return logits.reshape(t, -1).float().cpu(), captured["norm"].reshape(t, -1).float().cpu()
+
+
+def noise_floor(bf16: torch.Tensor, fp32: torch.Tensor) -> dict:
+    """How far Hugging Face's bf16 logits [T, vocab] are from its fp32 ones: max and rms |difference|, the rms
+    of the fp32 logits (for scale) and the top-1 agreement over the rows."""
+    diff = (bf16.double() - fp32.double()).abs()
+    agree = int((bf16.argmax(-1) == fp32.argmax(-1)).sum())
+    return {"logits_max_abs_error": round(float(diff.max()), 6),
+            "logits_rms_error": round(float(diff.pow(2).mean().sqrt()), 6),
+            "logits_rms": round(float(fp32.double().pow(2).mean().sqrt()), 6),
+            "top1_agree": agree, "rows": int(fp32.shape[0])}
 
 
 def greedy_generate(model, ids: list[int], max_new_tokens: int, eos_ids: list[int], device):
@@ -493,6 +529,7 @@ class Run:
     eos_ids: list[int]
     weights: dict                 # fp32 copies of the stored weights, for the consistency checks
     max_new_tokens: int
+    bf16_model: object            # the same checkpoint in bf16 (BF16_ATTN): the noise floor's run
 
 
 def process_prompt(run: Run, i: int, prompt: Prompt, res: Results) -> None:
@@ -506,13 +543,23 @@ def process_prompt(run: Run, i: int, prompt: Prompt, res: Results) -> None:
     top1 = int(acts["logits"][-1].argmax())
     if new[0] != top1:
         raise SystemExit(f"error: prompt p{i}: generate's first token {new[0]} != argmax of the last logits {top1}")
+    # The bf16 noise floor: the prompt's logits and final norm, then the continuation's rows teacher-forced
+    # (prompt + new[:-1] in one pass; row P-1+j predicts new[j]), each bf16 vs fp32.
+    bf16_logits, bf16_norm = forward_logits_norm(run.bf16_model, prompt.ids, run.device)
+    prompt_floor = noise_floor(bf16_logits, acts["logits"])
+    prompt_floor["norm_max_abs_error"] = round(float((bf16_norm.double() - acts["norm"].double()).abs().max()), 6)
+    forced = prompt.ids + new[:-1]
+    rows = slice(len(prompt.ids) - 1, len(forced))
+    fp32_forced, _ = forward_logits_norm(run.model, forced, run.device)
+    bf16_forced, _ = forward_logits_norm(run.bf16_model, forced, run.device)
+    seq_floor = noise_floor(bf16_forced[rows], fp32_forced[rows])
     del acts["_cos"], acts["_sin"]  # checked above; the file holds the full tables instead
     res.activations.update({f"p{i}.{k}": v for k, v in acts.items()})
     res.generate[f"g{i}.prompt_ids"] = torch.tensor(prompt.ids, dtype=torch.int32)
     res.generate[f"g{i}.output_ids"] = torch.tensor(new, dtype=torch.int32)
 
     info = {"name": f"p{i}", "kind": prompt.kind, "num_tokens": len(prompt.ids), "ids": prompt.ids,
-            "min_top1_margin": min_margin(acts["logits"])}
+            "min_top1_margin": min_margin(acts["logits"]), "hf_bf16": prompt_floor}
     if prompt.text is not None:
         info["text"] = prompt.text
     if prompt.messages is not None:
@@ -520,11 +567,15 @@ def process_prompt(run: Run, i: int, prompt: Prompt, res: Results) -> None:
     res.prompts.append(info)
     seq = {"name": f"g{i}", "prompt": f"p{i}", "prompt_ids": prompt.ids, "output_ids": new,
            "stopped_at_eos": bool(new[-1] in run.eos_ids),  # HF keeps the EOS it stopped on
-           "min_top1_margin": round(gen_margin, 6)}
+           "min_top1_margin": round(gen_margin, 6), "hf_bf16": seq_floor}
     if run.tok is not None:
         seq["output_text"] = run.tok.decode(new)
     res.sequences.append(seq)
     print(f"p{i}: {len(prompt.ids)} tokens ({prompt.kind}), consistent; g{i}: {len(new)} new tokens")
+    for name, f in ((f"p{i}", prompt_floor), (f"g{i}", seq_floor)):
+        print(f"  {name} HF bf16 vs fp32: max |logit err| {f['logits_max_abs_error']:.4g} = "
+              f"{f['logits_max_abs_error'] / max(f['logits_rms'], 1e-30):.3f} x rms {f['logits_rms']:.4g}, "
+              f"top-1 agree {f['top1_agree']}/{f['rows']}")
 
 
 def add_rope_tables(run: Run, prompts: list[Prompt], res: Results) -> int:
@@ -557,6 +608,8 @@ def write_outputs(run: Run, model_dir: Path, res: Results, max_t: int) -> Path:
         "device": device_description(run.device),
         "compute_dtype": "float32",
         "attn_implementation": "eager",
+        # The noise floor's run: per prompt and per sequence "hf_bf16" (lessons 08 and 10 read it).
+        "hf_bf16": {"dtype": "bfloat16", "attn_implementation": BF16_ATTN, "device": device_description(run.device)},
         "num_hidden_layers": run.model.config.num_hidden_layers,
         "captured_layers": run.layers,
         "prompts": res.prompts,
@@ -598,6 +651,7 @@ def main() -> int:
         eos_ids=[eos] if isinstance(eos, int) else list(eos or []),
         weights={k: v.detach().float().cpu() for k, v in model.state_dict().items()},
         max_new_tokens=args.max_new_tokens,
+        bf16_model=load_model(args.model_dir, device, torch.bfloat16, BF16_ATTN),
     )
     if run.tok is not None:
         prompts = text_prompts(run.tok)
