@@ -17,6 +17,7 @@
 #
 #   bash tests/gpu_pass.sh                       # everything
 #   STAGES="build test tiny" bash tests/gpu_pass.sh
+#   (also: "student", the student-mode checks with the GPU, not in the default list: it builds a second tree)
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
 #
 # Dependencies the machine lacks (CLI11, ...) can travel in .deps/ (see the README's GPU section); the
@@ -98,8 +99,14 @@ fi
 
 if has_stage test; then
   run ctest 480 ctest --test-dir "$BUILD" -j 4 --output-on-failure --timeout 300 --output-junit "$OUT/ctest.xml" \
-    ${CTEST_LABEL:+-L "$CTEST_LABEL"}
+    ${CTEST_LABEL:+-L "$CTEST_LABEL"} -LE student
   grep -E "tests passed|tests failed|Skipped|\(Failed\)|\(SEGFAULT\)|\(Timeout\)" "$OUT/ctest.log" | tee -a "$report"
+fi
+
+# Student mode with the GPU: every exercise's tests (GPU ones included) fail on the stubs and pass on the
+# solutions (tests/student: one shared workspace of every lesson, phases "all stubbed" and "all solved").
+if has_stage student; then
+  run student 400 ctest --test-dir "$BUILD" -L student --output-on-failure --timeout 390
 fi
 
 if has_stage tiny; then

@@ -11,5 +11,8 @@ namespace tvllm::cli {
 extern int g_exit_code;
 
 void add_inspect_command(CLI::App& app);  // inspect.cpp: the tensor table of a safetensors file or model dir
+void add_tokenize_commands(CLI::App& app);  // tokenize.cpp: tokenize and detokenize (lesson 09)
+void add_generate_command(CLI::App& app);   // generate.cpp: one prompt, one continuation (lesson 10)
+void add_chat_command(CLI::App& app);       // chat.cpp: the interactive chat (lessons 09 + 10)
 
 }  // namespace tvllm::cli

@@ -1,6 +1,9 @@
 // tiny-vllm: the engine's command line. Each lesson that adds a user-facing feature adds a subcommand.
 //
 //   tiny-vllm inspect FILE_OR_DIR       tensor table of a .safetensors file or a model directory
+//   tiny-vllm tokenize / detokenize     text <-> token ids (lesson 09)
+//   tiny-vllm generate --model DIR      continue a prompt, streaming (lesson 10)
+//   tiny-vllm chat --model DIR          an interactive chat in the terminal (lessons 09 + 10)
 //
 // Exit codes: 0 success, 1 runtime failure (CUDA error, out of memory), 2 bad usage or bad input.
 #include <cstdio>
@@ -17,6 +20,13 @@ int main(int argc, char** argv) {
   CLI::App app{"tiny-vllm: a small, fast LLM inference engine built lesson by lesson", "tiny-vllm"};
   app.require_subcommand(1);
   tvllm::cli::add_inspect_command(app);
+#ifdef TVLLM_CLI_TOKENIZE  // a student workspace without lesson 09 has no tokenizer yet (CMakeLists.txt)
+  tvllm::cli::add_tokenize_commands(app);
+#endif
+#ifdef TVLLM_CLI_GENERATE
+  tvllm::cli::add_generate_command(app);
+  tvllm::cli::add_chat_command(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

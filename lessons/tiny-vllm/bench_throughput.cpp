@@ -1,0 +1,161 @@
+// tiny-vllm bench throughput --model DIR [--num-requests 256] [--min-len 100 --max-len 1024] [--seed 0]
+//                            [--device auto|cpu|cuda] [--kv paged|contiguous] [--output table|json]
+//
+// The throughput workload of COURSE.md "Performance method": --num-requests requests whose prompt and output
+// lengths are uniform in [--min-len, --max-len], random prompt ids, EOS ignored, all submitted at once to lesson
+// 11's Engine (continuous batching) over the paged KV pool of lesson 12 (or the contiguous cache), run to
+// completion. The requests come from make_throughput_workload (lessons/11_continuous_batching/engine_bench.h:
+// SplitMix64 seeded with --seed), which weights/tools/hf_baseline.py --workload throughput ports exactly, so the
+// two run the same requests. Progress on stderr every second; at the end a table (or one JSON object) on stdout.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "commands.h"
+#include "common/device.h"
+#include "common/input_error.h"
+#include "engine.h"
+#include "engine_bench.h"
+#include "engine_paged.h"
+#include "model_dir.h"
+#include "model_weights.h"
+
+namespace tvllm::cli {
+namespace {
+
+struct BenchThroughputOptions {
+  std::string model, device = "auto", kv = "paged", output = "table";
+  int64_t num_requests = 256, min_len = 100, max_len = 1024;
+  uint64_t seed = 0;
+  int64_t max_sequences = 256, max_tokens_per_step = 4096, block_size = 16, static_batch = 0;
+  double kv_fraction = 0.9;
+  bool prefix_caching = true;
+};
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+void run(const BenchThroughputOptions& o) {
+  TVLLM_REQUIRE(o.kv == "paged" || o.kv == "contiguous", "--kv must be paged or contiguous, got " + o.kv);
+  TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
+  const Device device = resolve_device(o.device);
+  TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
+  const ModelDir model = ModelDir::open(o.model);
+  const ModelConfig& mc = model.config;
+  // Every request fits: prompt <= max_len, output <= max_len.
+  TVLLM_REQUIRE(2 * o.max_len <= mc.max_position_embeddings,
+                "--max-len " + std::to_string(o.max_len) + ": a prompt and an output of that length need " +
+                    std::to_string(2 * o.max_len) + " positions, the model has max_position_embeddings " +
+                    std::to_string(mc.max_position_embeddings));
+  const std::vector<ThroughputRequest> requests =
+      make_throughput_workload(o.num_requests, o.min_len, o.max_len, workload_id_high(mc), o.seed);
+
+  const ModelWeights weights = ModelWeights::bind(model, device);
+  EngineConfig config;
+  config.max_sequences = o.max_sequences;
+  config.max_tokens_per_step = o.max_tokens_per_step;
+  config.max_context = 2 * o.max_len;
+  KvFactory kv;
+  if (o.kv == "paged") {
+    PagedKvOptions p;
+    p.block_size = o.block_size;
+    p.prefix_caching = o.prefix_caching;
+    p.budget.fraction = o.kv_fraction;
+    p.log = &std::cerr;
+    kv = paged_kv(p);
+  } else {
+    kv = contiguous_kv();
+  }
+  Engine engine(weights, config, kv);
+  std::fprintf(stderr, "bench throughput: %s on %s, %s; %lld requests, lengths [%lld, %lld], seed %llu\n",
+               o.model.c_str(), std::string(device_name(device)).c_str(), engine.kv().describe().c_str(),
+               static_cast<long long>(o.num_requests), static_cast<long long>(o.min_len),
+               static_cast<long long>(o.max_len), static_cast<unsigned long long>(o.seed));
+
+  const ThroughputResult r = run_throughput(engine, requests, o.static_batch, [](const ThroughputProgress& p) {
+    std::fprintf(stderr, "[%6.1f s] %lld/%lld requests done, %lld output tokens, %.0f output tok/s\n", p.seconds,
+                 static_cast<long long>(p.done), static_cast<long long>(p.total),
+                 static_cast<long long>(p.output_tokens), static_cast<double>(p.output_tokens) / p.seconds);
+  });
+
+  if (o.output == "json") {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["device"] = std::string(device_name(device));
+    j["kv"] = o.kv;
+    j["batching"] = o.static_batch > 0 ? "static" : "continuous";
+    j["seed"] = o.seed;
+    j["min_len"] = o.min_len;
+    j["max_len"] = o.max_len;
+    j["requests"] = r.requests;
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["output_tokens"] = r.output_tokens;
+    j["seconds"] = r.seconds;
+    j["output_tok_s"] = r.output_tok_s;
+    j["total_tok_s"] = r.total_tok_s;
+    j["steps"] = r.steps;
+    j["peak_running"] = r.peak_running;
+    j["preemptions"] = r.preemptions;
+    j["failed"] = r.failed;
+    j["kv_blocks"] = r.kv.total_blocks;
+    j["kv_block_size"] = r.kv.block_size;
+    j["kv_bytes"] = r.kv.bytes;
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("tiny-vllm bench throughput: %s on %s, %s batching; %s\n", o.model.c_str(),
+                std::string(device_name(device)).c_str(), o.static_batch > 0 ? "static" : "continuous",
+                engine.kv().describe().c_str());
+    std::printf("  %-16s %14lld\n", "requests", static_cast<long long>(r.requests));
+    std::printf("  %-16s %14lld\n", "prompt tokens", static_cast<long long>(r.prompt_tokens));
+    std::printf("  %-16s %14lld\n", "output tokens", static_cast<long long>(r.output_tokens));
+    std::printf("  %-16s %14.2f\n", "seconds", r.seconds);
+    std::printf("  %-16s %14.1f\n", "output tok/s", r.output_tok_s);
+    std::printf("  %-16s %14.1f\n", "total tok/s", r.total_tok_s);
+    std::printf("  %-16s %14lld\n", "steps", static_cast<long long>(r.steps));
+    std::printf("  %-16s %14lld\n", "peak running", static_cast<long long>(r.peak_running));
+    std::printf("  %-16s %14lld\n", "preemptions", static_cast<long long>(r.preemptions));
+    std::printf("  %-16s %14s\n", "KV blocks",
+                (std::to_string(r.kv.total_blocks) + " x " + std::to_string(r.kv.block_size)).c_str());
+    std::printf("  %-16s %14s\n", "KV memory", gib(r.kv.bytes).c_str());
+    if (r.failed > 0) std::printf("  FAILED: %lld requests did not get all their tokens\n", static_cast<long long>(r.failed));
+  }
+  g_exit_code = r.failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+// `bench` is the `tiny-vllm bench` subcommand: this adds `throughput` under it.
+void add_bench_throughput_command(CLI::App& bench) {
+  auto opt = std::make_shared<BenchThroughputOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "throughput", "many requests at once through the engine (continuous batching): output and total tok/s");
+  cmd->add_option("--model", opt->model, "model directory (config.json + safetensors)")->required();
+  cmd->add_option("--num-requests", opt->num_requests, "requests (default 256)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--min-len", opt->min_len, "shortest prompt and output (default 100)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-len", opt->max_len, "longest prompt and output (default 1024)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seed", opt->seed, "the workload's seed (SplitMix64; default 0)");
+  cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
+  cmd->add_option("--kv", opt->kv, "paged (default) or contiguous");
+  cmd->add_option("--output", opt->output, "table (default) or json");
+  cmd->add_option("--max-sequences", opt->max_sequences, "sequences running at once (default 256)")
+      ->check(CLI::Range(1, 65535));
+  cmd->add_option("--max-tokens-per-step", opt->max_tokens_per_step, "the token budget of a step (default 4096)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--block-size", opt->block_size, "paged: positions per block (default 16)")->check(CLI::Range(1, 4096));
+  cmd->add_option("--kv-fraction", opt->kv_fraction, "paged, CUDA: fraction of the free memory for the pool (0.9)")
+      ->check(CLI::Range(0.01, 1.0));
+  cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
+  cmd->add_option("--static-batch", opt->static_batch,
+                  "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->callback([opt] { run(*opt); });
+}
+
+}  // namespace tvllm::cli

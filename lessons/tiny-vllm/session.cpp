@@ -1,0 +1,78 @@
+// Shared pieces of generate and chat (session.h).
+#include "session.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "common/device.h"
+#include "common/errors.h"
+
+namespace tvllm::cli {
+
+namespace fs = std::filesystem;
+
+void SamplingFlags::add_to(CLI::App* cmd) {
+  cmd->add_option("--temperature", temperature, "0: greedy (the default); otherwise > 0, e.g. 0.7");
+  cmd->add_option("--top-p", top_p,
+                  "keep the most likely tokens up to this probability mass, in (0, 1] (1: off)");
+  cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: off)");
+  cmd->add_option("--seed", seed, "the seed: with the step, it decides every draw (same seed, same tokens)");
+}
+
+SamplingParams SamplingFlags::params() const {
+  const SamplingParams p{temperature, top_k, top_p, seed};
+  try {
+    validate_sampling_params(p);
+  } catch (const InputError& e) {
+    throw InputError(std::string("bad sampling flags (--temperature, --top-k, --top-p): ") + e.what());
+  }
+  return p;
+}
+
+std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std::string& device_text) {
+  if (device_text == "cuda" && !cuda_available())
+    throw InputError("--device cuda: no CUDA GPU is available (use --device cpu)");
+  const Device device = resolve_device(device_text);  // InputError for anything but auto|cpu|cuda
+  auto m = std::make_unique<LoadedModel>(ModelDir::open(dir));
+  m->dir = dir;
+  m->device = device;
+  const fs::path tok = m->dir / "tokenizer.json";
+  if (fs::exists(tok)) m->tokenizer.emplace(Tokenizer::from_file(tok));
+  return m;
+}
+
+void LoadedModel::bind_weights() {
+  if (!weights) weights.emplace(ModelWeights::bind(model, device));
+}
+
+const Tokenizer& LoadedModel::require_tokenizer(const std::string& way_out) const {
+  if (!tokenizer) throw InputError(dir.string() + " has no tokenizer.json: " + way_out);
+  return *tokenizer;
+}
+
+ChatTemplate LoadedModel::require_chat_template() const {
+  std::optional<ChatTemplate> t = ChatTemplate::from_model_dir(dir);
+  if (!t)
+    throw InputError(dir.string() +
+                     " has no chat template (tokenizer_config.json \"chat_template\" or "
+                     "chat_template.jinja): use a plain --prompt without --chat, or --prompt-ids");
+  return std::move(*t);
+}
+
+void warm_up(Generator& gen, const std::vector<int32_t>& prompt) {
+  if (gen.weights().device != Device::CUDA || prompt.empty()) return;
+  GenerateOptions options;
+  options.max_new_tokens = 2;
+  options.ignore_eos = true;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(prompt.size()),
+                                      std::min<int64_t>(16, gen.limits().max_context - 2));
+  if (n >= 1) gen.generate(std::vector<int32_t>(prompt.begin(), prompt.begin() + n), options);
+}
+
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+}  // namespace tvllm::cli

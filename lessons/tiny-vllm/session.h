@@ -1,0 +1,64 @@
+// What generate and chat share: loading a model for generation (lessons 08-10) with its tokenizer and chat
+// template, and the sampling flags.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat_template.h"
+#include "generate.h"
+#include "model_dir.h"
+#include "model_weights.h"
+#include "sampling.h"
+#include "token_args.h"  // load_tokenizer, parse_ids
+#include "tokenizer.h"
+
+namespace tvllm::cli {
+
+// The sampling knobs of generate and chat. Defaults: greedy (temperature 0), top-k and top-p off, seed 0.
+struct SamplingFlags {
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  void add_to(CLI::App* cmd);
+  SamplingParams params() const;  // validated: InputError naming the flag
+};
+
+// A model opened for generation: config and weights mapped (ModelDir), the weights bound for the device
+// (lesson 08: on the CPU views into the mapping, on CUDA one upload through a small staging buffer; neither
+// keeps a second host copy), and the tokenizer when the directory has tokenizer.json.
+struct LoadedModel {
+  explicit LoadedModel(ModelDir opened) : model(std::move(opened)) {}
+  std::filesystem::path dir;
+  Device device = Device::CPU;
+  ModelDir model;
+  std::optional<Tokenizer> tokenizer;
+  std::optional<ModelWeights> weights;  // bind_weights()
+
+  // Opens DIR (config.json, weights, tokenizer.json if present) without touching the device yet, so that
+  // the request can be validated first. device_text: auto|cpu|cuda (cuda without a GPU: InputError).
+  static std::unique_ptr<LoadedModel> open(const std::string& dir, const std::string& device_text);
+  void bind_weights();
+
+  // The tokenizer, or an InputError saying the directory has none and what to do instead.
+  const Tokenizer& require_tokenizer(const std::string& way_out) const;
+  // DIR's chat template (InputError when it has none, or one of no family we render).
+  ChatTemplate require_chat_template() const;
+};
+
+// CUDA: one short untimed generation (the first tokens of `prompt`, two new tokens) so that the timings a
+// command prints are the steady state, not CUDA's lazy module loading and cuBLAS's first-call setup.
+// Nothing on the CPU.
+void warm_up(Generator& gen, const std::vector<int32_t>& prompt);
+
+// "12.3" with a sensible number of digits for timings.
+std::string fixed(double value, int digits = 1);
+
+}  // namespace tvllm::cli
