@@ -1,21 +1,33 @@
-// lesson11_continuous_batching: the scheduler, simulated on the CPU. (The engine that runs it on the model, and
-// its GPU step, come with the rest of the lesson; this executable needs no model and no GPU.)
+// lesson11_continuous_batching: the scheduler, simulated, then the engine on the real model.
 //
-//   build/bin/lesson11_continuous_batching [--device auto|cpu|cuda]
+//   build/bin/lesson11_continuous_batching [--model DIR] [--device auto|cpu|cuda] [--bench]
 //
-//   64 requests of mixed prompt and output lengths through the scheduler over a contiguous cache of 8 slots
-//   (lesson 10's KvCache as a SlotAllocator) and the fake model of simulate.h, twice:
-//     static       8 requests at a time; the next 8 start when the slowest of the batch has finished
-//     continuous   all 64 submitted at once; a slot is refilled the step after its request finishes
-//   It prints steps, tokens per step and slot use for both, the first steps of each as a timeline, and checks
-//   that every request's ids equal what it gives alone (PASS/FAIL).
+//   1. The simulation (no model, no GPU): 64 requests of mixed prompt and output lengths through the scheduler
+//      over a contiguous cache of 8 slots (lesson 10's KvCache as a SlotAllocator) and the fake model of
+//      simulate.h, twice:
+//        static       8 requests at a time; the next 8 start when the slowest of the batch has finished
+//        continuous   all 64 submitted at once; a slot is refilled the step after its request finishes
+//      It prints steps, tokens per step and slot use for both, the first steps of each as a timeline, and checks
+//      that every request's ids equal what it gives alone.
+//   2. The engine (engine.h) on the model, on the device: 64 concurrent greedy requests of mixed lengths, with a
+//      contiguous cache of 24 slots and with chunked prefill under a small budget, each request's ids against
+//      lesson 10's Generator running it alone (engine_check.h: exact on the CPU; on the GPU exact matches counted
+//      and teacher-forced agreement required), and every slot back at the end. PASS/FAIL per configuration.
+//   3. --bench: static vs continuous batching measured with the real engine: the throughput workload
+//      (engine_bench.h; CUDA: 256 requests, lengths [100, 1024]; CPU: 32 requests, [8, 64]) in static batches
+//      of B and all at once with B sequences running (CUDA: B = 64; CPU: 8): output tok/s of each.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "common/lesson.h"
+#include "engine.h"
+#include "engine_bench.h"
+#include "engine_check.h"
 #include "kv_allocator.h"
+#include "model_dir.h"
+#include "model_weights.h"
 #include "scheduler.h"
 #include "simulate.h"
 
@@ -73,8 +85,8 @@ Run simulate(const std::vector<SimRequest>& requests, bool continuous) {
   return run;
 }
 
-int run_lesson(const LessonOptions&) {
-  std::printf("lesson11_continuous_batching: the scheduler on the CPU (a fake model; the engine comes later)\n");
+bool run_simulation() {
+  std::printf("1. the scheduler on the CPU, with a fake model (simulate.h)\n");
   const std::vector<SimRequest> requests = make_workload(kRequests, 8, 200, 1, 120, kVocab, 0);
   int64_t prompt_tokens = 0;
   for (const SimRequest& r : requests) prompt_tokens += static_cast<int64_t>(r.prompt.size());
@@ -106,6 +118,72 @@ int run_lesson(const LessonOptions&) {
       std::printf("  slot %zu  %s\n", s, runs[m].timeline[s].c_str());
     std::printf("\n");
   }
+  return pass;
+}
+
+bool run_engine_checks(const ModelWeights& w) {
+  const bool gpu = w.device == Device::CUDA;
+  // CPU: a lighter workload (the fp32 reference computes every token in double-accumulated loops).
+  const int64_t max_prompt = gpu ? 200 : 32, max_output = gpu ? 64 : 24, max_context = gpu ? 512 : 128;
+  const std::vector<CheckRequest> requests =
+      make_check_requests(64, 2, max_prompt, 1, max_output, workload_id_high(w.config), 11);
+  std::printf("2. the engine on the model (%s): 64 concurrent greedy requests, prompts 2..%lld, max_tokens 1..%lld, "
+              "every other one ignoring EOS\n",
+              gpu ? "CUDA, bf16" : "CPU, fp32", static_cast<long long>(max_prompt),
+              static_cast<long long>(max_output));
+  const AloneResults alone = run_alone(w, requests, max_context);
+  EngineConfig c;
+  c.max_context = max_context;
+  c.max_sequences = 24;
+  c.max_tokens_per_step = 1024;
+  print_engine_case_header();
+  bool pass = true;
+  const EngineCaseResult slots = run_engine_case(w, c, contiguous_kv(24), requests, alone);
+  print_engine_case("contiguous, 24 slots", slots);
+  c.max_sequences = 16;
+  c.max_tokens_per_step = 32;
+  const EngineCaseResult chunked = run_engine_case(w, c, contiguous_kv(16), requests, alone);
+  print_engine_case("chunked prefill, budget 32", chunked);
+  pass = slots.pass() && chunked.pass();
+  std::printf("   (ids == alone: lesson 10's Generator running each request alone; %s)\n\n",
+              gpu ? "bf16: exact matches counted, teacher-forced agreement required (engine_check.h)"
+                  : "fp32: exact, id for id");
+  return pass;
+}
+
+void run_bench(const ModelWeights& w) {
+  const bool gpu = w.device == Device::CUDA;
+  const int64_t n = gpu ? 256 : 32, lo = gpu ? 100 : 8, hi = gpu ? 1024 : 64, B = gpu ? 64 : 8;
+  const auto requests = make_throughput_workload(n, lo, hi, workload_id_high(w.config), 0);
+  EngineConfig c;
+  c.max_sequences = B;
+  c.max_tokens_per_step = 4096;
+  c.max_context = std::min<int64_t>(2 * hi, w.config.max_position_embeddings);
+  std::printf("3. --bench: %lld requests, prompt and output lengths uniform in [%lld, %lld] (seed 0, EOS ignored), "
+              "contiguous cache of %lld slots, %lld sequences at most\n",
+              static_cast<long long>(n), static_cast<long long>(lo), static_cast<long long>(hi),
+              static_cast<long long>(B), static_cast<long long>(B));
+  std::printf("   %-34s %8s %8s %14s %14s\n", "batching", "steps", "seconds", "output tok/s", "total tok/s");
+  double tok_s[2] = {0, 0};
+  for (const int64_t static_batch : {B, int64_t{0}}) {
+    Engine engine(w, c, contiguous_kv(B));
+    const ThroughputResult r = run_throughput(engine, requests, static_batch);
+    tok_s[static_batch == 0] = r.output_tok_s;
+    const std::string name = static_batch ? "static, batches of " + std::to_string(B) : "continuous (all at once)";
+    std::printf("   %-34s %8lld %8.2f %14.1f %14.1f%s\n", name.c_str(), static_cast<long long>(r.steps),
+                r.seconds, r.output_tok_s, r.total_tok_s, r.failed ? "  (FAILED requests!)" : "");
+  }
+  std::printf("   continuous / static: %.2fx output tok/s\n\n", tok_s[1] / tok_s[0]);
+}
+
+int run_lesson(const LessonOptions& opt) {
+  std::printf("lesson11_continuous_batching: the scheduler (simulated), then the engine on %s (%s)\n\n",
+              opt.model_dir.string().c_str(), std::string(device_name(opt.device)).c_str());
+  bool pass = run_simulation();
+  const ModelDir model = ModelDir::open(opt.model_dir);
+  const ModelWeights weights = ModelWeights::bind(model, opt.device);
+  pass = run_engine_checks(weights) && pass;
+  if (opt.bench) run_bench(weights);
   std::printf("%s\n", pass ? "PASS" : "FAIL");
   return pass ? kExitPass : kExitFail;
 }
@@ -115,6 +193,6 @@ int run_lesson(const LessonOptions&) {
 
 int main(int argc, char** argv) {
   tvllm::LessonCli cli("lesson11_continuous_batching",
-                       "continuous batching: the scheduler, simulated on the CPU with a fake model");
+                       "continuous batching: the scheduler simulated, then the engine on the model");
   return cli.run(argc, argv, [](const tvllm::LessonOptions& opt) { return tvllm::run_lesson(opt); });
 }

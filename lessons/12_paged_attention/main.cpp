@@ -1,9 +1,9 @@
-// lesson12_paged_attention: the block manager, simulated on the CPU. (The paged KV-write and attention kernels,
-// and the engine that runs them on the model, come with the rest of the lesson; this executable needs no model
-// and no GPU.)
+// lesson12_paged_attention: the block manager simulated on the CPU, then the engine over the paged pool on the
+// real model.
 //
-//   build/bin/lesson12_paged_attention [--device auto|cpu|cuda]
+//   build/bin/lesson12_paged_attention [--model DIR] [--device auto|cpu|cuda] [--bench]
 //
+//   The simulation (a fake model, simulate.h):
 //   1. memory: 64 requests of mixed lengths, the same KV memory (4096 positions) as a contiguous cache of 8 slots
 //      x 512 and as a pool of 256 blocks x 16: positions reserved vs used, sequences at once, steps
 //   2. prefix caching: 64 requests that share a 128-token system prompt, with and without the prefix cache:
@@ -11,14 +11,27 @@
 //   3. a pool so small that sequences are preempted (recomputed later)
 //   Every run checks that each request's ids equal what it gives alone and that every block is back in the pool
 //   at the end (PASS/FAIL).
+//   4. The engine (lesson 11) over the paged pool on the model, on the device: 64 concurrent greedy requests
+//      against lesson 10's Generator alone (engine_check.h) - paged without prefix caching, the contiguous cache
+//      on the same requests (paged == contiguous), a shared 100-token system prompt with the prefix cache on
+//      and off (hit rate), a pool so small that sequences are preempted; every block back at the end.
+//   5. --bench (CUDA): the paged decode attention kernel at batch 64 and 2k context on the model's shape
+//      (bench_paged_decode: achieved GB/s as % of the measured copy bandwidth, beside the contiguous kernel).
 #include <algorithm>
 #include <cstdio>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "block_manager.h"
 #include "common/lesson.h"
+#include "engine.h"
+#include "engine_bench.h"
+#include "engine_check.h"
+#include "engine_paged.h"
+#include "model_dir.h"
+#include "model_weights.h"
 #include "common/random.h"
 #include "kv_allocator.h"
 #include "scheduler.h"
@@ -72,8 +85,8 @@ Result run(const std::vector<SimRequest>& requests, KvAllocator& alloc, int64_t 
 
 const char* verdict(const Result& r) { return r.equal && r.all_free ? "PASS" : "FAIL"; }
 
-int run_lesson(const LessonOptions&) {
-  std::printf("lesson12_paged_attention: the block manager on the CPU (a fake model; the kernels come later)\n\n");
+bool run_simulation() {
+  std::printf("the block manager on the CPU, with a fake model (simulate.h)\n\n");
   bool pass = true;
 
   // 1. The same memory, contiguous vs paged.
@@ -149,7 +162,92 @@ int run_lesson(const LessonOptions&) {
       "all blocks free: %s\n\n",
       static_cast<long long>(pre.preemptions), static_cast<long long>(pre.steps), verdict(pre));
   pass = pass && pre.equal && pre.all_free && pre.preemptions > 0;
+  return pass;
+}
 
+KvFactory paged(int64_t num_blocks, bool prefix_caching) {
+  PagedKvOptions o;
+  o.num_blocks = num_blocks;
+  o.block_size = 16;
+  o.prefix_caching = prefix_caching;
+  return paged_kv(o);
+}
+
+bool run_engine_checks(const ModelWeights& w) {
+  const bool gpu = w.device == Device::CUDA;
+  // CPU: a lighter workload (the fp32 reference computes every token in double-accumulated loops).
+  const int64_t max_prompt = gpu ? 200 : 32, max_output = gpu ? 64 : 24, max_context = gpu ? 512 : 128;
+  const int64_t system = gpu ? 100 : 36, blocks_per_seq = max_context / 16;
+  const int32_t id_high = workload_id_high(w.config);
+  const auto mixed = make_check_requests(64, 2, max_prompt, 1, max_output, id_high, 11);
+  const auto shared = make_check_requests(64, 1, max_prompt / 2, 1, max_output, id_high, 12, system);
+  std::printf("4. the engine over the paged pool on the model (%s): 64 concurrent greedy requests, prompts 2..%lld, "
+              "max_tokens 1..%lld; blocks of 16\n",
+              gpu ? "CUDA, bf16" : "CPU, fp32", static_cast<long long>(max_prompt),
+              static_cast<long long>(max_output));
+  const AloneResults mixed_alone = run_alone(w, mixed, max_context);
+  const AloneResults shared_alone = run_alone(w, shared, max_context);
+  EngineConfig c;
+  c.max_context = max_context;
+  c.max_sequences = 32;
+  c.max_tokens_per_step = 1024;
+  print_engine_case_header();
+  bool pass = true;
+  const auto show = [&](const std::string& name, const EngineCaseResult& r) {
+    print_engine_case(name, r);
+    pass = pass && r.pass();
+  };
+  const EngineCaseResult paged_run = run_engine_case(w, c, paged(32 * blocks_per_seq, false), mixed, mixed_alone);
+  show("paged, no prefix cache", paged_run);
+  const EngineCaseResult contiguous = run_engine_case(w, c, contiguous_kv(32), mixed, mixed_alone);
+  show("contiguous, 32 slots", contiguous);
+  int same = 0;
+  for (size_t i = 0; i < mixed.size(); ++i) same += paged_run.ids[i] == contiguous.ids[i];
+  std::printf("   paged == contiguous: %d/64 requests id for id%s\n", same,
+              gpu ? " (bf16: the same rule as == alone)" : "");
+  if (!gpu && same != 64) pass = false;
+  c.max_sequences = 16;
+  const std::string sys = std::to_string(system) + "-token system prompt";
+  const EngineCaseResult on = run_engine_case(w, c, paged(16 * blocks_per_seq, true), shared, shared_alone);
+  show(sys + ", prefix cache on", on);
+  show(sys + ", prefix cache off", run_engine_case(w, c, paged(16 * blocks_per_seq, false), shared, shared_alone));
+  const EngineCaseResult small = run_engine_case(w, c, paged(2 * blocks_per_seq, true), mixed, mixed_alone);
+  show("a pool of " + std::to_string(2 * blocks_per_seq) + " blocks", small);
+  if (small.stats.preemptions == 0) {
+    std::printf("      expected preemptions in the small pool: none happened\n");
+    pass = false;
+  }
+  if (on.stats.kv.prefix_hit_tokens == 0) {
+    std::printf("      expected prefix-cache hits: none happened\n");
+    pass = false;
+  }
+  std::printf("   prefix cache: %.1f%% of the prompt tokens were hits\n",
+              100.0 * static_cast<double>(on.stats.kv.prefix_hit_tokens) /
+                  static_cast<double>(std::max<int64_t>(1, on.stats.kv.prefix_query_tokens)));
+  std::printf("   (ids == alone: lesson 10's Generator running each request alone; %s)\n\n",
+              gpu ? "bf16: exact matches counted, teacher-forced agreement required (engine_check.h)"
+                  : "fp32: exact, id for id");
+  return pass;
+}
+
+int run_lesson(const LessonOptions& opt) {
+  std::printf("lesson12_paged_attention: the block manager (simulated), then the engine over the paged pool on %s "
+              "(%s)\n\n",
+              opt.model_dir.string().c_str(), std::string(device_name(opt.device)).c_str());
+  bool pass = run_simulation();
+  const ModelDir model = ModelDir::open(opt.model_dir);
+  const ModelWeights weights = ModelWeights::bind(model, opt.device);
+  pass = run_engine_checks(weights) && pass;
+  if (opt.bench) {
+    if (opt.device == Device::CUDA) {
+      std::printf("5. --bench: paged decode attention, batch 64, context 2048, blocks of 16, %lld layers\n",
+                  static_cast<long long>(weights.config.num_hidden_layers));
+      bench_paged_decode(AttentionShape::from_config(weights.config), weights.config.num_hidden_layers, 64, 2048, 16,
+                         std::cout);
+    } else {
+      std::printf("5. --bench: the paged decode kernel needs a GPU (--device cuda)\n");
+    }
+  }
   std::printf("%s\n", pass ? "PASS" : "FAIL");
   return pass ? kExitPass : kExitFail;
 }
@@ -159,6 +257,6 @@ int run_lesson(const LessonOptions&) {
 
 int main(int argc, char** argv) {
   tvllm::LessonCli cli("lesson12_paged_attention",
-                       "paged attention: the block manager, simulated on the CPU with a fake model");
+                       "paged attention: the block manager simulated, then the engine over the paged pool");
   return cli.run(argc, argv, [](const tvllm::LessonOptions& opt) { return tvllm::run_lesson(opt); });
 }

@@ -62,8 +62,8 @@ struct KvPoolPlan {
   int64_t block_size = 0;
   double fraction = 0.0;
   size_t margin_bytes = 0;
-  // "KV pool plan: 0.90 x 139.2 GiB free - 256.0 MiB margin = 125.0 GiB -> 255,967 blocks x 16 positions x
-  // 512.0 KiB per block (all layers, k and v) = 125.0 GiB, 4,095,472 positions"
+  // "KV pool plan: 0.90 x 137.20 GiB free (of 139.80 GiB) - 256.0 MiB margin = 123.23 GiB -> 252366 blocks x 16
+  // positions x 512.0 KiB per block (all layers, k and v) = 123.23 GiB, 4037856 positions"
   std::string describe() const;
 };
 
@@ -104,7 +104,7 @@ class PagedKvPool {
   // [num_blocks, block_size, kv_dim] views of layer `layer` (contiguous).
   TensorView k(int layer) const;
   TensorView v(int layer) const;
-  // "KV pool: 2 layers x 2 (k, v) x 40 blocks x 16 positions x 128 (2 kv heads x 64) x bf16 = 640.0 KiB"
+  // "KV pool: 2 layers x 2 (k, v) x 40 blocks x 16 positions x 128 (2 kv heads x 64) x BF16 = 640.0 KiB"
   std::string describe() const;
 
  private:

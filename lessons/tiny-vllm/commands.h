@@ -14,5 +14,6 @@ void add_inspect_command(CLI::App& app);  // inspect.cpp: the tensor table of a 
 void add_tokenize_commands(CLI::App& app);  // tokenize.cpp: tokenize and detokenize (lesson 09)
 void add_generate_command(CLI::App& app);   // generate.cpp: one prompt, one continuation (lesson 10)
 void add_chat_command(CLI::App& app);       // chat.cpp: the interactive chat (lessons 09 + 10)
+void add_bench_throughput_command(CLI::App& bench);  // bench_throughput.cpp: `bench throughput` (lessons 11 + 12)
 
 }  // namespace tvllm::cli

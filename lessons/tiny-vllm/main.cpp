@@ -27,6 +27,11 @@ int main(int argc, char** argv) {
   tvllm::cli::add_generate_command(app);
   tvllm::cli::add_chat_command(app);
 #endif
+#ifdef TVLLM_CLI_ENGINE  // lessons 11-12: the engine (continuous batching, paged KV)
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks of the engine");
+  bench->require_subcommand(1);
+  tvllm::cli::add_bench_throughput_command(*bench);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,7 +14,11 @@ Workloads (random prompt ids, seed 0, EOS never ends a request: min_new_tokens =
   prefill     batch 1: one forward pass over a --prefill-tokens (1000) prompt with use_cache=True and
               logits_to_keep=1 (what generate's first step does).
   throughput  --requests (256) requests, prompt and output lengths uniform in [--min-len, --max-len]
-              ([100, 1024]). transformers has no continuous batching: requests are taken in order in
+              ([100, 1024]), drawn with the generator `tiny-vllm bench throughput` uses (lessons/
+              11_continuous_batching/engine_bench.h; throughput_workload below is its exact port): SplitMix64
+              seeded with --seed; per request, in order: prompt_len = min + next() % (max - min + 1), output_len
+              the same way, then prompt_len ids, each next() % id_high (id_high: below the special ids, see
+              id_range). So both run the SAME requests. transformers has no continuous batching: requests are taken in order in
               static batches of --batch-size (64), left-padded to the batch's longest prompt, and every
               request of a batch runs for the batch's longest output (vLLM's benchmark_throughput does the
               same for its HF backend). Output tok/s counts only the tokens each request asked for;
@@ -22,6 +26,10 @@ Workloads (random prompt ids, seed 0, EOS never ends a request: min_new_tokens =
               padding; not what a server that does not know the lengths could do).
 Times are wall-clock around the call with the device synchronised, median of --repeats after a warm-up.
 Everything runs in --dtype (bfloat16) with --attn (sdpa) and transformers' default dynamic KV cache.
+
+    python3 weights/tools/hf_baseline.py --print-workload 10 --id-high 744 [--seed 0 --min-len --max-len]
+prints the first N requests of the throughput workload (prompt and output lengths, first ids) as one JSON line
+and exits (no torch needed): tests/test_11_engine.cpp compares it with the C++ generator.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+torch = None  # imported by main(): --print-workload needs no torch (and starts in a blink)
 
 # ---------------------------------------------------------------------------------------------------------
 # Setup
@@ -193,13 +201,38 @@ def run_prefill(model, args, device) -> list[dict]:
              "prefill_tok_s": args.prefill_tokens / t}]
 
 
+_MASK64 = (1 << 64) - 1
+
+
+class SplitMix64:
+    """common/random.h's Rng::next_u64, bit for bit."""
+
+    def __init__(self, seed: int):
+        self.state = seed & _MASK64
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & _MASK64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+
+def throughput_workload(n: int, min_len: int, max_len: int, id_high: int, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) of n requests: make_throughput_workload in engine_bench.cpp, ported exactly."""
+    rng, span = SplitMix64(seed), max_len - min_len + 1
+    reqs = []
+    for _ in range(n):
+        prompt_len = min_len + rng.next() % span
+        output_len = min_len + rng.next() % span
+        reqs.append(([rng.next() % id_high for _ in range(prompt_len)], output_len))
+    return reqs
+
+
 def make_requests(args, high: int) -> list[tuple[torch.Tensor, int]]:
     """(prompt ids, output length) for every request; --max-requests keeps the first N of the same list."""
-    gen = torch.Generator().manual_seed(args.seed)
-    n = args.requests
-    prompt_lens = torch.randint(args.min_len, args.max_len + 1, (n,), generator=gen).tolist()
-    output_lens = torch.randint(args.min_len, args.max_len + 1, (n,), generator=gen).tolist()
-    reqs = [(random_ids(p, high, gen), o) for p, o in zip(prompt_lens, output_lens)]
+    reqs = [(torch.tensor(ids, dtype=torch.long), o)
+            for ids, o in throughput_workload(args.requests, args.min_len, args.max_len, high, args.seed)]
     return reqs[: args.max_requests] if args.max_requests else reqs
 
 
@@ -270,7 +303,7 @@ def print_table(info: dict, rows: list[dict]) -> None:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, required=True, help="Hugging Face model directory")
+    ap.add_argument("--model", type=Path, help="Hugging Face model directory (required unless --print-workload)")
     ap.add_argument("--workload", choices=["decode", "prefill", "throughput", "all"], default="all")
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     ap.add_argument("--attn", choices=["sdpa", "eager", "flash_attention_2"], default="sdpa")
@@ -287,6 +320,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-len", type=int, default=1024, help="throughput: longest prompt and output")
     ap.add_argument("--batch-size", type=int, default=64, help="throughput: requests per generate call")
     ap.add_argument("--sort-by-length", action="store_true", help="throughput: batch similar lengths")
+    ap.add_argument("--print-workload", type=int, default=0, metavar="N",
+                    help="print the first N throughput requests (lengths, first ids) as JSON and exit")
+    ap.add_argument("--id-high", type=int, default=0,
+                    help="--print-workload: ids are drawn below this (default: from --model's config)")
     args = ap.parse_args()
     try:
         args.contexts = [int(c) for c in args.contexts.split(",") if c]
@@ -296,13 +333,35 @@ def parse_args() -> argparse.Namespace:
             or args.repeats < 1 or args.requests < 1 or args.max_requests < 0 or args.batch_size < 1
             or not 1 <= args.min_len <= args.max_len):
         ap.error("sizes must be positive (--new-tokens >= 2, --min-len <= --max-len)")
+    if args.print_workload:
+        if args.id_high < 1 and args.model is None:
+            ap.error("--print-workload needs --id-high or --model")
+        return args
+    if args.model is None:
+        ap.error("--model is required")
     if not (args.model / "config.json").is_file():
         ap.error(f"{args.model}/config.json not found")
     return args
 
 
+def print_workload(args) -> None:
+    high = args.id_high
+    if high < 1:
+        cfg = json.loads((args.model / "config.json").read_text())
+        bos, vocab = cfg.get("bos_token_id"), cfg["vocab_size"]
+        high = bos if isinstance(bos, int) and vocab // 2 < bos < vocab else vocab
+    reqs = throughput_workload(args.print_workload, args.min_len, args.max_len, high, args.seed)
+    print(json.dumps({"prompt_lens": [len(p) for p, _ in reqs], "output_lens": [o for _, o in reqs],
+                      "first_ids": [p[0] for p, _ in reqs]}))
+
+
 def main() -> int:
     args = parse_args()
+    if args.print_workload:
+        print_workload(args)
+        return 0
+    global torch
+    import torch
     import transformers
 
     device = pick_device(args.device)

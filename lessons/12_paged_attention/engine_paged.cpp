@@ -1,0 +1,65 @@
+// Lesson 12: the engine's paged KV side (engine_paged.h).
+#include "engine_paged.h"
+
+#include <string>
+
+#include "common/errors.h"
+
+namespace tvllm {
+
+namespace {
+
+PagedKvPool make_pool(const ModelWeights& weights, const EngineLimits& limits, const PagedKvOptions& o) {
+  TVLLM_REQUIRE(o.block_size >= 1, "paged KV: block_size must be >= 1, got " + std::to_string(o.block_size));
+  if (o.num_blocks > 0) return PagedKvPool::for_model(weights.config, o.num_blocks, o.block_size, weights.device);
+  if (weights.device == Device::CUDA) return PagedKvPool::fill_free_memory(weights.config, o.block_size, o.budget, o.log);
+  const int64_t per_seq = (limits.max_context + o.block_size - 1) / o.block_size;
+  return PagedKvPool::for_model(weights.config, limits.max_sequences * per_seq, o.block_size, weights.device);
+}
+
+BlockManagerConfig block_config(const PagedKvPool& pool, const EngineLimits& limits, bool prefix_caching) {
+  BlockManagerConfig c;
+  c.num_blocks = pool.num_blocks();
+  c.block_size = pool.block_size();
+  c.max_context = limits.max_context;
+  c.prefix_caching = prefix_caching;
+  return c;
+}
+
+}  // namespace
+
+PagedKv::PagedKv(const ModelWeights& weights, const EngineLimits& limits, const PagedKvOptions& options)
+    : pool_(make_pool(weights, limits, options)),
+      blocks_(block_config(pool_, limits, options.prefix_caching)),
+      attention_(pool_, limits),
+      prefix_caching_(options.prefix_caching) {}
+
+void PagedKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) {
+  slot_mapping_.clear();
+  for (int64_t slot : batch.slot_mapping) slot_mapping_.push_back(static_cast<int32_t>(slot));  // < 2^31 (pool)
+  tables_.resize(batch.seqs.size());
+  for (size_t b = 0; b < batch.seqs.size(); ++b) tables_[b] = batch.seqs[b].seq->kv_blocks;
+  attention_.set_tables(slot_mapping_, tables_, stream);
+}
+
+KvUsage PagedKv::usage() const {
+  KvUsage u;
+  u.kind = "paged";
+  u.block_size = blocks_.block_size();
+  u.total_blocks = blocks_.num_blocks();
+  u.free_blocks = blocks_.free_blocks();
+  u.prefix_query_tokens = blocks_.stats().prefix_query_tokens;
+  u.prefix_hit_tokens = blocks_.stats().prefix_hit_tokens;
+  u.bytes = pool_.bytes();
+  return u;
+}
+
+std::string PagedKv::describe() const {
+  return pool_.describe() + (prefix_caching_ ? ", prefix caching on" : ", prefix caching off");
+}
+
+KvFactory paged_kv(const PagedKvOptions& options) {
+  return [options](const ModelWeights& w, const EngineLimits& l) { return std::make_unique<PagedKv>(w, l, options); };
+}
+
+}  // namespace tvllm

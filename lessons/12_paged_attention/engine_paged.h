@@ -1,0 +1,58 @@
+// Lesson 12: the engine's paged KV side. Lesson 11's Engine over a pool of blocks:
+//
+//   PagedKvPool     (paged_kv.h)         the memory: k and v of every layer as num_blocks blocks of block_size
+//   BlockManager    (block_manager.h)    who holds which block: block tables, reference counts, prefix caching
+//   PagedAttention  (paged_attention.h)  forward()'s attention over the pool, through the step's tables
+//
+// Per step, prepare() hands PagedAttention the batch's slot mapping (one KV slot per new token, as the
+// scheduler computed it through BlockManager::kv_slot) and one block table per sequence (its kv_blocks): copied
+// into device arrays of fixed address, so a decode step stays capturable.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "block_manager.h"
+#include "engine.h"
+#include "paged_attention.h"
+#include "paged_kv.h"
+
+namespace tvllm {
+
+struct PagedKvOptions {
+  int64_t num_blocks = 0;  // 0: CUDA fills budget.fraction of the free memory; the CPU takes max_sequences *
+                           // ceil(max_context / block_size) (every sequence at full length: no preemption)
+  int64_t block_size = 16;
+  bool prefix_caching = true;
+  KvPoolBudget budget;           // when num_blocks is 0 on CUDA
+  std::ostream* log = nullptr;   // where the pool plan is printed (CUDA, num_blocks 0)
+};
+
+class PagedKv final : public EngineKv {
+ public:
+  PagedKv(const ModelWeights& weights, const EngineLimits& limits, const PagedKvOptions& options);
+  KvAllocator& allocator() override { return blocks_; }
+  AttentionBackend& attention() override { return attention_; }
+  void prepare(const ScheduledBatch& batch, cudaStream_t stream) override;
+  KvUsage usage() const override;
+  std::string describe() const override;
+
+  PagedKvPool& pool() { return pool_; }
+  BlockManager& block_manager() { return blocks_; }
+  PagedAttention& paged_attention() { return attention_; }
+
+ private:
+  PagedKvPool pool_;
+  BlockManager blocks_;
+  PagedAttention attention_;
+  bool prefix_caching_;
+  // Reused every step (host memory; their capacity grows to the largest step once).
+  std::vector<int32_t> slot_mapping_;
+  std::vector<std::vector<int32_t>> tables_;
+};
+
+KvFactory paged_kv(const PagedKvOptions& options = {});
+
+}  // namespace tvllm

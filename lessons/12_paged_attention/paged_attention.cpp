@@ -1,0 +1,59 @@
+// Lesson 12: PagedAttention, the paged-KV backend of forward().
+#include "paged_attention.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/errors.h"
+
+namespace tvllm {
+
+namespace {
+
+int64_t max_blocks_per_seq(const PagedKvPool& pool, const EngineLimits& limits) {
+  TVLLM_REQUIRE(limits.max_context >= 0, "PagedAttention: limits.max_context must be >= 0");
+  if (limits.max_context == 0) return pool.num_blocks();
+  // A sequence never holds more distinct blocks than the pool has.
+  return std::min(pool.num_blocks(), (limits.max_context + pool.block_size() - 1) / pool.block_size());
+}
+
+}  // namespace
+
+PagedAttention::PagedAttention(PagedKvPool& pool, const EngineLimits& limits)
+    : pool_(pool),
+      shape_(pool.shape()),
+      tables_(limits.max_tokens, limits.max_sequences, max_blocks_per_seq(pool, limits), pool.num_blocks(),
+              pool.block_size(), pool.device()),
+      decode_(pool.shape(), limits.max_sequences, pool.device()) {}
+
+void PagedAttention::set_tables(const std::vector<int32_t>& slot_mapping,
+                                const std::vector<std::vector<int32_t>>& block_tables, cudaStream_t stream) {
+  tables_.set(slot_mapping, block_tables, stream);
+}
+
+void PagedAttention::force_decode_splits(int num_splits) {
+  TVLLM_REQUIRE(num_splits >= 0 && num_splits <= DecodeWorkspace::kMaxDecodeSplits,
+                "PagedAttention: num_splits must be in [0, " + std::to_string(DecodeWorkspace::kMaxDecodeSplits) +
+                    "], got " + std::to_string(num_splits));
+  forced_splits_ = num_splits;
+}
+
+void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const StepInputs& step, cudaStream_t stream) {
+  const AttentionBatch& batch = step.batch();
+  // Before anything is launched: the tables describe this step (the ops check it again; a wrong table would
+  // write or read other sequences' keys without a sound).
+  check_paged_step(batch, tables_, "PagedAttention");
+  const TensorView pool_k = pool_.k(layer), pool_v = pool_.v(layer);
+  // 1. This step's keys and values go to their KV slots...
+  paged_kv_write(pool_k, pool_v, k, v, tables_, shape_, stream);
+  // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
+  //    ordered before the reads).
+  if (forced_splits_ > 0 && batch.max_q_len() <= 1) {
+    paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream);
+  } else {
+    paged_attention(out, q, pool_k, pool_v, batch, tables_, shape_, &decode_, stream);
+  }
+}
+
+}  // namespace tvllm
