@@ -8,7 +8,14 @@
 # Adding a dependency is one tvllm_dependency() line at the end of this file.
 include(FetchContent)
 
-option(TVLLM_INSTALL_DEPS "Install missing Debian/Ubuntu packages from the configure step (apt-get, or sudo)" ON)
+# The environment variable of the same name sets the default, for tools that configure trees of their own
+# (tests/student/student.py's workspaces on a machine without a package registry).
+set(_tvllm_install_default ON)
+if(DEFINED ENV{TVLLM_INSTALL_DEPS})
+  set(_tvllm_install_default $ENV{TVLLM_INSTALL_DEPS})
+endif()
+option(TVLLM_INSTALL_DEPS "Install missing Debian/Ubuntu packages from the configure step (apt-get, or sudo)"
+       ${_tvllm_install_default})
 set(TVLLM_FETCH_TIMEOUT 120 CACHE STRING "Seconds a FetchContent download may take before the configure stops")
 
 find_package(CUDAToolkit REQUIRED)   # CUDA::cudart, CUDA::cublas, CUDA::cublasLt: the one prerequisite
