@@ -4,7 +4,7 @@
 // blocks), paged == lesson 10's contiguous cache bit for bit, a created stream, a decode step (write + attention)
 // captured in a CUDA graph and replayed after its tables and lengths were updated in place, the whole bundled model
 // through PagedAttention vs CachedAttention, and the pool planned from the free memory. Every comparison prints its
-// first mismatches. DISABLED_BenchPagedDecode1BShape is the benchmark (run it by name, see PAGED_KERNELS.md).
+// first mismatches. DISABLED_BenchPagedDecode1BShape is the benchmark (run it by name, see lessons/12_paged_attention/README.md).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 // lives at row (block_table[b][pos >> shift] << shift) + (pos & mask) of the pool, shift = log2(block_size).
 // Everything else (the tiling, the GQA sharing, the online softmax, the split and its combine) is lesson 10's, so
 // the paged kernel returns the contiguous one's bits when the same keys sit in both caches (a test checks it).
-// PAGED_KERNELS.md walks through them.
+// README.md walks through them.
 #include <cuda_bf16.h>
 
 #include <algorithm>
