@@ -3,7 +3,7 @@
 itself against: MODEL_DIR/reference/{activations,generate}.safetensors, manifest.json and, when the
 model has a tokenizer, tokenizer_cases.json. weights/README.md documents every tensor.
 
-    python3 weights/tools/make_reference.py MODEL_DIR [--device auto|cpu|cuda] [--max-new-tokens 24]
+    python3 weights/tools/make_reference.py MODEL_DIR [--device auto|cpu|cuda] [--max-new-tokens 64]
 
 The model is loaded in fp32 from its stored (bf16) weights with the eager attention implementation, and on
 a GPU with TF32 off, so the reference is a plain fp32 computation of the stored model. Intermediate
@@ -628,7 +628,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("model_dir", type=Path, help="model directory (config.json + safetensors [+ tokenizer])")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where to run (auto: cuda when available)")
-    ap.add_argument("--max-new-tokens", type=int, default=24, help="greedy tokens generated per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens generated per prompt")
     args = ap.parse_args()
     if not (args.model_dir / "config.json").is_file():
         ap.error(f"{args.model_dir}/config.json not found")
