@@ -188,8 +188,9 @@ endif()
 # also looks in <prefix>/lib/pkgconfig of every CMAKE_PREFIX_PATH entry (the .deps/ staging of tests/gpu_pass.sh).
 # No download fallback: PCRE2's own build is large; the configure names the package to install instead.
 tvllm_dependency(PCRE2 DEBIAN libpcre2-dev PKGCONFIG libpcre2-8)
-# Lesson 13 (the HTTP server) adds, in the same way:
-#   tvllm_dependency(HTTPLIB DEBIAN libcpp-httplib-dev PKGCONFIG cpp-httplib) -> PkgConfig::HTTPLIB
+# Lesson 13: the HTTP server's HTTP/1.1 parsing and sockets -> PkgConfig::HTTPLIB (Debian builds it as a shared
+# library; the GPU machine gets it through .deps/, with LD_LIBRARY_PATH).
+tvllm_dependency(HTTPLIB DEBIAN libcpp-httplib-dev PKGCONFIG cpp-httplib)
 tvllm_resolve_dependencies()
 
 if(TVLLM_BUILD_TESTS)

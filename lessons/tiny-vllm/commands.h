@@ -15,5 +15,6 @@ void add_tokenize_commands(CLI::App& app);  // tokenize.cpp: tokenize and detoke
 void add_generate_command(CLI::App& app);   // generate.cpp: one prompt, one continuation (lesson 10)
 void add_chat_command(CLI::App& app);       // chat.cpp: the interactive chat (lessons 09 + 10)
 void add_bench_throughput_command(CLI::App& bench);  // bench_throughput.cpp: `bench throughput` (lessons 11 + 12)
+void add_serve_commands(CLI::App& app);  // serve.cpp: serve, bench serve (lesson 13)
 
 }  // namespace tvllm::cli

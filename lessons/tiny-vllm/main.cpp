@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   tvllm::cli::add_bench_throughput_command(*bench);
 #endif
+#ifdef TVLLM_CLI_SERVE  // lesson 13: serve, and bench serve (under the bench command above)
+  tvllm::cli::add_serve_commands(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

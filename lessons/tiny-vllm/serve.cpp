@@ -11,6 +11,8 @@
 // in-flight requests finish for --shutdown-timeout seconds, aborts the rest and exits 0. A second signal exits at
 // once (130).
 // bench serve: lesson 13's load generator against a running server on this machine (loopback only).
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -20,7 +22,6 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 #include "bench_serve.h"
 #include "commands.h"
@@ -38,7 +39,8 @@ namespace {
 struct ServeCliOptions {
   std::string model, host = "127.0.0.1", device = "auto", served_name, api_key, kv = "paged";
   int port = 8000;
-  int64_t max_waiting = 128, max_model_len = 2048, max_num_seqs = 64, max_batched_tokens = 2048, kv_blocks = 0;
+  int64_t max_waiting = 128, max_model_len = 2048, max_num_seqs = 64, max_batched_tokens = 2048,
+          kv_blocks = 0;
   double gpu_memory_utilization = 0.9, shutdown_timeout_s = 30;
   bool quiet = false;
 };
@@ -62,16 +64,25 @@ void run_serve(const ServeCliOptions& o) {
   if (o.shutdown_timeout_s < 0) throw InputError("--shutdown-timeout must be >= 0");
   if (o.max_model_len < 2) throw InputError("--max-model-len must be >= 2");
   std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device);
-  const Tokenizer& tok = m->require_tokenizer("the server encodes prompts and decodes completions with it");
+  // Without tokenizer.json (random weights for a benchmark) the server takes token ids and returns token ids.
+  const Tokenizer* tok = m->tokenizer ? &*m->tokenizer : nullptr;
   std::optional<ChatTemplate> chat;
-  try {
-    chat = ChatTemplate::from_model_dir(m->dir);
-  } catch (const InputError& e) {
-    std::fprintf(stderr, "tiny-vllm serve: warning: %s\n  /v1/chat/completions will answer 400; /v1/completions works\n",
-                 e.what());
+  if (!tok) {
+    std::fprintf(stderr,
+                 "tiny-vllm serve: %s has no tokenizer.json: prompts must be token ids, completions carry "
+                 "token_ids and no text\n",
+                 m->dir.string().c_str());
+  } else {
+    try {
+      chat = ChatTemplate::from_model_dir(m->dir);
+    } catch (const InputError& e) {
+      std::fprintf(stderr, "tiny-vllm serve: warning: %s\n  /v1/chat/completions will answer 400\n",
+                   e.what());
+    }
   }
-  if (!chat) std::fprintf(stderr, "tiny-vllm serve: %s has no chat template: /v1/chat/completions will answer 400\n",
-                          m->dir.string().c_str());
+  if (tok && !chat)
+    std::fprintf(stderr, "tiny-vllm serve: %s has no chat template: /v1/chat/completions will answer 400\n",
+                 m->dir.string().c_str());
 
   // SIGINT/SIGTERM from here on only set a flag; the main thread turns it into a graceful shutdown.
   struct sigaction sa {};
@@ -107,18 +118,21 @@ void run_serve(const ServeCliOptions& o) {
   server::OpenAiServer srv(engine, tok, chat, sc);
   const int port = srv.start();
   std::printf("tiny-vllm serve: %s on %s; KV: %s; context %lld, up to %lld sequences, %lld waiting\n",
-              m->dir.string().c_str(), std::string(device_name(m->device)).c_str(), engine.kv().describe().c_str(),
-              static_cast<long long>(engine.limits().max_context), static_cast<long long>(ec.max_sequences),
-              static_cast<long long>(sc.max_waiting));
+              m->dir.string().c_str(), std::string(device_name(m->device)).c_str(),
+              engine.kv().describe().c_str(), static_cast<long long>(engine.limits().max_context),
+              static_cast<long long>(ec.max_sequences), static_cast<long long>(sc.max_waiting));
   std::printf("listening on http://%s:%d (model \"%s\"%s); Ctrl-C to stop\n", o.host.c_str(), port,
               sc.model_name.c_str(), o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
 
   while (g_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::fprintf(stderr, "tiny-vllm serve: stopping (new requests get 503; in-flight ones have %g s to finish)\n",
+  std::fprintf(stderr,
+               "tiny-vllm serve: stopping (new requests get 503; in-flight ones have %g s to finish)\n",
                o.shutdown_timeout_s);
-  const int64_t aborted = srv.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_s * 1000)));
-  std::fprintf(stderr, "tiny-vllm serve: stopped (%lld request(s) aborted)\n", static_cast<long long>(aborted));
+  const int64_t aborted =
+      srv.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_s * 1000)));
+  std::fprintf(stderr, "tiny-vllm serve: stopped (%lld request(s) aborted)\n",
+               static_cast<long long>(aborted));
 }
 
 struct BenchServeCliOptions {
@@ -128,11 +142,14 @@ struct BenchServeCliOptions {
 
 void run_bench_serve_cli(const BenchServeCliOptions& o) {
   const server::BenchServeOptions& b = o.bench;
+  server::parse_loopback_url(b.url);  // refused before anything is printed
   if (o.output == "text")
-    std::fprintf(stderr, "bench serve: %lld requests at concurrency %d against %s: prompts of %lld ids, max_tokens %lld, "
-                 "EOS ignored, greedy (at most %g s)\n",
-                 static_cast<long long>(b.num_requests), b.concurrency, b.url.c_str(),
-                 static_cast<long long>(b.prompt_len), static_cast<long long>(b.max_tokens), b.duration_limit_s);
+    std::fprintf(
+        stderr,
+        "bench serve: %lld requests at concurrency %d against %s: prompts of %lld ids, max_tokens %lld, "
+        "EOS ignored, greedy (at most %g s)\n",
+        static_cast<long long>(b.num_requests), b.concurrency, b.url.c_str(),
+        static_cast<long long>(b.prompt_len), static_cast<long long>(b.max_tokens), b.duration_limit_s);
   const server::BenchServeResult r = server::run_bench_serve(b);
   if (o.output == "json") {
     std::printf("%s\n", r.to_json().dump().c_str());
@@ -140,29 +157,37 @@ void run_bench_serve_cli(const BenchServeCliOptions& o) {
     std::printf("model \"%s\", concurrency %d\n%s", r.model.c_str(), r.concurrency, r.table().c_str());
   }
   std::fflush(stdout);
-  g_exit_code = r.failed > 0 || r.completed == 0 ? 1 : 0;  // a benchmark with failed requests measured nothing
+  g_exit_code =
+      r.failed > 0 || r.completed == 0 ? 1 : 0;  // a benchmark with failed requests measured nothing
 }
 
 }  // namespace
 
 void add_serve_commands(CLI::App& app) {
   auto opt = std::make_shared<ServeCliOptions>();
-  CLI::App* cmd = app.add_subcommand("serve", "An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
-  cmd->add_option("--model", opt->model, "a model directory (config.json, model.safetensors, tokenizer.json)")->required();
+  CLI::App* cmd =
+      app.add_subcommand("serve", "An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
+  cmd->add_option("--model", opt->model, "a model directory (config.json, model.safetensors, tokenizer.json)")
+      ->required();
   cmd->add_option("--host", opt->host, "the address to listen on (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", opt->port, "the port (default 8000; 0: any free port, printed)");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_option("--served-model-name", opt->served_name, "the name clients send as \"model\" (default: the directory's)");
-  cmd->add_option("--api-key", opt->api_key, "require 'Authorization: Bearer KEY' on /v1/* (default: $TVLLM_API_KEY)");
+  cmd->add_option("--served-model-name", opt->served_name,
+                  "the name clients send as \"model\" (default: the directory's)");
+  cmd->add_option("--api-key", opt->api_key,
+                  "require 'Authorization: Bearer KEY' on /v1/* (default: $TVLLM_API_KEY)");
   cmd->add_option("--max-waiting", opt->max_waiting,
                   "requests admitted without a first token yet; one more is answered 429 (default 128)");
   cmd->add_option("--kv", opt->kv, "the KV cache: paged (lesson 12, default) or contiguous (lesson 10)")
       ->check(CLI::IsMember({"paged", "contiguous"}));
-  cmd->add_option("--max-model-len", opt->max_model_len, "tokens per sequence, prompt + completion (default 2048)");
+  cmd->add_option("--max-model-len", opt->max_model_len,
+                  "tokens per sequence, prompt + completion (default 2048)");
   cmd->add_option("--max-num-seqs", opt->max_num_seqs, "sequences running at once (default 64)");
-  cmd->add_option("--max-num-batched-tokens", opt->max_batched_tokens, "tokens per engine step (default 2048)");
-  cmd->add_option("--kv-blocks", opt->kv_blocks, "paged: blocks of 16 positions in the pool (0: from free memory)");
+  cmd->add_option("--max-num-batched-tokens", opt->max_batched_tokens,
+                  "tokens per engine step (default 2048)");
+  cmd->add_option("--kv-blocks", opt->kv_blocks,
+                  "paged: blocks of 16 positions in the pool (0: from free memory)");
   cmd->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization,
                   "paged on CUDA: the fraction of free memory the pool may take (default 0.9)");
   cmd->add_option("--shutdown-timeout", opt->shutdown_timeout_s,
@@ -185,8 +210,10 @@ void add_serve_commands(CLI::App& app) {
     bench->require_subcommand(1);
   }
   auto b = std::make_shared<BenchServeCliOptions>();
-  CLI::App* bs = bench->add_subcommand("serve", "Load a running server (loopback only): TTFT, TPOT, throughput");
-  bs->add_option("--url", b->bench.url, "the server (default http://127.0.0.1:8000; loopback addresses only)");
+  CLI::App* bs =
+      bench->add_subcommand("serve", "Load a running server (loopback only): TTFT, TPOT, throughput");
+  bs->add_option("--url", b->bench.url,
+                 "the server (default http://127.0.0.1:8000; loopback addresses only)");
   bs->add_option("--concurrency", b->bench.concurrency, "requests in flight at once (default 1)");
   bs->add_option("--num-requests", b->bench.num_requests, "requests in all (default 64)");
   bs->add_option("--max-tokens", b->bench.max_tokens, "tokens per completion, EOS ignored (default 128)");
@@ -195,7 +222,8 @@ void add_serve_commands(CLI::App& app) {
   bs->add_option("--model", b->bench.model, "the model name (default: the server's, from /v1/models)");
   bs->add_option("--api-key", b->bench.api_key, "sent as a Bearer token");
   bs->add_option("--seed", b->bench.seed, "seed of the random prompts (default 0)");
-  bs->add_option("--output", b->output, "text (a table) or json (one object)")->check(CLI::IsMember({"text", "json"}));
+  bs->add_option("--output", b->output, "text (a table) or json (one object)")
+      ->check(CLI::IsMember({"text", "json"}));
   bs->callback([b] { run_bench_serve_cli(*b); });
 }
 

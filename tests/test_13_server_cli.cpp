@@ -1,0 +1,222 @@
+// Lesson 13 through the product: `tiny-vllm serve` as a subprocess on an ephemeral loopback port.
+//   - its greedy output equals `tiny-vllm generate --device cpu --output json` (ids, text, finish reason);
+//   - SIGTERM with a stream in flight: the stream ends (an error event after the grace period), exit status 0;
+//   - `tiny-vllm bench serve` against it: every request completes, the JSON report has TTFT/TPOT percentiles;
+//     a non-loopback URL is refused.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/http_client.h"
+
+extern char** environ;
+
+namespace tvllm {
+namespace {
+
+using nlohmann::json;
+using namespace tvllm::testing_http;
+
+std::string bin() { return std::string(TVLLM_BIN_DIR) + "/tiny-vllm"; }
+std::string model_dir() { return TVLLM_TINY_MODEL_DIR; }
+
+std::string q(const std::string& s) {  // single-quoted for sh
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Ran {
+  int status = -1;
+  std::string out;
+};
+Ran run(const std::string& command) {
+  Ran r;
+  FILE* p = popen((command + " 2>/dev/null").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// `tiny-vllm serve ... --port 0`, started with posix_spawn; the port read from its "listening on" line.
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {
+        bin(), "serve",           "--model", model_dir(),      "--device", "cpu",    "--port",
+        "0",   "--max-model-len", "512",     "--max-num-seqs", "16",       "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    out_ = fds[0];
+    // Wait (at most 30 s) for "listening on http://127.0.0.1:PORT".
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (pid_ > 0 && port_ == 0 && std::chrono::steady_clock::now() < until) {
+      pollfd pfd{out_, POLLIN, 0};
+      if (poll(&pfd, 1, 100) <= 0) continue;
+      char buf[1024];
+      const ssize_t n = read(out_, buf, sizeof buf);
+      if (n <= 0) break;
+      text_.append(buf, static_cast<size_t>(n));
+      const std::string key = "listening on http://127.0.0.1:";
+      const size_t at = text_.find(key);
+      if (at != std::string::npos && text_.find(' ', at + key.size()) != std::string::npos)
+        port_ = std::atoi(text_.c_str() + at + key.size());
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && status_ < 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+  }
+  int port() const { return port_; }
+  const std::string& output() const { return text_; }
+  // Sends `sig` and waits (at most 30 s) for the exit status; -1 if it did not exit.
+  int stop(int sig) {
+    kill(pid_, sig);
+    for (int i = 0; i < 3000; ++i) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return status_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1, port_ = 0, status_ = -1;
+  std::string text_;
+};
+
+TEST(ServeCli13, GreedyEqualsGenerate) {
+  ServeProcess s;
+  ASSERT_GT(s.port(), 0) << "no 'listening on' line: " << s.output();
+  struct Case {
+    std::string flags, path;
+    json body;
+  };
+  const std::string text = "The capital of Portugal is", ask = "Give me one tip for baking bread.";
+  const std::vector<Case> cases = {
+      {"--prompt " + q(text), "/v1/completions", {{"prompt", text}}},
+      {"--prompt " + q(text) + " --ignore-eos", "/v1/completions", {{"prompt", text}, {"ignore_eos", true}}},
+      {"--chat --prompt " + q(ask),
+       "/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", ask}}}}}},
+  };
+  for (const Case& c : cases) {
+    const Ran g = run(bin() + " generate --model " + q(model_dir()) +
+                      " --device cpu --output json --max-tokens 24 " + c.flags);
+    ASSERT_EQ(g.status, 0) << c.flags;
+    const json want = json::parse(g.out);
+    json body = c.body;
+    body.update(
+        {{"model", "tiny-llama3"}, {"max_tokens", 24}, {"temperature", 0}, {"return_token_ids", true}});
+    const Reply r = post(s.port(), c.path, body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json& choice = r.j["choices"][0];
+    EXPECT_EQ(choice["prompt_token_ids"], want["prompt_ids"]) << c.flags;
+    EXPECT_EQ(choice["token_ids"], want["ids"]) << c.flags;
+    EXPECT_EQ(choice.contains("text") ? choice["text"] : choice["message"]["content"], want["text"])
+        << c.flags;
+    EXPECT_EQ(choice["finish_reason"], want["finish_reason"]) << c.flags;
+    // Streamed: the same text.
+    json sb = c.body;
+    sb.update({{"model", "tiny-llama3"}, {"max_tokens", 24}, {"temperature", 0}});
+    const Stream st = post_stream(s.port(), c.path, sb);
+    EXPECT_EQ(st.text(), want["text"].get<std::string>()) << c.flags;
+  }
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+}
+
+TEST(ServeCli13, SigtermWithAStreamInFlightExitsZero) {
+  ServeProcess s({"--shutdown-timeout", "0.2"});
+  ASSERT_GT(s.port(), 0) << s.output();
+  std::atomic<bool> started{false};
+  Stream st;
+  std::thread t([&] {
+    st =
+        post_stream(s.port(), "/v1/completions",
+                    {{"model", "tiny-llama3"}, {"prompt", "Once"}, {"max_tokens", 480}, {"ignore_eos", true}},
+                    [&](const Stream&) {
+                      started = true;
+                      return true;
+                    });
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+  t.join();
+  EXPECT_TRUE(st.done);
+  ASSERT_NE(st.error_chunk(), nullptr) << "the stream should end with an error event";
+  EXPECT_EQ((*st.error_chunk())["error"]["code"], "shutting_down");
+  EXPECT_EQ(get(s.port(), "/health").status, 0);  // gone
+}
+
+TEST(ServeCli13, BenchServe) {
+  ServeProcess s;
+  ASSERT_GT(s.port(), 0) << s.output();
+  const Ran b = run(
+      bin() + " bench serve --url http://127.0.0.1:" + std::to_string(s.port()) +
+      " --concurrency 4 --num-requests 12 --max-tokens 6 --prompt-len 20 --duration-limit 60 --output json");
+  ASSERT_EQ(b.status, 0) << b.out;
+  const json j = json::parse(b.out);
+  EXPECT_EQ(j["completed"], 12);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["model"], "tiny-llama3");
+  EXPECT_EQ(j["output_tokens"], 12 * 6);
+  EXPECT_EQ(j["prompt_tokens"], 12 * 20);
+  EXPECT_GT(j["ttft_ms"]["p50"].get<double>(), 0.0);
+  EXPECT_GE(j["ttft_ms"]["p99"].get<double>(), j["ttft_ms"]["p50"].get<double>());
+  EXPECT_GT(j["tpot_ms"]["p50"].get<double>(), 0.0);
+  EXPECT_GT(j["request_throughput"].get<double>(), 0.0);
+  EXPECT_EQ(s.stop(SIGINT), 0);
+  // Only loopback; a server that is not there is a clear error, not a hang.
+  EXPECT_EQ(run(bin() + " bench serve --url http://192.168.1.1:8000 --num-requests 1").status, 2);
+  EXPECT_EQ(
+      run(bin() + " bench serve --url http://127.0.0.1:" + std::to_string(s.port()) + " --num-requests 1")
+          .status,
+      2);
+}
+
+TEST(ServeCli13, BadUsage) {
+  ServeProcess s;
+  ASSERT_GT(s.port(), 0) << s.output();
+  // The same port again: in use.
+  // (timeout: a server that starts after all would otherwise run for ever; 124 fails the test instead)
+  const std::string serve = "timeout 30 " + bin() + " serve --model ";
+  EXPECT_EQ(run(serve + q(model_dir()) + " --device cpu --port " + std::to_string(s.port())).status, 2);
+  EXPECT_EQ(run(serve + "/no/such/dir --device cpu --port 0").status, 2);
+  EXPECT_EQ(run(serve + q(model_dir()) + " --port 70000").status, 2);
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace tvllm
