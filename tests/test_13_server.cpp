@@ -197,8 +197,8 @@ TEST_F(Server13, StreamingEqualsNonStreaming) {
     ASSERT_EQ(s.status, 200) << s.error;
     EXPECT_TRUE(s.done);
     EXPECT_FALSE(s.bad_framing);
-    EXPECT_EQ(s.text(), whole.j["choices"][0]["text"]) << n;
-    EXPECT_EQ(s.finish_reason(), whole.j["choices"][0]["finish_reason"]);
+    EXPECT_EQ(json(s.text()), whole.j["choices"][0]["text"]) << n;
+    EXPECT_EQ(json(s.finish_reason()), whole.j["choices"][0]["finish_reason"]);
     EXPECT_EQ(s.usage_chunk(), nullptr);  // only with stream_options.include_usage
     for (const json& c : s.chunks) {
       EXPECT_EQ(c["object"], "text_completion");
@@ -223,8 +223,8 @@ TEST_F(Server13, ChatStreaming) {
   EXPECT_TRUE(s.done);
   EXPECT_EQ(s.chunks[0]["choices"][0]["delta"]["role"], "assistant");  // the role comes first
   EXPECT_EQ(s.chunks[0]["object"], "chat.completion.chunk");
-  EXPECT_EQ(s.text(), whole.j["choices"][0]["message"]["content"]);
-  EXPECT_EQ(s.finish_reason(), whole.j["choices"][0]["finish_reason"]);
+  EXPECT_EQ(json(s.text()), whole.j["choices"][0]["message"]["content"]);
+  EXPECT_EQ(json(s.finish_reason()), whole.j["choices"][0]["finish_reason"]);
   // include_usage: every chunk has "usage": null but the last, which has no choices and the usage.
   const json& last = s.chunks.back();
   EXPECT_TRUE(last["choices"].empty());
