@@ -216,6 +216,7 @@ BenchServeResult run_bench_serve(const BenchServeOptions& o) {
   const auto worker = [&] {
     httplib::Client cli(url.host, url.port);
     cli.set_keep_alive(true);
+    cli.set_tcp_nodelay(true);  // the request's headers and body are two writes: send both at once (server.cpp)
     cli.set_connection_timeout(5);
     cli.set_read_timeout(static_cast<time_t>(o.duration_limit_s) + 5);
     for (;;) {
