@@ -23,29 +23,18 @@
 #include "engine_check.h"
 #include "model_dir.h"
 #include "model_weights.h"
+#include "testing/engine_fixture.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-struct Bundled {
-  ModelDir model = ModelDir::open(testing::tiny_model_dir());
-  ModelWeights w = ModelWeights::bind(model, Device::CPU);
-};
-const Bundled& bundled() {
-  static const Bundled b;
-  return b;
-}
+const testing::BundledModel<Device::CPU>& bundled() { return testing::bundled_model<Device::CPU>(); }
 
 constexpr int64_t kMaxContext = 128;
 
 EngineConfig config(int64_t budget, int64_t max_sequences, bool chunked = true) {
-  EngineConfig c;
-  c.max_tokens_per_step = budget;
-  c.max_sequences = max_sequences;
-  c.max_context = kMaxContext;
-  c.chunked_prefill = chunked;
-  return c;
+  return testing::engine_config(budget, max_sequences, kMaxContext, chunked);
 }
 
 // Ids the bundled model often produces after random prompts: the requests that do not ignore EOS stop at them

@@ -17,29 +17,19 @@
 #include "engine_paged.h"
 #include "model_dir.h"
 #include "model_weights.h"
+#include "testing/engine_fixture.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-struct BundledGpu {
-  ModelDir model = ModelDir::open(testing::tiny_model_dir());
-  ModelWeights w = ModelWeights::bind(model, Device::CUDA);
-};
-const BundledGpu& bundled() {
-  static const BundledGpu b;
-  return b;
-}
+const testing::BundledModel<Device::CUDA>& bundled() { return testing::bundled_model<Device::CUDA>(); }
 
 constexpr int64_t kMaxContext = 512;
 const std::vector<int32_t> kStopIds = {13};  // test_11_engine.cpp says why
 
 EngineConfig config(int64_t budget, int64_t max_sequences) {
-  EngineConfig c;
-  c.max_tokens_per_step = budget;
-  c.max_sequences = max_sequences;
-  c.max_context = kMaxContext;
-  return c;
+  return testing::engine_config(budget, max_sequences, kMaxContext);
 }
 
 KvFactory paged(int64_t num_blocks, bool prefix_caching) {
