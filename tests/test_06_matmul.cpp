@@ -210,8 +210,10 @@ TEST(Matmul06Cpu, RejectsWrongCudaArgumentsBeforeLaunching) {
   // cuBLAS versions need a handle; v1 to v4 do not (not launched here: there may be no GPU).
   EXPECT_THROW(linear(y, x, w, MatmulKernel::V5Cublas, nullptr), InputError);
   EXPECT_THROW(linear(y, x, w, MatmulKernel::V6CublasLt, nullptr), InputError);
+  EXPECT_THROW(linear(y, x, w, MatmulKernel::V7BatchInvariant, nullptr), InputError);  // its workspace
   for (MatmulKernel k : all_matmul_kernels())
-    EXPECT_EQ(matmul_kernel_needs_handle(k), k == MatmulKernel::V5Cublas || k == MatmulKernel::V6CublasLt);
+    EXPECT_EQ(matmul_kernel_needs_handle(k), k == MatmulKernel::V5Cublas || k == MatmulKernel::V6CublasLt ||
+                                                 k == MatmulKernel::V7BatchInvariant);
   // The GPU path is bf16 in: fp32 x or w is an error, as is an fp16 y.
   EXPECT_THROW(linear(y, fake_cuda(DType::F32, {2, 8}, 0x10000), w, MatmulKernel::V2Tiled), InputError);
   EXPECT_THROW(linear(y, x, fake_cuda(DType::F16, {4, 8}, 0x20000), MatmulKernel::V2Tiled), InputError);
@@ -220,17 +222,42 @@ TEST(Matmul06Cpu, RejectsWrongCudaArgumentsBeforeLaunching) {
   EXPECT_THROW(linear(fake_cuda(DType::BF16, {2, 4}, 0x10004), x, w, MatmulKernel::V1Naive), InputError);
 }
 
+// v7's split of K depends on W's shape only (its whole point), covers K exactly, in pieces that are whole
+// 32-column slices of v4 (the last may be shorter), enough of them for ~264 blocks when out is small.
+TEST(Matmul06Cpu, BatchInvariantSplitCoversKFromTheShapeAlone) {
+  struct Case { int64_t in, out; int splits; int64_t split_len; };
+  const Case cases[] = {
+      {2048, 2048, 8, 256},     // Llama 3.2 1B o_proj: 16 tiles of 128 outputs; 2048 / 256 caps it at 8
+      {8192, 2048, 16, 512},    // down_proj: 17 wanted, at most 16
+      {2048, 3072, 8, 256},     // the fused q|k|v
+      {2048, 16384, 3, 704},    // gate|up: 128 tiles already, 3 pieces for 264 blocks
+      {2048, 128256, 1, 2048},  // lm_head: plenty of tiles, one piece (v4 exactly)
+      {100, 64, 1, 128},        // shorter than a piece: one piece, rounded up to whole slices
+      {1000, 64, 3, 352},       // 3 pieces of 11 slices: 352 + 352 + 296 = 1000
+  };
+  for (const Case& c : cases) {
+    const SplitK s = batch_invariant_split(c.in, c.out);
+    EXPECT_EQ(s.splits, c.splits) << c.in << " x " << c.out;
+    EXPECT_EQ(s.split_len, c.split_len) << c.in << " x " << c.out;
+    EXPECT_EQ(s.split_len % 32, 0);
+    EXPECT_GE(s.split_len * s.splits, c.in);
+    EXPECT_LT(s.split_len * (s.splits - 1), c.in);  // no empty piece
+  }
+  EXPECT_THROW(batch_invariant_split(0, 8), InputError);
+}
+
 TEST(Matmul06Cpu, KernelNamesRoundTrip) {
-  ASSERT_EQ(all_matmul_kernels().size(), 6u);
+  ASSERT_EQ(all_matmul_kernels().size(), 7u);
   for (MatmulKernel k : all_matmul_kernels()) EXPECT_EQ(parse_matmul_kernel(matmul_kernel_version(k)), k);
-  // The order of the chapter: v1 naive, v2 tiled, v3 WMMA, v4 mma.sync, v5 cuBLAS, v6 cuBLASLt.
+  // The order of the chapter: v1 naive, v2 tiled, v3 WMMA, v4 mma.sync, v5 cuBLAS, v6 cuBLASLt, v7.
   EXPECT_EQ(parse_matmul_kernel("v3"), MatmulKernel::V3Wmma);
   EXPECT_EQ(parse_matmul_kernel("v4"), MatmulKernel::V4MmaSync);
   EXPECT_EQ(parse_matmul_kernel("v5"), MatmulKernel::V5Cublas);
   EXPECT_EQ(parse_matmul_kernel("v6"), MatmulKernel::V6CublasLt);
   EXPECT_EQ(matmul_kernel_description(MatmulKernel::V4MmaSync), "mma.sync");
   EXPECT_EQ(kDefaultMatmulKernel, MatmulKernel::V5Cublas);
-  EXPECT_THROW(parse_matmul_kernel("v7"), InputError);
+  EXPECT_EQ(parse_matmul_kernel("v7"), MatmulKernel::V7BatchInvariant);
+  EXPECT_THROW(parse_matmul_kernel("v8"), InputError);
   EXPECT_THROW(parse_matmul_kernel("v0"), InputError);
   EXPECT_THROW(parse_matmul_kernel(""), InputError);
 }

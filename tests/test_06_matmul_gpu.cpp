@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -310,6 +311,75 @@ TEST_P(Matmul06TensorCore, WithoutAHandleRunsOnTheDefaultStream) {
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
   const CompareResult r = compare_rows("y", y, p.expected, kBf16OutVsCpu);
   EXPECT_TRUE(r.pass()) << describe(r);
+}
+
+// ---- batch invariance (v4 and v7) -----------------------------------------------------------------------
+
+// The bits of y's rows [first, first + count) when x holds only those rows.
+std::vector<unsigned char> rows_alone(const Problem& p, int64_t first, int64_t count, MatmulKernel kernel,
+                                      CublasHandle& handle, DType dtype) {
+  Tensor y = poisoned({count, p.out}, dtype);
+  linear(y, p.x_dev.view().rows(first, count), p.w_dev, kernel, &handle);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  return bytes_of(y);
+}
+
+// Lesson 11's engine puts many requests in one step; a request's logits must not depend on who else is in
+// it. v4 and v7 promise that row t of y is the same bits whatever the other rows are and however many: here
+// against the same rows computed among 300 (3 token tiles). Shapes: K cut in 8 and 16 pieces (o_proj- and
+// down_proj-like), one piece, K not a multiple of the 32-column slice, out not a multiple of the tile.
+// cuBLAS (v5) makes no such promise: how many elements differ is printed, not asserted.
+TEST(Matmul06Gpu, BatchInvariantRowsDoNotDependOnTheOtherRows) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const std::pair<int64_t, int64_t> slices[] = {{0, 1}, {5, 1}, {17, 7}, {128, 64}, {299, 1}, {40, 200}};
+  struct Shape { int64_t in, out; };
+  for (const Shape s : {Shape{2048, 2048}, Shape{8192, 512}, Shape{1000, 100}, Shape{264, 8}, Shape{2048, 3000}}) {
+    const Problem p(300, s.in, s.out, static_cast<uint64_t>(700 + s.in + s.out));
+    SCOPED_TRACE(p.describe() + ", " + std::to_string(batch_invariant_split(s.in, s.out).splits) + " pieces");
+    for (const DType dtype : {DType::BF16, DType::F32}) {
+      const size_t row_bytes = static_cast<size_t>(p.out) * dtype_size(dtype);
+      for (const MatmulKernel kernel : {MatmulKernel::V4MmaSync, MatmulKernel::V7BatchInvariant, MatmulKernel::V5Cublas}) {
+        SCOPED_TRACE(std::string(matmul_kernel_version(kernel)) + " " + std::string(dtype_name(dtype)));
+        Tensor all = run(p, kernel, handle, dtype);
+        const CompareResult r = compare_rows("y", all, p.expected, dtype == DType::F32 ? kF32OutVsCpu : kBf16OutVsCpu);
+        EXPECT_TRUE(r.pass()) << describe(r);
+        const std::vector<unsigned char> all_bytes = bytes_of(all);
+        int64_t differing_rows = 0;
+        for (const auto& [first, count] : slices) {
+          const std::vector<unsigned char> expected(all_bytes.begin() + static_cast<std::ptrdiff_t>(first * row_bytes),
+                                                    all_bytes.begin() + static_cast<std::ptrdiff_t>((first + count) * row_bytes));
+          const std::vector<unsigned char> alone = rows_alone(p, first, count, kernel, handle, dtype);
+          if (kernel != MatmulKernel::V5Cublas) {
+            EXPECT_EQ(alone, expected) << "rows " << first << ".." << first + count - 1 << " alone";
+          } else {
+            for (int64_t r0 = 0; r0 < count; ++r0)
+              differing_rows += std::memcmp(alone.data() + r0 * row_bytes, expected.data() + r0 * row_bytes, row_bytes) != 0;
+          }
+        }
+        if (kernel == MatmulKernel::V5Cublas)
+          std::printf("v5 (cuBLAS) %s %s: %lld of 274 rows differ alone vs among 300\n", p.describe().c_str(),
+                      std::string(dtype_name(dtype)).c_str(), static_cast<long long>(differing_rows));
+      }
+    }
+  }
+}
+
+// v7 with a workspace too small for all rows at once goes in chunks of rows: the same bits. With one too
+// small for one row it refuses, saying why.
+TEST(Matmul06Gpu, BatchInvariantChunksOfRowsGiveTheSameBits) {
+  TVLLM_REQUIRE_GPU();
+  const Problem p(300, 2048, 2048, 811);  // 8 pieces: 64 KiB of partial sums per row
+  CublasHandle big;
+  Tensor y_whole = run(p, MatmulKernel::V7BatchInvariant, big);
+  const CompareResult r = compare_rows("y", y_whole, p.expected, kBf16OutVsCpu);  // right, not only repeatable
+  EXPECT_TRUE(r.pass()) << describe(r);
+  const std::vector<unsigned char> whole = bytes_of(y_whole);
+  CublasHandle small(size_t{1} << 20);  // 16 rows per chunk: 19 chunks
+  EXPECT_EQ(bytes_of(run(p, MatmulKernel::V7BatchInvariant, small)), whole);
+  CublasHandle tiny(size_t{32} << 10);
+  Tensor y = poisoned({p.tokens, p.out}, DType::BF16);
+  EXPECT_THROW(linear(y, p.x_dev, p.w_dev, MatmulKernel::V7BatchInvariant, &tiny), InputError);
 }
 
 // ---- the cuBLAS handle ----------------------------------------------------------------------------------

@@ -322,6 +322,35 @@ TEST(Attention07Gpu, GqaGroups) {
   expect_matches_cpu({20, 1}, {150, 90}, AttentionShape{16, 2, 192}, 1760);
 }
 
+// A decode step (every q_len 1) packs the G query heads of a KV head into the rows of one tile
+// (FlashParams::rows_per_query); a step that also holds a longer sequence does not. Lesson 11's batch
+// invariance needs the two to agree exactly: each decode row must be the same bits either way. Groups 4, 8,
+// 4 with a padded head_dim, and 3 (G does not divide the tile).
+TEST(Attention07Gpu, DecodeRowsAreTheSameBitsPackedOrNot) {
+  TVLLM_REQUIRE_GPU();
+  for (const AttentionShape& s : {AttentionShape{32, 8, 64}, AttentionShape{32, 4, 128}, AttentionShape{16, 4, 80},
+                                  AttentionShape{24, 8, 64}}) {
+    const std::vector<int64_t> decode_q{1, 1, 1}, decode_k{1, 300, 64};
+    const std::vector<int64_t> mixed_q{1, 1, 1, 5}, mixed_k{1, 300, 64, 5};
+    const HostInputs in = random_inputs(total(mixed_q), total(mixed_k), s, static_cast<uint64_t>(1800 + s.head_dim));
+    const auto first = [](const std::vector<float>& x, int64_t rows, int64_t width) {
+      return std::vector<float>(x.begin(), x.begin() + rows * width);
+    };
+    const HostInputs decode_only{first(in.q, 3, s.q_dim()), first(in.k, 365, s.kv_dim()), first(in.v, 365, s.kv_dim())};
+    const std::vector<float> packed = run_gpu(decode_only, decode_q, decode_k, s, AttentionKernel::V2Flash).out;
+    const std::vector<float> mixed = run_gpu(in, mixed_q, mixed_k, s, AttentionKernel::V2Flash).out;
+    ASSERT_EQ(packed.size(), static_cast<size_t>(3 * s.q_dim()));
+    int64_t differ = 0, non_finite = 0;
+    for (size_t i = 0; i < packed.size(); ++i) {
+      differ += std::memcmp(&packed[i], &mixed[i], sizeof(float)) != 0;
+      non_finite += !std::isfinite(packed[i]);
+    }
+    EXPECT_EQ(differ, 0) << "head_dim " << s.head_dim << ", group " << s.group_size();
+    EXPECT_EQ(non_finite, 0) << "head_dim " << s.head_dim << ": a row not written";
+    expect_matches_cpu(decode_q, decode_k, s, static_cast<uint64_t>(1900 + s.head_dim));  // and right
+  }
+}
+
 TEST(Attention07Gpu, LargeScoresStressTheMaxSubtraction) {
   TVLLM_REQUIRE_GPU();
   // q * 20: scores of +-100s; exp without the max subtraction overflows fp32 (exp(89) = inf).

@@ -101,6 +101,17 @@ TEST(GenerateCli, GreedyPromptIdsEqualHuggingFace) {
   }
 }
 
+// --batch-invariant changes the kernels, not the answer: on the CPU the same ids as Hugging Face.
+TEST(GenerateCli, BatchInvariantGivesTheSameIds) {
+  const ReferenceGenerations ref = read_reference_generations(testing::tiny_model_dir());
+  const ReferenceGeneration& g = ref.sequences.back();
+  const Split r = run_split(tiny_vllm() + " generate --model " + model() + " --device cpu --prompt-ids " +
+                            q(ids_arg(g.prompt_ids)) + " --max-tokens " + std::to_string(ref.max_new_tokens) +
+                            " --output json --batch-invariant");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int32_t>>(), g.output_ids);
+}
+
 TEST(GenerateCli, JsonHasEveryFieldAndStreamedTextEqualsIt) {
   const ReferenceGenerations ref = read_reference_generations(testing::tiny_model_dir());
   const ReferenceGeneration& g = ref.sequences.back();  // the longest prompt, no EOS: max tokens

@@ -116,6 +116,24 @@ TEST(Engine11, WithoutChunkedPrefillEqualsAlone) {
   expect_all_free(engine);
 }
 
+TEST(Engine11, BatchInvariantModeEqualsAlone) {
+  // EngineConfig::batch_invariant: every attention through the prefill path, the Generator alone set the same
+  // way; exact equality is then required on every device (AloneCheck::exact_required).
+  const auto requests = mixed_requests(32, 13);
+  const AloneResults invariant_alone = run_alone(bundled().w, requests, kMaxContext, /*batch_invariant=*/true);
+  EngineConfig c = config(16, 8);
+  c.batch_invariant = true;
+  Engine engine(bundled().w, c, contiguous_kv(8));
+  const EngineRunResult run = run_requests(engine, requests);
+  const AloneCheck check = check_against_alone(bundled().w, requests, run, invariant_alone, kMaxContext);
+  EXPECT_TRUE(check.exact_required);
+  EXPECT_TRUE(check.pass()) << check.summary();
+  EXPECT_EQ(check.exact, 32);
+  expect_all_free(engine);
+  // The check refuses to compare an invariant engine with a Generator that was not.
+  EXPECT_THROW(run_engine_case(bundled().w, c, contiguous_kv(8), requests, alone(requests)), InputError);
+}
+
 TEST(Engine11, TokensStreamInOrderThenOneFinishedWithUsage) {
   Engine engine(bundled().w, config(256, 4));
   EventQueue queue;
@@ -206,6 +224,7 @@ class FailingKv final : public EngineKv {
     if (armed_) throw std::runtime_error("injected failure");
     inner_->prepare(batch, stream);
   }
+  void set_decode_attention(DecodeAttention decode) override { inner_->set_decode_attention(decode); }
   KvUsage usage() const override { return inner_->usage(); }
   std::string describe() const override { return inner_->describe(); }
 

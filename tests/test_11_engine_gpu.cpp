@@ -1,8 +1,9 @@
 // Lesson 11 on the GPU: the engine on the bundled model in bf16. 64 concurrent greedy requests of mixed lengths
-// against lesson 10's Generator running each alone: on the GPU batching changes the GEMMs' shapes (another cuBLAS
-// algorithm, another summation order), so a near-tie may flip (engine_check.h). Exact matches are counted and
-// printed; what is required is teacher-forced agreement of every request. Also: chunked prefill, abort, and a
-// decode step of the engine captured in a CUDA graph and replayed (the same ids as eager).
+// against lesson 10's Generator running each alone. By default batching changes the GEMMs' shapes (another cuBLAS
+// algorithm, another summation order) and the decode kernel's split, so a near-tie may flip (engine_check.h):
+// exact matches are counted and printed, teacher-forced agreement of every request is required. With
+// EngineConfig::batch_invariant (and the Generator alone set the same way) every request must be EXACTLY equal.
+// Also: chunked prefill, abort, and a decode step of the engine captured in a CUDA graph and replayed.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -41,12 +42,22 @@ const AloneResults& mixed_alone() {
   return a;
 }
 
-void run_case(const char* name, const EngineConfig& c, int64_t slots) {
+const AloneResults& mixed_alone_invariant() {
+  static const AloneResults a = run_alone(bundled().w, mixed(), kMaxContext, /*batch_invariant=*/true);
+  return a;
+}
+
+void run_case(const char* name, EngineConfig c, int64_t slots, bool batch_invariant = false) {
+  c.batch_invariant = batch_invariant;
   Engine engine(bundled().w, c, contiguous_kv(slots));
   const EngineRunResult run = run_requests(engine, mixed());
   EXPECT_TRUE(run.events_ok) << run.events_error;
-  const AloneCheck check = check_against_alone(bundled().w, mixed(), run, mixed_alone(), kMaxContext);
+  const AloneResults& alone = batch_invariant ? mixed_alone_invariant() : mixed_alone();
+  const AloneCheck check = check_against_alone(bundled().w, mixed(), run, alone, kMaxContext);
   EXPECT_TRUE(check.pass()) << check.summary();
+  if (batch_invariant) {
+    EXPECT_EQ(check.exact, 64) << check.summary();
+  }
   std::printf("%s: %s\n", name, check.summary().c_str());
   ::testing::Test::RecordProperty(std::string(name) + "_exact", check.exact);
   const KvUsage u = engine.kv().usage();
@@ -61,6 +72,12 @@ TEST(Engine11Gpu, ConcurrentEqualsAloneWithContiguousSlots) {
 TEST(Engine11Gpu, ChunkedPrefillUnderASmallBudgetEqualsAlone) {
   TVLLM_REQUIRE_GPU();
   run_case("chunked, budget 32", config(32, 16), 16);
+}
+
+TEST(Engine11Gpu, BatchInvariantConcurrentEqualsAloneExactly) {
+  TVLLM_REQUIRE_GPU();
+  run_case("batch-invariant, contiguous 24 slots", config(1024, 24), 24, true);
+  run_case("batch-invariant, chunked, budget 32", config(32, 16), 16, true);
 }
 
 TEST(Engine11Gpu, AbortFreesTheSlotAtOnce) {

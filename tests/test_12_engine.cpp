@@ -144,6 +144,18 @@ TEST(Engine12, ASmallPoolPreemptsAndOutputsStayEqual) {
   }
 }
 
+TEST(Engine12, BatchInvariantModeWithPreemptionEqualsAlone) {
+  // EngineConfig::batch_invariant on the CPU: every attention through the prefill reference; still exact, with a
+  // pool small enough to preempt and prefix caching on (the GPU suite is where the mode matters).
+  static const AloneResults alone = run_alone(bundled().w, mixed(), kMaxContext, /*batch_invariant=*/true);
+  EngineConfig c = config(256, 16);
+  c.batch_invariant = true;
+  const Outcome o = run_and_check(mixed(), c, paged(20, true, 8), alone);
+  EXPECT_TRUE(o.check.exact_required);
+  EXPECT_EQ(o.check.exact, 64);
+  EXPECT_GT(o.stats.preemptions, 0);
+}
+
 TEST(Engine12, AbortReturnsTheBlocksAtOnce) {
   Engine engine(bundled().w, config(256, 4), paged(40, false));
   EventQueue a, b;

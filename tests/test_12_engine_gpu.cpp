@@ -1,8 +1,8 @@
 // Lesson 12 on the GPU: the engine over the paged pool in bf16 on the bundled model. 64 concurrent greedy requests
-// against lesson 10's Generator alone, with the rule of engine_check.h (exact matches counted and printed,
-// teacher-forced agreement required): without prefix caching, with it on a shared-prefix workload, with a pool
-// so small that sequences are preempted; a pool sized from the free memory; a paged decode step captured in a
-// CUDA graph. After every test every block is back in the pool.
+// against lesson 10's Generator alone, with the rule of engine_check.h (by default exact matches counted and
+// printed, teacher-forced agreement required; batch-invariant: exact equality required): without prefix caching,
+// with it on a shared-prefix workload, with a pool so small that sequences are preempted; a pool sized from the
+// free memory; a paged decode step captured in a CUDA graph. After every test every block is back in the pool.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -57,6 +57,19 @@ const AloneResults& shared_alone() {
   static const AloneResults a = run_alone(bundled().w, shared(), kMaxContext);
   return a;
 }
+// The same, with the Generator batch-invariant: what EngineConfig::batch_invariant runs must equal exactly.
+const AloneResults& mixed_alone_invariant() {
+  static const AloneResults a = run_alone(bundled().w, mixed(), kMaxContext, true);
+  return a;
+}
+const AloneResults& shared_alone_invariant() {
+  static const AloneResults a = run_alone(bundled().w, shared(), kMaxContext, true);
+  return a;
+}
+EngineConfig invariant(EngineConfig c) {
+  c.batch_invariant = true;
+  return c;
+}
 
 struct Outcome {
   EngineRunResult run;
@@ -71,6 +84,9 @@ Outcome run_case(const char* name, const std::vector<CheckRequest>& requests, co
   EXPECT_TRUE(o.run.events_ok) << o.run.events_error;
   const AloneCheck check = check_against_alone(bundled().w, requests, o.run, alone, kMaxContext);
   EXPECT_TRUE(check.pass()) << check.summary();
+  if (c.batch_invariant) {
+    EXPECT_EQ(check.exact, check.requests) << check.summary();
+  }
   o.stats = engine.stats();
   std::printf("%s: %s; %lld preemptions, prefix hits %lld/%lld tokens\n", name, check.summary().c_str(),
               static_cast<long long>(o.stats.preemptions), static_cast<long long>(o.stats.kv.prefix_hit_tokens),
@@ -105,6 +121,20 @@ TEST(Engine12Gpu, ASmallPoolPreemptsAndOutputsStayEqual) {
   // 40 blocks of 16 for 16 sequences of up to 264 tokens.
   const Outcome o = run_case("pool of 40 blocks", mixed(), mixed_alone(), config(512, 16), paged(40, true));
   EXPECT_GT(o.stats.preemptions, 0);
+}
+
+TEST(Engine12Gpu, BatchInvariantPagedEqualsAloneExactly) {
+  TVLLM_REQUIRE_GPU();
+  run_case("batch-invariant, paged", mixed(), mixed_alone_invariant(), invariant(config(1024, 32)),
+           paged(32 * 32, false));
+  const Outcome on = run_case("batch-invariant, prefix caching on", shared(), shared_alone_invariant(),
+                              invariant(config(1024, 16)), paged(16 * 32, true));
+  EXPECT_GT(on.stats.kv.prefix_hit_tokens, 0);
+  run_case("batch-invariant, prefix caching, chunked (budget 64)", shared(), shared_alone_invariant(),
+           invariant(config(64, 16)), paged(16 * 32, true));
+  const Outcome small = run_case("batch-invariant, pool of 40 blocks", mixed(), mixed_alone_invariant(),
+                                 invariant(config(512, 16)), paged(40, true));
+  EXPECT_GT(small.stats.preemptions, 0);
 }
 
 TEST(Engine12Gpu, APoolSizedFromTheFreeMemory) {

@@ -157,6 +157,33 @@ TEST(ServeCli13, GreedyEqualsGenerate) {
   EXPECT_EQ(s.stop(SIGTERM), 0);
 }
 
+// --batch-invariant (lesson 11, section 11): the server says so on its first line, and a request answered while
+// others are in flight equals `generate --batch-invariant` on the same prompt.
+TEST(ServeCli13, BatchInvariantServeEqualsBatchInvariantGenerate) {
+  ServeProcess s({"--batch-invariant"});
+  ASSERT_GT(s.port(), 0) << "no 'listening on' line: " << s.output();
+  EXPECT_NE(s.output().find("; batch-invariant"), std::string::npos) << s.output();
+  const std::string text = "The capital of Portugal is";
+  const Ran g = run(bin() + " generate --model " + q(model_dir()) + " --device cpu --output json --max-tokens 24 " +
+                    "--batch-invariant --prompt " + q(text));
+  ASSERT_EQ(g.status, 0) << g.out;
+  const json want = json::parse(g.out);
+  // Four at once: the same prompt, and three others beside it.
+  std::vector<std::thread> others;
+  for (const char* other : {"Give me one tip", "The capital of France", "Once upon a time"})
+    others.emplace_back([&s, other] {
+      post(s.port(), "/v1/completions", {{"model", "tiny-llama3"}, {"prompt", other}, {"max_tokens", 24}});
+    });
+  const Reply r = post(s.port(), "/v1/completions",
+                       {{"model", "tiny-llama3"}, {"prompt", text}, {"max_tokens", 24}, {"temperature", 0},
+                        {"return_token_ids", true}});
+  for (std::thread& t : others) t.join();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["choices"][0]["token_ids"], want["ids"]);
+  EXPECT_EQ(r.j["choices"][0]["text"], want["text"]);
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+}
+
 TEST(ServeCli13, SigtermWithAStreamInFlightExitsZero) {
   ServeProcess s({"--shutdown-timeout", "0.2"});
   ASSERT_GT(s.port(), 0) << s.output();
@@ -204,6 +231,29 @@ TEST(ServeCli13, BenchServe) {
       run(bin() + " bench serve --url http://127.0.0.1:" + std::to_string(s.port()) + " --num-requests 1")
           .status,
       2);
+}
+
+// `tiny-vllm bench throughput` (lessons 11-12) on a small CPU workload: every request gets all its tokens, the
+// JSON adds up, the same workload gives the same token counts in batch-invariant mode, and bad flags exit 2.
+TEST(ServeCli13, BenchThroughput) {
+  const std::string base = bin() + " bench throughput --model " + q(model_dir()) +
+                           " --device cpu --num-requests 8 --min-len 4 --max-len 12 --output json";
+  for (const bool invariant : {false, true}) {
+    const Ran b = run(base + (invariant ? " --batch-invariant" : ""));
+    ASSERT_EQ(b.status, 0) << b.out;
+    const json j = json::parse(b.out);
+    EXPECT_EQ(j["requests"], 8);
+    EXPECT_EQ(j["failed"], 0);
+    EXPECT_EQ(j["batch_invariant"], invariant);
+    EXPECT_EQ(j["batching"], "continuous");
+    EXPECT_GE(j["output_tokens"].get<int64_t>(), 8 * 4);  // EOS ignored: every request its whole length
+    EXPECT_LE(j["output_tokens"].get<int64_t>(), 8 * 12);
+    EXPECT_GT(j["output_tok_s"].get<double>(), 0.0);
+    EXPECT_NEAR(j["total_tok_s"].get<double>() * j["seconds"].get<double>(),
+                j["prompt_tokens"].get<double>() + j["output_tokens"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(run(base + " --kv nowhere").status, 2);
+  EXPECT_EQ(run(base + " --max-len 100000").status, 2);  // longer than the model's context
 }
 
 TEST(ServeCli13, BadUsage) {

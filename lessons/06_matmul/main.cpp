@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
   LessonCli cli("lesson06_matmul",
                 "Linear layers y = x W^T: naive, tiled, WMMA, mma.sync, cuBLAS (row-major trick) and cuBLASLt "
                 "vs Hugging Face");
-  cli.kernels({"v1", "v2", "v3", "v4", "v5", "v6"}, std::string(matmul_kernel_version(kDefaultMatmulKernel)));
+  cli.kernels({"v1", "v2", "v3", "v4", "v5", "v6", "v7"}, std::string(matmul_kernel_version(kDefaultMatmulKernel)));
   return cli.run(argc, argv, [&](const LessonOptions& opt) {
     ModelDir model = ModelDir::open(opt.model_dir);
     const ReferenceSet ref = ReferenceSet::open(opt.model_dir);

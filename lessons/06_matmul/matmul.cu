@@ -1,7 +1,8 @@
-// Lesson 06 on the GPU: y = x W^T in six versions, from one thread per output to the tensor cores.
+// Lesson 06 on the GPU: y = x W^T in seven versions, from one thread per output to the tensor cores, and
+// one whose rows do not depend on the batch.
 //
 // Shapes throughout: x [T, in], w [out, in], y [T, out], all row-major. In GEMM letters:
-// M = T (tokens), N = out, K = in. All six versions below read x and w along K, their contiguous
+// M = T (tokens), N = out, K = in. All seven versions below read x and w along K, their contiguous
 // dimension, which is why y = x W^T needs no transpose anywhere: both operands are "K-major".
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
@@ -249,13 +251,14 @@ enum class TileCopy {
 // kVector and kAsync need in % 8 == 0 (each 16-byte chunk is inside a row or entirely outside) and
 // 16-byte aligned x and w; the launchers pick kElement otherwise.
 
-// Copies rows [row0, row0 + 128) x columns [k0, k0 + 32) of a row-major [rows, cols] bf16 matrix into
-// a padded shared tile [128][40]; what lies outside the matrix becomes zero (it adds nothing to the
-// sums). Thread t copies chunks t and t + 256 (a chunk = 8 bf16 = 16 bytes): row chunk / 4,
-// columns (chunk % 4) * 8 ... + 8, so a warp reads 8 rows x 64 contiguous bytes.
+// Copies rows [row0, row0 + 128) x columns [k0, k0 + 32) of a row-major [rows, cols] bf16 matrix whose
+// rows are ld elements apart (ld == cols for a whole matrix; more for a slice of K, v7) into a padded
+// shared tile [128][40]; what lies outside the matrix becomes zero (it adds nothing to the sums). Thread
+// t copies chunks t and t + 256 (a chunk = 8 bf16 = 16 bytes): row chunk / 4, columns (chunk % 4) * 8
+// ... + 8, so a warp reads 8 rows x 64 contiguous bytes.
 template <TileCopy kCopy>
 __device__ __forceinline__ void load_tc_tile(bf16* tile, const bf16* __restrict__ src, int rows, int cols,
-                                             int row0, int k0) {
+                                             int ld, int row0, int k0) {
   constexpr int kChunksPerThread = kTcTileM * kTcChunksPerRow / kTcThreads;  // 2
 #pragma unroll
   for (int i = 0; i < kChunksPerThread; ++i) {
@@ -263,7 +266,7 @@ __device__ __forceinline__ void load_tc_tile(bf16* tile, const bf16* __restrict_
     const int r = chunk / kTcChunksPerRow, c = (chunk % kTcChunksPerRow) * kLoadVec;
     const int g_row = row0 + r, g_col = k0 + c;
     bf16* dst = tile + r * kTcStride + c;
-    const bf16* from = src + static_cast<size_t>(g_row) * cols + g_col;
+    const bf16* from = src + static_cast<size_t>(g_row) * ld + g_col;
     if constexpr (kCopy == TileCopy::kAsync) {
       const bool valid = g_row < rows && g_col < cols;  // cols % 8 == 0: the whole chunk is in or out
       cp_async_16(dst, valid ? from : src, valid);      // invalid: reads nothing, writes 16 zero bytes
@@ -335,8 +338,8 @@ __global__ void __launch_bounds__(kTcThreads)
       for (int j = 0; j < kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 
     for (int k0 = 0; k0 < in; k0 += kTcTileK) {
-      load_tc_tile<kCopy>(xs, x, tokens, in, m0, k0);
-      load_tc_tile<kCopy>(ws, w, out, in, n0, k0);
+      load_tc_tile<kCopy>(xs, x, tokens, in, in, m0, k0);
+      load_tc_tile<kCopy>(ws, w, out, in, in, n0, k0);
       __syncthreads();  // the slices are complete before anyone reads them
 #pragma unroll
       for (int kk = 0; kk < kTcTileK; kk += kFrag) {
@@ -400,23 +403,27 @@ __global__ void __launch_bounds__(kTcThreads)
 // 3. cp.async double buffering: two copies of each shared tile (stages). While the warps multiply
 //    slice k from one stage, the copies of slice k + 1 into the other stage are in flight: the
 //    memory latency hides behind the math instead of adding to it.
+//
+// The block's work is a device function so that v7 (below) can run it on a slice of K: x and w are
+// [tokens, in] and [out, in] matrices whose rows are ld elements apart (ld == in for v4).
 template <typename OutT, TileCopy kCopy>
-__global__ void __launch_bounds__(kTcThreads)
-    linear_mma_kernel(OutT* __restrict__ y,        // [T, out]
-                      const bf16* __restrict__ x,  // [T, in]
-                      const bf16* __restrict__ w,  // [out, in]
-                      int tokens, int in, int out) {
+__device__ __forceinline__ void linear_mma_tiles(OutT* __restrict__ y,        // [T, out]
+                                                 const bf16* __restrict__ x,  // [T, in], row stride ld
+                                                 const bf16* __restrict__ w,  // [out, in], row stride ld
+                                                 int tokens, int in, int ld, int out) {
   // --- exercise 06.5: v4, mma.sync, ldmatrix and cp.async ----------------------------------------------
   // Task: v3's tiling with the instructions made explicit (common/mma.cuh): per warp 4 x 4 mma tiles
   //   of 16 x 8 (m16n8k16), A and B fragments loaded with ldmatrix.x4 from shared memory, and two
   //   shared stages filled with cp.async so that slice k + 1 loads while slice k multiplies. The
   //   epilogue needs no staging: lane (g = lane / 4, c = lane % 4) holds accumulator rows g and g + 8
   //   at columns 2c and 2c + 1 of each mma tile; store those inside y with store_output.
-  // Hint: the comment above gives each lane's ldmatrix row address for A and for B.
+  // Hint: the comment above gives each lane's ldmatrix row address for A and for B; load_tc_tile
+  //   takes the row stride ld apart from the K extent in.
   // Hint: wait for the stage you are about to read (cp.async wait + __syncthreads) and issue the next
   //   stage's copies only after every warp is done reading the buffer they overwrite.
   // Tests: AllVersions/Matmul06Kernel.*/v4 TensorCores/Matmul06TensorCore.*/v4
-  // Tests: Matmul06Gpu.TensorCoresAgreeWithTheTiledKernel lesson06_matmul.gpu
+  // Tests: AllVersions/Matmul06Kernel.*/v7
+  // Tests: Matmul06Gpu.TensorCoresAgreeWithTheTiledKernel Matmul06Gpu.BatchInvariant* lesson06_matmul.gpu
   // Stub: device
   // --- solution ---
   constexpr int kStages = 2;
@@ -437,8 +444,8 @@ __global__ void __launch_bounds__(kTcThreads)
     float acc[kTilesM][kTilesN][4] = {};  // 64 fp32 accumulators per thread
 
     // Prologue: start the copies of slice 0 into stage 0.
-    load_tc_tile<kCopy>(xs[0], x, tokens, in, m0, 0);
-    load_tc_tile<kCopy>(ws[0], w, out, in, n0, 0);
+    load_tc_tile<kCopy>(xs[0], x, tokens, in, ld, m0, 0);
+    load_tc_tile<kCopy>(ws[0], w, out, in, ld, n0, 0);
     cp_async_commit();
 
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -446,8 +453,8 @@ __global__ void __launch_bounds__(kTcThreads)
       // Start the copies of the NEXT slice into the other stage (its readers finished at the
       // __syncthreads() that ended the previous iteration), then wait for THIS slice only.
       if (kt + 1 < k_tiles) {
-        load_tc_tile<kCopy>(xs[1 - stage], x, tokens, in, m0, (kt + 1) * kTcTileK);
-        load_tc_tile<kCopy>(ws[1 - stage], w, out, in, n0, (kt + 1) * kTcTileK);
+        load_tc_tile<kCopy>(xs[1 - stage], x, tokens, in, ld, m0, (kt + 1) * kTcTileK);
+        load_tc_tile<kCopy>(ws[1 - stage], w, out, in, ld, n0, (kt + 1) * kTcTileK);
       }
       cp_async_commit();     // one group per slice (empty at the end: keeps the count below right)
       cp_async_wait<1>();    // all but the newest group have landed: this thread's part of slice kt
@@ -499,6 +506,20 @@ __global__ void __launch_bounds__(kTcThreads)
   // --- end of exercise 06.5 ---
 }
 
+// v4 is one piece of K (gridDim.z == 1, split_len >= in). v7: block z sums K columns [z * split_len,
+// z * split_len + split_len) into plane z of y, [tokens, out] fp32 each: the partial sums that
+// add_partials_kernel adds up.
+template <typename OutT, TileCopy kCopy>
+__global__ void __launch_bounds__(kTcThreads)
+    linear_mma_kernel(OutT* __restrict__ y,        // v4: [T, out]; v7: [splits, T, out]
+                      const bf16* __restrict__ x,  // [T, in]
+                      const bf16* __restrict__ w,  // [out, in]
+                      int tokens, int in, int out, int split_len) {
+  const int k0 = static_cast<int>(blockIdx.z) * split_len;
+  linear_mma_tiles<OutT, kCopy>(y + static_cast<size_t>(blockIdx.z) * tokens * out, x + k0, w + k0, tokens,
+                                min(split_len, in - k0), in, out);
+}
+
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
 // Grid rows: one per token tile, at most 65535 (the kernels stride over the rest).
@@ -541,12 +562,87 @@ void launch_tensor_core(OutT* y, const TensorView& x, const TensorView& w, Matmu
   const bool fast = in % kLoadVec == 0 && pointer_alignment(x.data) == 16 && pointer_alignment(w.data) == 16;
   const dim3 grid(static_cast<unsigned>(ceil_div(out, kTcTileN)), token_blocks(tokens, kTcTileM));
   using Kernel = void (*)(OutT*, const bf16*, const bf16*, int, int, int);
-  const Kernel kernel = wmma ? (fast ? linear_wmma_kernel<OutT, TileCopy::kVector>
-                                     : linear_wmma_kernel<OutT, TileCopy::kElement>)
-                             : (fast ? linear_mma_kernel<OutT, TileCopy::kAsync>
-                                     : linear_mma_kernel<OutT, TileCopy::kElement>);
-  kernel<<<grid, kTcThreads, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out);
+  if (wmma) {
+    const auto kernel = fast ? linear_wmma_kernel<OutT, TileCopy::kVector> : linear_wmma_kernel<OutT, TileCopy::kElement>;
+    kernel<<<grid, kTcThreads, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out);
+  } else {
+    const auto kernel = fast ? linear_mma_kernel<OutT, TileCopy::kAsync> : linear_mma_kernel<OutT, TileCopy::kElement>;
+    kernel<<<grid, kTcThreads, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out, in);
+  }
   TVLLM_CHECK_LAUNCH();
+}
+
+// ---- v7: batch-invariant ---------------------------------------------------------------------------
+//
+// A server runs many requests in one forward step (lesson 11): T is the sum of everyone's new tokens
+// and changes every step. Row t of y = x W^T depends mathematically on row t of x only, but the BITS
+// depend on the order in which the K products are added, and cuBLAS (v5, v6) picks its algorithm (tile
+// sizes, split-K, stream-K) from the shape, T included. So a request's logits can change in the last
+// bits when other requests join its step, and a greedy near-tie can flip: the same prompt, a different
+// answer, depending on the traffic.
+//
+// v4 does not have the problem: element (t, o) is the fp32 sum over K slices 0, 32, 64, ... in order,
+// each by the same two mma instructions, whatever T is and wherever row t sits in its tile (an mma
+// element depends on its own row of A and column of B only). What v4 lacks is speed at small T: a decode
+// step of a few tokens gives it out / 128 blocks (16 for Llama 3.2 1B's o_proj), too few to keep the
+// memory system busy. v7 adds parallelism the invariant way: K is cut into pieces decided by W's shape
+// alone (batch_invariant_split), block (x, y, z) computes piece z of its tile into an fp32 plane of the
+// workspace, and add_partials_kernel adds the planes in the order 0, 1, 2, ... and rounds once. The
+// pieces never change with T, so neither do the bits. (Many tokens: the rows go in chunks that fit the
+// workspace; a chunk boundary changes nothing either, rows being independent.)
+template <typename OutT>
+__global__ void add_partials_kernel(OutT* __restrict__ y,               // [rows, out]
+                                    const float* __restrict__ partials,  // [splits, rows, out]
+                                    size_t n, int splits) {               // n = rows * out
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float sum = partials[i];
+    for (int z = 1; z < splits; ++z) sum += partials[z * n + i];  // always this order, then one rounding
+    store_output(y + i, sum);
+  }
+}
+
+template <typename OutT>
+void launch_batch_invariant(OutT* y, const TensorView& x, const TensorView& w, const CublasHandle& handle) {
+  require_tensor_core_device("linear v7 (batch-invariant)");
+  const int tokens = static_cast<int>(x.shape[0]), in = static_cast<int>(x.shape[1]);
+  const int out = static_cast<int>(w.shape[0]);
+  const SplitK split = batch_invariant_split(in, out);
+  const cudaStream_t stream = handle.stream();
+  const bool fast = in % kLoadVec == 0 && pointer_alignment(x.data) == 16 && pointer_alignment(w.data) == 16;
+  const auto kernel_to = [&](auto* dst) {
+    using T = std::remove_pointer_t<decltype(dst)>;
+    return fast ? linear_mma_kernel<T, TileCopy::kAsync> : linear_mma_kernel<T, TileCopy::kElement>;
+  };
+  const unsigned out_tiles = static_cast<unsigned>(ceil_div(out, kTcTileN));
+  if (split.splits == 1) {  // one piece: v4 exactly, straight into y
+    kernel_to(y)<<<dim3(out_tiles, token_blocks(tokens, kTcTileM)), kTcThreads, 0, stream>>>(
+        y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out, in);
+    TVLLM_CHECK_LAUNCH();
+    return;
+  }
+  // The partial sums live in the handle's workspace (the same stream orders them after any cuBLAS call
+  // that used it): [splits, chunk, out] fp32.
+  const size_t bytes_per_token = static_cast<size_t>(split.splits) * out * sizeof(float);
+  // (Measured on the H200: rounding a chunk down to whole 128-token tiles made the gate|up prefill slower,
+  // 1.61 vs 1.39 ms at T = 4096: more launches of fewer blocks cost more than a part-empty tile.)
+  const int64_t chunk = static_cast<int64_t>(handle.workspace_bytes() / bytes_per_token);
+  TVLLM_REQUIRE(chunk >= 1, "linear v7: the CublasHandle's workspace (" + std::to_string(handle.workspace_bytes()) +
+                                " bytes) holds less than one token's partial sums (" + std::to_string(split.splits) +
+                                " pieces x " + std::to_string(out) + " outputs x 4 bytes)");
+  float* partials = static_cast<float*>(handle.workspace());
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int rows = static_cast<int>(std::min<int64_t>(chunk, tokens - t0));
+    const dim3 grid(out_tiles, token_blocks(rows, kTcTileM), static_cast<unsigned>(split.splits));
+    kernel_to(partials)<<<grid, kTcThreads, 0, stream>>>(partials, x.ptr<const bf16>() + t0 * in,
+                                                         w.ptr<const bf16>(), rows, in, out,
+                                                         static_cast<int>(split.split_len));
+    TVLLM_CHECK_LAUNCH();
+    const size_t n = static_cast<size_t>(rows) * out;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(static_cast<int64_t>(n), 256), 4096));
+    add_partials_kernel<<<blocks, 256, 0, stream>>>(y + t0 * out, partials, n, split.splits);
+    TVLLM_CHECK_LAUNCH();
+  }
 }
 
 // ---- v5: cuBLAS, and the row-major trick -----------------------------------------------------------
@@ -738,6 +834,7 @@ void run_kernel(OutT* y_ptr, const TensorView& y, const TensorView& x, const Ten
     case MatmulKernel::V4MmaSync: launch_tensor_core(y_ptr, x, w, kernel, stream); break;
     case MatmulKernel::V5Cublas: gemm_cublas(y, x, w, handle->blas()); break;  // blas() runs on stream()
     case MatmulKernel::V6CublasLt: gemm_cublaslt(y, x, w, *handle); break;
+    case MatmulKernel::V7BatchInvariant: launch_batch_invariant(y_ptr, x, w, *handle); break;
   }
 }
 

@@ -10,13 +10,17 @@
 // The device of the views decides the path:
 //   CPU   the fp32 reference (the oracle): x, y fp32; w fp32, bf16 or fp16 (widened exactly);
 //         each output summed in double, then rounded once to fp32.
-//   CUDA  x, w bf16; y bf16 (or fp32); products summed in fp32. Six versions:
+//   CUDA  x, w bf16; y bf16 (or fp32); products summed in fp32. Seven versions:
 //           v1  naive: one thread per output element
 //           v2  tiled: 64x64 output tiles staged through shared memory, a 4x4 register block per thread
 //           v3  WMMA: 128x128 tiles, bf16 in shared memory, tensor cores through nvcuda::wmma fragments
 //           v4  mma.sync: the same tiles with PTX mma.sync m16n8k16, ldmatrix, cp.async double buffering
 //           v5  cuBLAS cublasGemmEx (tensor cores) with the row-major trick: y^T = W x^T, OP_T / OP_N
 //           v6  cuBLASLt cublasLtMatmul: the same product, with an explicit heuristic query and workspace
+//           v7  batch-invariant: v4's kernel with K split into pieces decided by W's shape alone, the
+//               partial sums added in a fixed order. Row t of y is the same bits whatever T is and
+//               whatever the other rows hold (v5/v6 choose their algorithm, and so their summation
+//               order, from T). Lesson 11's engine uses it when outputs must not depend on the batch.
 //
 // Streams: every version runs on handle->stream() (common/cublas.h: set_stream). Without a handle
 // (v1 to v4 only) it runs on the legacy default stream. Nothing here allocates device memory or
@@ -40,29 +44,40 @@
 
 namespace tvllm {
 
-enum class MatmulKernel { V1Naive, V2Tiled, V3Wmma, V4MmaSync, V5Cublas, V6CublasLt };
+enum class MatmulKernel { V1Naive, V2Tiled, V3Wmma, V4MmaSync, V5Cublas, V6CublasLt, V7BatchInvariant };
 
 // The fastest correct version on an H200 (see README "Measured on an H200"); later lessons use this.
 inline constexpr MatmulKernel kDefaultMatmulKernel = MatmulKernel::V5Cublas;
 
-// "v1" .. "v6", as on the command line (--kernel).
+// "v1" .. "v7", as on the command line (--kernel).
 std::string_view matmul_kernel_version(MatmulKernel kernel);
-// "naive", "tiled", "WMMA", "mma.sync", "cuBLAS GemmEx", "cuBLASLt"
+// "naive", "tiled", "WMMA", "mma.sync", "cuBLAS GemmEx", "cuBLASLt", "batch-invariant"
 std::string_view matmul_kernel_description(MatmulKernel kernel);
-// Whether the version calls cuBLAS or cuBLASLt (v5, v6): those need a CublasHandle.
+// Whether the version needs a CublasHandle: v5 and v6 call cuBLAS; v7 keeps its partial sums in the
+// handle's workspace.
 bool matmul_kernel_needs_handle(MatmulKernel kernel);
-// Parses "v1" .. "v6"; throws InputError for anything else.
+// Parses "v1" .. "v7"; throws InputError for anything else.
 MatmulKernel parse_matmul_kernel(std::string_view version);
 // Every version, in order.
 const std::vector<MatmulKernel>& all_matmul_kernels();
 
 // y = x W^T.   y: [T, out]   x: [T, in]   w: [out, in]   (row-major, contiguous)
 // T may be 0 (nothing to do); in and out must be >= 1. y must not overlap x or w.
-// kernel and handle matter on the GPU only: v5 and v6 need a handle; every version runs on its stream
+// kernel and handle matter on the GPU only: v5, v6 and v7 need a handle; every version runs on its stream
 // (v1 to v4 without one: the legacy default stream). v3 and v4 need compute capability 8.0 or later.
 // Throws InputError naming the problem for wrong shapes, dtypes, devices or layouts.
 void linear(const TensorView& y, const TensorView& x, const TensorView& w,
             MatmulKernel kernel = kDefaultMatmulKernel, const CublasHandle* handle = nullptr);
+
+// v7's split of K for a weight [out, in]: `splits` pieces of `split_len` columns (a multiple of v4's K slice,
+// 32; the last piece may be shorter). A function of (in, out) ONLY, never of the number of tokens: that is
+// what makes v7's summation order, and so its bits, the same for every T. Enough pieces that a decode step's
+// few tokens still give the GPU ~2 blocks per SM (~264 blocks), none shorter than 256 columns, at most 16.
+struct SplitK {
+  int splits = 1;
+  int64_t split_len = 0;
+};
+SplitK batch_invariant_split(int64_t in, int64_t out);
 
 // Fills a contiguous bf16 CUDA tensor with uniform random values in [lo, hi), made on the device from a
 // hash of (seed, index): for benchmarks, where the host would take seconds to make a 262M-element W.

@@ -21,6 +21,7 @@ std::string_view matmul_kernel_version(MatmulKernel kernel) {
     case MatmulKernel::V4MmaSync: return "v4";
     case MatmulKernel::V5Cublas: return "v5";
     case MatmulKernel::V6CublasLt: return "v6";
+    case MatmulKernel::V7BatchInvariant: return "v7";
   }
   return "?";
 }
@@ -33,25 +34,44 @@ std::string_view matmul_kernel_description(MatmulKernel kernel) {
     case MatmulKernel::V4MmaSync: return "mma.sync";
     case MatmulKernel::V5Cublas: return "cuBLAS GemmEx";
     case MatmulKernel::V6CublasLt: return "cuBLASLt";
+    case MatmulKernel::V7BatchInvariant: return "batch-invariant";
   }
   return "?";
 }
 
 bool matmul_kernel_needs_handle(MatmulKernel kernel) {
-  return kernel == MatmulKernel::V5Cublas || kernel == MatmulKernel::V6CublasLt;
+  return kernel == MatmulKernel::V5Cublas || kernel == MatmulKernel::V6CublasLt ||
+         kernel == MatmulKernel::V7BatchInvariant;
 }
 
 const std::vector<MatmulKernel>& all_matmul_kernels() {
   static const std::vector<MatmulKernel> all = {MatmulKernel::V1Naive,   MatmulKernel::V2Tiled,
                                                 MatmulKernel::V3Wmma,    MatmulKernel::V4MmaSync,
-                                                MatmulKernel::V5Cublas,  MatmulKernel::V6CublasLt};
+                                                MatmulKernel::V5Cublas,  MatmulKernel::V6CublasLt,
+                                                MatmulKernel::V7BatchInvariant};
   return all;
 }
 
 MatmulKernel parse_matmul_kernel(std::string_view version) {
   for (MatmulKernel k : all_matmul_kernels())
     if (matmul_kernel_version(k) == version) return k;
-  throw InputError("unknown matmul kernel '" + std::string(version) + "' (expected v1, v2, v3, v4, v5 or v6)");
+  throw InputError("unknown matmul kernel '" + std::string(version) + "' (expected v1, v2, v3, v4, v5, v6 or v7)");
+}
+
+SplitK batch_invariant_split(int64_t in, int64_t out) {
+  constexpr int64_t kTileN = 128;         // v4's block tile along out
+  constexpr int64_t kSliceK = 32;         // v4's K slice: every piece but the last is a whole number of them
+  constexpr int64_t kTargetBlocks = 264;  // ~2 blocks per SM on an H100/H200 (132 SMs) at T <= 128
+  constexpr int64_t kMinSplitLen = 256;
+  constexpr int64_t kMaxSplits = 16;
+  TVLLM_REQUIRE(in >= 1 && out >= 1, "batch_invariant_split: in and out must be >= 1");
+  const int64_t out_tiles = (out + kTileN - 1) / kTileN;
+  const int64_t wanted = std::min((kTargetBlocks + out_tiles - 1) / out_tiles, in / kMinSplitLen);
+  const int64_t splits = std::clamp<int64_t>(wanted, 1, kMaxSplits);
+  SplitK s;
+  s.split_len = ((in + splits - 1) / splits + kSliceK - 1) / kSliceK * kSliceK;
+  s.splits = static_cast<int>((in + s.split_len - 1) / s.split_len);
+  return s;
 }
 
 // ---- validation --------------------------------------------------------------------------------

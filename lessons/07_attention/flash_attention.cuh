@@ -70,6 +70,10 @@ struct FlashParams {
   int head_dim;
   int group;                    // query heads per kv head
   float scale_log2;             // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
+  // Tile rows per query: 1, or (decode steps, every q_len <= 1) the group size: then block (x, h, b) is KV
+  // head h, and row r of its tile is query head h * group + r. The G heads that share a KV head read its
+  // keys and values once instead of G times; each row's arithmetic is unchanged, so are its bits.
+  int rows_per_query = 1;
 };
 
 // Lesson 07's policy: k and v packed along the token axis (possibly column slices of a fused QKV
@@ -136,7 +140,8 @@ __device__ __forceinline__ void load_tile_async(bf16* tile, const RowAddress& ro
 }
 
 // grid: (query tiles of the longest q_len, n_heads, batch). Block (x, h, b) computes the outputs of queries
-// [q0, q0 + 64) of sequence b, head h. Warp w owns query rows [16w, 16w + 16) of the tile.
+// [q0, q0 + 64) of sequence b, head h. Warp w owns query rows [16w, 16w + 16) of the tile. (A decode step
+// with p.rows_per_query = G: grid (1, n_kv_heads, batch), the rows are the G query heads of KV head h.)
 // __launch_bounds__: for DP = 64, ask for 4 blocks per SM (128 registers per thread, a small spill)
 // rather than the 136 registers the compiler would pick (3 blocks): measured ~13% faster at 8k tokens.
 // DP = 128 needs ~245 registers and 85 KiB of shared memory: 2 blocks per SM either way.
@@ -152,6 +157,8 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   //   when m grows), P rounded to bf16, O += P V with mma.sync. At the end O / l, stored as bf16 through
   //   shared memory. kv.sequence(b, k_begin, kv_head) gives the sequence's key(pos) / value(pos) rows
   //   (the KV policy, README section 8); p.scale_log2 folds log2(e) in, so exp becomes exp2.
+  //   With R = p.rows_per_query, global row i = q0 + r of the tile is query i / R of head h * R + i % R
+  //   (R = 1: query i of head h), at position k_len - q_len + i / R.
   // Hint: README sections 4-6 derive the online softmax, this kernel's tiling and the masking; lesson 06's v4
   //   has the fragment layouts (g = lane / 4, c = lane % 4) and ldmatrix addressing.
   // Hint: padded head dims (kPadded): columns past p.head_dim load as zeros and are never stored.
@@ -159,6 +166,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   // Tests: Attention07Gpu.EveryHeadDim Attention07Gpu.ChunkedPrefill Attention07Gpu.DecodeSteps
   // Tests: Attention07Gpu.GqaGroups Attention07Gpu.LargeScoresStressTheMaxSubtraction
   // Tests: Attention07Gpu.FusedQkvBuffer Attention07Gpu.RunsOnACreatedStream lesson07_attention.gpu
+  // Tests: Attention07Gpu.DecodeRowsAreTheSameBitsPackedOrNot
   // Stub: device
   // --- solution ---
   constexpr int Br = kBr, Bc = kBc, S = smem_stride<DP>();
@@ -178,18 +186,25 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   const int q_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int q_begin = p.cu_seqlens_q[b];
   const int q_len = p.cu_seqlens_q[b + 1] - q_begin;
+  const int R = p.rows_per_query;  // 1, or the group size in a packed decode step
+  const int q_rows = q_len * R;    // rows of this sequence
   const int q0 = q_tile * Br;
-  if (q0 >= q_len) return;  // this sequence has fewer queries than the longest one; same for the whole block
+  if (q0 >= q_rows) return;  // this sequence has fewer rows than the longest one; same for the whole block
   const int k_begin = p.cu_seqlens_k[b];
   const int k_len = p.cu_seqlens_k[b + 1] - k_begin;
-  // The queries are the last q_len of the k_len tokens: query row r of this tile sits at position
-  // first_pos + r and sees keys 0..first_pos + r (bottom-right aligned causal mask; 0 for prefill).
-  const int first_pos = k_len - q_len + q0;
+  // The queries are the last q_len of the k_len tokens: the tile's first row sits at position first_pos, and
+  // row r at first_pos + r (R = 1; a packed decode tile's rows all at k_len - 1). A row sees keys up to its
+  // position (bottom-right aligned causal mask; 0 for prefill).
+  const int first_pos = k_len - q_len + q0 / R;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;  // mma fragment coordinates (see mma_bf16_16x8x16)
-  const bf16* q_head = p.q + static_cast<int64_t>(q_begin) * p.q_stride + static_cast<int64_t>(h) * D;
-  const auto seq = kv.sequence(b, k_begin, h / p.group);  // grouped-query attention: kv head h / group
+  // Global row i of the sequence: query i / R of head h * R + i % R (R = 1: query i of head h).
+  const auto row_offset = [&](int i, int64_t stride) {
+    return static_cast<int64_t>(i / R) * stride + static_cast<int64_t>(h * R + i % R) * D;
+  };
+  const bf16* q_seq = p.q + static_cast<int64_t>(q_begin) * p.q_stride;
+  const auto seq = kv.sequence(b, k_begin, h * R / p.group);  // grouped-query attention: the rows' kv head
 
   // Causal: keys after the tile's last query are never needed. Tiles above the diagonal are skipped
   // entirely, not computed and masked.
@@ -197,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   const int num_kv_tiles = (kv_end + Bc - 1) / Bc;
 
   load_tile_async<DP, Br, kPadded>(
-      sQ, [&](int r) { return q_head + static_cast<int64_t>(q0 + r) * p.q_stride; }, q_len - q0, D, q_head, tid);
+      sQ, [&](int r) { return q_seq + row_offset(q0 + r, p.q_stride); }, q_rows - q0, D, q_seq, tid);
   // (k_len >= q_len > 0 here, so key 0 exists: its address is the operand of the zero-filling copies.)
   load_tile_async<DP, Bc, kPadded>(sK, [&](int r) { return seq.key(r); }, k_len, D, seq.key(0), tid);
   load_tile_async<DP, Bc, kPadded>(sV, [&](int r) { return seq.value(r); }, k_len, D, seq.value(0), tid);
@@ -210,8 +225,8 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   // This thread's two rows (g and g+8 of the warp's 16): running max (base-2 units) and partial sum.
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
-  // The position of this thread's first row (g); its second row (g + 8) is 8 further.
-  const int row_pos = first_pos + warp * 16 + g;
+  // The positions of this thread's two rows, g and g + 8 of the warp's 16.
+  const int row_pos[2] = {k_len - q_len + (q0 + warp * 16 + g) / R, k_len - q_len + (q0 + warp * 16 + g + 8) / R};
 
   for (int t = 0; t < num_kv_tiles; ++t) {
     const int buf = t & 1;
@@ -260,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
     }
 
     // ---- scale and mask -----------------------------------------------------------------------------
-    // Element s[j][e] is query row (16w + g + 8*(e/2)) of the tile, at position row_pos + 8*(e/2), and
+    // Element s[j][e] is query row (16w + g + 8*(e/2)) of the tile, at position row_pos[e/2], and
     // key k0 + 8j + 2c + e%2. Only a tile holding a key past the tile's first query position needs the
     // mask. `key > pos` also masks every key past the end (key >= k_len > pos) for each real query row;
     // rows past q_len (zero-filled queries) compute harmless values of their own that are never stored
@@ -273,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
         s[j][e] *= p.scale_log2;
         if (needs_mask) {
           const int key = k0 + j * 8 + 2 * c + (e & 1);
-          const int pos = row_pos + (e >> 1) * 8;
+          const int pos = row_pos[e >> 1];
           if (key > pos) s[j][e] = -INFINITY;
         }
       }
@@ -358,14 +373,14 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   __syncwarp();
   constexpr int kChunksPerRow = DP / 8;
   static_assert((16 * kChunksPerRow) % 32 == 0, "a warp stores its 16 rows in whole rounds");
-  bf16* out_head = p.out + static_cast<int64_t>(q_begin) * p.out_stride + static_cast<int64_t>(h) * D;
+  bf16* out_seq = p.out + static_cast<int64_t>(q_begin) * p.out_stride;
 #pragma unroll
   for (int i = 0; i < 16 * kChunksPerRow / 32; ++i) {
     const int chunk = i * 32 + lane;
     const int row = warp * 16 + chunk / kChunksPerRow, col = (chunk % kChunksPerRow) * 8;
-    const int query = q0 + row;
-    if (query < q_len && (!kPadded || col < D)) {  // padded columns hold zeros: never stored
-      *reinterpret_cast<uint4*>(out_head + static_cast<int64_t>(query) * p.out_stride + col) =
+    const int global_row = q0 + row;
+    if (global_row < q_rows && (!kPadded || col < D)) {  // padded columns hold zeros: never stored
+      *reinterpret_cast<uint4*>(out_seq + row_offset(global_row, p.out_stride) + col) =
           *reinterpret_cast<const uint4*>(sO + row * S + col);
     }
   }
@@ -475,11 +490,21 @@ inline Path path_for(int64_t head_dim) {
 
 // Launches the kernel for p.head_dim on `stream` (grid: max_q_len queries of batch_size sequences).
 template <class KV>
-void launch(const FlashParams& p, const KV& kv, int n_heads, int batch_size, int max_q_len, cudaStream_t stream) {
+void launch(FlashParams p, const KV& kv, int n_heads, int batch_size, int max_q_len, cudaStream_t stream) {
   if (batch_size == 0 || max_q_len == 0) return;  // no query anywhere
+  // A decode step (one query per sequence) with grouped-query attention on the tensor cores: a tile of one
+  // query would be 63 rows of padding, and each of the G heads sharing a KV head would stream the same keys
+  // and values. Instead one block takes the G heads as the rows of its tile (FlashParams::rows_per_query):
+  // G times fewer blocks and bytes, the same arithmetic per row, so the same bits (a test checks it).
+  const Path path = path_for(p.head_dim);
+  if (max_q_len == 1 && p.group > 1 && p.group <= kBr && path != Path::Simt && path != Path::Unsupported) {
+    p.rows_per_query = p.group;
+    n_heads /= p.group;
+    max_q_len = p.group;
+  }
   // head_dim is a run-time value; the mma kernel wants its tile width at compile time (register arrays,
   // unrolled loops): one instantiation per tile width.
-  switch (path_for(p.head_dim)) {
+  switch (path) {
     case Path::Mma64: launch_mma<64, false>(p, kv, n_heads, batch_size, max_q_len, stream); break;
     case Path::Mma128: launch_mma<128, false>(p, kv, n_heads, batch_size, max_q_len, stream); break;
     case Path::Mma64Padded: launch_mma<64, true>(p, kv, n_heads, batch_size, max_q_len, stream); break;

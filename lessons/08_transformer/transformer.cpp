@@ -75,6 +75,12 @@ ExecContext::ExecContext(const ModelConfig& config, const EngineLimits& limits, 
   }
 }
 
+void ExecContext::set_matmul_kernel(MatmulKernel kernel) {
+  TVLLM_REQUIRE(!matmul_kernel_needs_handle(kernel) || device_ == Device::CPU || cublas_,
+                "ExecContext: matmul kernel " + std::string(matmul_kernel_version(kernel)) + " needs a CublasHandle");
+  matmul_kernel_ = kernel;
+}
+
 void ExecContext::synchronize() const {
   if (stream_) stream_->synchronize();
 }
@@ -126,15 +132,15 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   const int64_t T = x.shape[0];
   if (L.packed()) {
     const TensorView qkv = first(buf, {T, shape.qkv_dim()});
-    linear(qkv, x, L.wqkv, kDefaultMatmulKernel, ctx.cublas());
+    linear(qkv, x, L.wqkv, ctx.matmul_kernel(), ctx.cublas());
     return split_qkv(qkv, shape);
   }
   QkvViews out{at_element(buf, 0, {T, shape.q_dim()}),
                at_element(buf, T * shape.q_dim(), {T, shape.kv_dim()}),
                at_element(buf, T * (shape.q_dim() + shape.kv_dim()), {T, shape.kv_dim()})};
-  linear(out.q, x, L.wq, kDefaultMatmulKernel, ctx.cublas());
-  linear(out.k, x, L.wk, kDefaultMatmulKernel, ctx.cublas());
-  linear(out.v, x, L.wv, kDefaultMatmulKernel, ctx.cublas());
+  linear(out.q, x, L.wq, ctx.matmul_kernel(), ctx.cublas());
+  linear(out.k, x, L.wk, ctx.matmul_kernel(), ctx.cublas());
+  linear(out.v, x, L.wv, ctx.matmul_kernel(), ctx.cublas());
   return out;
 }
 
@@ -146,12 +152,12 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   const int64_t T = x.shape[0], I = L.w_gate.shape[0];
   if (L.packed()) {
     const TensorView gate_up = first(buf, {T, 2 * I});
-    linear(gate_up, x, L.w_gate_up, kDefaultMatmulKernel, ctx.cublas());
+    linear(gate_up, x, L.w_gate_up, ctx.matmul_kernel(), ctx.cublas());
     return {column_slice(gate_up, 0, I), column_slice(gate_up, I, I)};
   }
   const TensorView gate = at_element(buf, 0, {T, I}), up = at_element(buf, T * I, {T, I});
-  linear(gate, x, L.w_gate, kDefaultMatmulKernel, ctx.cublas());
-  linear(up, x, L.w_up, kDefaultMatmulKernel, ctx.cublas());
+  linear(gate, x, L.w_gate, ctx.matmul_kernel(), ctx.cublas());
+  linear(up, x, L.w_up, ctx.matmul_kernel(), ctx.cublas());
   return {gate, up};
 }
 
@@ -208,14 +214,14 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
   // 4. Causal attention over each sequence's context.
   backend.attend(layer, qkv.q, qkv.k, qkv.v, attn, step, stream);
   // 5. Back to the residual width: delta = attn Wo^T.
-  linear(delta, attn, L.wo, kDefaultMatmulKernel, ctx.cublas());
+  linear(delta, attn, L.wo, ctx.matmul_kernel(), ctx.cublas());
   // 6. h += delta; the MLP's input normed = rmsnorm(h) * w_post.
   add_rmsnorm(h, delta, L.post_norm, normed, eps, {}, stream);
   // 7. The gated MLP: act = silu(normed Wg^T) * (normed Wu^T).
   const auto [gate, up] = project_gate_up(ctx, L, normed);
   silu_mul(act, gate, up, stream);
   // 8. delta = act Wd^T, added to h by the next layer's first norm (or by the final norm).
-  linear(delta, act, L.w_down, kDefaultMatmulKernel, ctx.cublas());
+  linear(delta, act, L.w_down, ctx.matmul_kernel(), ctx.cublas());
   // --- end of exercise 08.4 ---
 }
 
@@ -255,7 +261,7 @@ TensorView forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& st
   gather_rows(out_h, h, rows, stream);
   gather_rows(out_d, ws.delta.view().rows(0, T), rows, stream);
   add_rmsnorm(out_h, out_d, w.final_norm, out_n, static_cast<float>(w.config.rms_norm_eps), {}, stream);
-  linear(logits, out_n, w.lm_head, kDefaultMatmulKernel, ctx.cublas());
+  linear(logits, out_n, w.lm_head, ctx.matmul_kernel(), ctx.cublas());
   return logits;
 }
 

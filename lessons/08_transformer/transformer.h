@@ -34,6 +34,7 @@
 #include "common/cuda_stream.h"
 #include "common/tensor.h"
 #include "embedding.h"
+#include "matmul.h"
 #include "model_config.h"
 #include "model_weights.h"
 #include "rope.h"
@@ -165,6 +166,10 @@ class ExecContext {
   Device device() const { return device_; }
   cudaStream_t stream() const { return stream_ ? stream_->get() : nullptr; }
   CublasHandle* cublas() { return cublas_ ? &*cublas_ : nullptr; }
+  // Which of lesson 06's versions runs every projection and the lm_head on CUDA: v5 (cuBLAS) unless set.
+  // v7 makes each token's results independent of the rest of its step (lesson 11's batch invariance).
+  MatmulKernel matmul_kernel() const { return matmul_kernel_; }
+  void set_matmul_kernel(MatmulKernel kernel);
   Workspace& workspace() { return workspace_; }
   const EngineLimits& limits() const { return workspace_.limits(); }
   // Waits for everything queued on the stream (CPU: nothing to wait for).
@@ -179,6 +184,7 @@ class ExecContext {
   std::optional<CudaStream> stream_;
   std::optional<CublasHandle> cublas_;
   Workspace workspace_;
+  MatmulKernel matmul_kernel_ = kDefaultMatmulKernel;
 };
 
 // ---- attention: the seam -------------------------------------------------------------------------

@@ -27,6 +27,9 @@ class CachedAttention final : public AttentionBackend {
   void set_slots(const std::vector<int32_t>& slots, cudaStream_t stream = nullptr);
   // Decode steps: 0 (default) lets decode_splits() choose; n > 0 always uses n splits (tests, benchmarks).
   void force_decode_splits(int num_splits);
+  // Split (default): decode steps through the split decode kernel. Flash: every step through the flash kernel,
+  // so that a token's attention does not depend on the rest of its step (kv_cache.h, DecodeAttention).
+  void set_decode_attention(DecodeAttention decode) { decode_attention_ = decode; }
 
   // AttentionBackend: kv write, then attention over the cache. InputError when the step has another number of
   // sequences than set_slots() named, or reaches past the cache's max_context.
@@ -43,6 +46,7 @@ class CachedAttention final : public AttentionBackend {
   CacheSlots slots_;
   DecodeWorkspace decode_;
   int forced_splits_ = 0;
+  DecodeAttention decode_attention_ = DecodeAttention::Split;
 };
 
 }  // namespace tvllm

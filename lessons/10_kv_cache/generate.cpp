@@ -66,6 +66,11 @@ Generator::~Generator() {
 
 // ---- the pieces ------------------------------------------------------------------------------------------
 
+void Generator::set_batch_invariant(bool on) {
+  ctx_.set_matmul_kernel(on ? MatmulKernel::V7BatchInvariant : kDefaultMatmulKernel);
+  attention_.set_decode_attention(on ? DecodeAttention::Flash : DecodeAttention::Split);
+}
+
 void Generator::set_step(const std::vector<int32_t>& token_ids, const std::vector<int64_t>& q_lens,
                          const std::vector<int64_t>& k_lens, const std::vector<int32_t>& logits_rows,
                          const std::vector<int32_t>& slots) {

@@ -313,8 +313,9 @@ void decode_attention(const TensorView& out, const TensorView& q, const TensorVi
 
 void cached_attention(const TensorView& out, const TensorView& q, const TensorView& cache_k,
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
-                      const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream) {
-  if (batch.max_q_len() <= 1) {
+                      const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream,
+                      DecodeAttention decode) {
+  if (batch.max_q_len() <= 1 && decode == DecodeAttention::Split) {
     const int num_sms = q.device == Device::CUDA && workspace ? workspace->num_sms() : 0;
     decode_attention(out, q, cache_k, cache_v, batch, slots, shape,
                      decode_splits(shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace, stream);
@@ -324,6 +325,7 @@ void cached_attention(const TensorView& out, const TensorView& q, const TensorVi
   const Device device = q.device;
   check_cache(cache_k, cache_v, shape, device, "cached_attention");
   check_step(batch, slots, cache_k, device, "cached_attention");
+  if (batch.total_q() == 0) return;  // nothing to attend (and a grid of zero blocks is a launch error)
   if (device == Device::CPU) {
     cached_prefill_attention_cpu(out, q, cache_k, cache_v, batch, slots, shape);
   } else {

@@ -159,14 +159,25 @@ class DecodeWorkspace {
 inline constexpr int kMinKeysPerSplit = 64;
 int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms);
 
+// How a step whose every sequence brings at most one token (a decode step) is attended:
+//   Split  the decode kernel below, each sequence's keys cut into decode_splits() pieces: the fastest. But the
+//          split count depends on the step's batch size, and a prompt's tokens go through the flash kernel
+//          instead: a token's attention output may differ in its last bits with the company it keeps.
+//   Flash  lesson 07's flash kernel for every step, the one prefill uses. A query row's sum runs over the
+//          same key tiles in the same order whatever else is in the step and however its token arrived
+//          (prompt, decode, chunk, recomputation): batch-invariant (lesson 11), slower at decode.
+// On the CPU, Flash means the prefill reference (double precision) for every row.
+enum class DecodeAttention { Split, Flash };
+
 // Attention of the step's queries over the cache (keys 0..k_len[b]-1 of sequence b, already written, this
 // step's included). q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV buffer).
-// Every q_len <= 1: decode_attention with decode_splits() (workspace needed on CUDA); otherwise the flash
-// kernel over the cache (CUDA) or the double-precision reference (CPU). Throws InputError on a bad shape,
-// device, batch (k_len past max_context, more sequences than slots) or head_dim.
+// Every q_len <= 1 and decode == Split: decode_attention with decode_splits() (workspace needed on CUDA);
+// otherwise the flash kernel over the cache (CUDA) or the double-precision reference (CPU). Throws
+// InputError on a bad shape, device, batch (k_len past max_context, more sequences than slots) or head_dim.
 void cached_attention(const TensorView& out, const TensorView& q, const TensorView& cache_k,
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
-                      const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream = nullptr);
+                      const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream = nullptr,
+                      DecodeAttention decode = DecodeAttention::Split);
 
 // Decode only (every q_len is 0 or 1), with an explicit split count (1..kMaxDecodeSplits; tests and the
 // chapter's exercises use it). CPU: fp32, the same algorithm as the kernels (per-split max, sum and

@@ -124,6 +124,10 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
     rows_staging_ = HostBuffer(rows_host_.size() * sizeof(SamplingRow), HostBuffer::Kind::Pinned);
     TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming));
   }
+  if (config.batch_invariant) {
+    ctx_.set_matmul_kernel(MatmulKernel::V7BatchInvariant);
+    kv_->set_decode_attention(DecodeAttention::Flash);
+  }
   update_stats();
 }
 

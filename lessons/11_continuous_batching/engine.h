@@ -54,6 +54,10 @@ struct EngineConfig {
   int64_t max_sequences = 64;          // sequences running at once (and per step)
   int64_t max_context = 0;             // tokens per sequence, prompt + output; 0: max_position_embeddings
   bool chunked_prefill = true;
+  // Batch invariance: every projection through lesson 06's v7 and every attention through the flash kernel
+  // (lesson 10's DecodeAttention::Flash), so that a request's tokens are the same bits whatever else the
+  // engine is running (README "Batch invariance"). Off: cuBLAS and the split decode kernel, faster.
+  bool batch_invariant = false;
   std::vector<int32_t> eos_ids;  // empty: the model config's eos_token_ids
 
   // The forward step's limits: max_tokens_per_step tokens, max_sequences sequences and logits rows.
@@ -82,6 +86,8 @@ class EngineKv {
   virtual KvAllocator& allocator() = 0;
   virtual AttentionBackend& attention() = 0;
   virtual void prepare(const ScheduledBatch& batch, cudaStream_t stream) = 0;
+  // Which kernel attends decode steps (lesson 10's DecodeAttention): the engine sets Flash for batch invariance.
+  virtual void set_decode_attention(DecodeAttention decode) = 0;
   virtual KvUsage usage() const = 0;
   virtual std::string describe() const = 0;
 };
@@ -95,6 +101,7 @@ class ContiguousKv final : public EngineKv {
   AttentionBackend& attention() override { return attention_; }
   // Sequence b of the batch uses the slot its allocation holds (seq->kv_blocks[0]).
   void prepare(const ScheduledBatch& batch, cudaStream_t stream) override;
+  void set_decode_attention(DecodeAttention decode) override { attention_.set_decode_attention(decode); }
   KvUsage usage() const override;
   std::string describe() const override { return cache_.describe(); }
 

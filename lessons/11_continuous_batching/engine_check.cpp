@@ -103,9 +103,12 @@ double rms(const Tensor& t) {
 
 }  // namespace
 
-AloneResults run_alone(const ModelWeights& weights, const std::vector<CheckRequest>& requests, int64_t max_context) {
+AloneResults run_alone(const ModelWeights& weights, const std::vector<CheckRequest>& requests, int64_t max_context,
+                       bool batch_invariant) {
   Generator gen(weights, Generator::limits_for(weights.config, max_context, 1));
+  gen.set_batch_invariant(batch_invariant);
   AloneResults a;
+  a.batch_invariant = batch_invariant;
   for (const CheckRequest& r : requests) {
     GenerateOptions o;
     o.max_new_tokens = r.params.max_tokens;
@@ -128,6 +131,7 @@ AloneCheck check_against_alone(const ModelWeights& weights, const std::vector<Ch
   AloneCheck c;
   c.device = weights.device;
   c.requests = static_cast<int>(requests.size());
+  c.exact_required = alone.batch_invariant;
   TVLLM_REQUIRE(alone.ids.size() == requests.size() && run.ids.size() == requests.size(),
                 "check_against_alone: results for another number of requests");
   std::optional<Generator> gen;  // GPU teacher forcing
@@ -147,8 +151,8 @@ AloneCheck check_against_alone(const ModelWeights& weights, const std::vector<Ch
                              ") vs alone " + ids_text(alone.ids[i]) + " (" +
                              std::string(finish_reason_name(alone.reasons[i])) + "), first difference at " +
                              std::to_string(at);
-    if (weights.device == Device::CPU || got.empty()) {
-      fail(i, diff);
+    if (weights.device == Device::CPU || c.exact_required || got.empty()) {
+      fail(i, diff + (c.exact_required ? " (batch-invariant: must be equal)" : ""));
       continue;
     }
     // GPU: the batch's ids, fed alone, must each be the argmax there up to 4ε (engine_check.h).
@@ -173,6 +177,8 @@ AloneCheck check_against_alone(const ModelWeights& weights, const std::vector<Ch
 
 EngineCaseResult run_engine_case(const ModelWeights& weights, const EngineConfig& config, const KvFactory& kv,
                                  const std::vector<CheckRequest>& requests, const AloneResults& alone) {
+  TVLLM_REQUIRE(config.batch_invariant == alone.batch_invariant,
+                "run_engine_case: the engine and the Generator alone must both be batch-invariant, or neither");
   Engine engine(weights, config, kv);
   EngineCaseResult r;
   const EngineRunResult run = run_requests(engine, requests);

@@ -11,6 +11,9 @@
 //       rest differ. So exact equality is counted (and reported), and what is REQUIRED is teacher-forced
 //       agreement: the batch's ids fed alone through the Generator, every id must be the argmax there or within
 //       4ε of it (both runs within ε of the exact logits: the batch's argmax can trail alone's by 2 x 2ε).
+//   Batch-invariant (EngineConfig::batch_invariant, and the Generator alone set the same way): equal, id for id,
+//       on the GPU too. Every kernel then computes a token's row in an order that does not depend on the rest
+//       of the step, so nothing is left to differ: exact equality is REQUIRED.
 #pragma once
 
 #include <cstdint>
@@ -52,15 +55,18 @@ struct AloneCheck {
   int64_t near_ties = 0;
   std::string first_failure;  // the first request that did not pass, and why
   Device device = Device::CPU;
-  bool pass() const { return device == Device::CPU ? exact == requests : forced_pass == requests; }
+  bool exact_required = false;  // batch-invariant runs (and every CPU run)
+  bool pass() const { return device == Device::CPU || exact_required ? exact == requests : forced_pass == requests; }
   std::string summary() const;  // "64/64 exact" or "61/64 exact, 64/64 teacher-forced (3 near-ties)"
 };
 // Each request run alone through lesson 10's Generator (stop ids join its EOS list), with the engine's max_context.
 struct AloneResults {
   std::vector<std::vector<int32_t>> ids;
   std::vector<FinishReason> reasons;
+  bool batch_invariant = false;  // the Generator ran with set_batch_invariant(true)
 };
-AloneResults run_alone(const ModelWeights& weights, const std::vector<CheckRequest>& requests, int64_t max_context);
+AloneResults run_alone(const ModelWeights& weights, const std::vector<CheckRequest>& requests, int64_t max_context,
+                       bool batch_invariant = false);
 
 // The rules above. `alone` from run_alone on the same weights (computed once, checked against several runs).
 AloneCheck check_against_alone(const ModelWeights& weights, const std::vector<CheckRequest>& requests,

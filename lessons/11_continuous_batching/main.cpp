@@ -145,8 +145,18 @@ bool run_engine_checks(const ModelWeights& w) {
   const EngineCaseResult chunked = run_engine_case(w, c, contiguous_kv(16), requests, alone);
   print_engine_case("chunked prefill, budget 32", chunked);
   pass = slots.pass() && chunked.pass();
+  if (gpu) {
+    // Batch invariance (README "Batch invariance"): v7 GEMMs and flash attention everywhere, the Generator alone
+    // set the same way: now exact equality is required on the GPU too.
+    c.batch_invariant = true;
+    const AloneResults invariant_alone = run_alone(w, requests, max_context, /*batch_invariant=*/true);
+    const EngineCaseResult invariant = run_engine_case(w, c, contiguous_kv(16), requests, invariant_alone);
+    print_engine_case("batch-invariant, chunked, budget 32", invariant);
+    pass = pass && invariant.pass();
+  }
   std::printf("   (ids == alone: lesson 10's Generator running each request alone; %s)\n\n",
-              gpu ? "bf16: exact matches counted, teacher-forced agreement required (engine_check.h)"
+              gpu ? "bf16: exact matches counted, teacher-forced agreement required (engine_check.h); "
+                    "batch-invariant: exact, id for id"
                   : "fp32: exact, id for id");
   return pass;
 }

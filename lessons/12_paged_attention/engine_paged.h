@@ -36,6 +36,7 @@ class PagedKv final : public EngineKv {
   KvAllocator& allocator() override { return blocks_; }
   AttentionBackend& attention() override { return attention_; }
   void prepare(const ScheduledBatch& batch, cudaStream_t stream) override;
+  void set_decode_attention(DecodeAttention decode) override { attention_.set_decode_attention(decode); }
   KvUsage usage() const override;
   std::string describe() const override;
 

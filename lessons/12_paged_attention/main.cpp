@@ -217,6 +217,17 @@ bool run_engine_checks(const ModelWeights& w) {
     std::printf("      expected preemptions in the small pool: none happened\n");
     pass = false;
   }
+  if (gpu) {  // the same small pool, batch-invariant: preempted and recomputed, still exactly equal (lesson 11)
+    EngineConfig ci = c;
+    ci.batch_invariant = true;
+    const EngineCaseResult invariant = run_engine_case(w, ci, paged(2 * blocks_per_seq, true), mixed,
+                                                       run_alone(w, mixed, max_context, /*batch_invariant=*/true));
+    show("batch-invariant, a pool of " + std::to_string(2 * blocks_per_seq) + " blocks", invariant);
+    if (invariant.stats.preemptions == 0) {
+      std::printf("      expected preemptions in the small pool: none happened\n");
+      pass = false;
+    }
+  }
   if (on.stats.kv.prefix_hit_tokens == 0) {
     std::printf("      expected prefix-cache hits: none happened\n");
     pass = false;
@@ -225,7 +236,8 @@ bool run_engine_checks(const ModelWeights& w) {
               100.0 * static_cast<double>(on.stats.kv.prefix_hit_tokens) /
                   static_cast<double>(std::max<int64_t>(1, on.stats.kv.prefix_query_tokens)));
   std::printf("   (ids == alone: lesson 10's Generator running each request alone; %s)\n\n",
-              gpu ? "bf16: exact matches counted, teacher-forced agreement required (engine_check.h)"
+              gpu ? "bf16: exact matches counted, teacher-forced agreement required (engine_check.h); "
+                    "batch-invariant: exact, id for id"
                   : "fp32: exact, id for id");
   return pass;
 }

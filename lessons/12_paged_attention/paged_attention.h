@@ -34,6 +34,9 @@ class PagedAttention final : public AttentionBackend {
                   cudaStream_t stream = nullptr);
   // Decode steps: 0 (default) lets decode_splits() choose; n > 0 always uses n splits (graphs, tests, benchmarks).
   void force_decode_splits(int num_splits);
+  // Split (default): decode steps through the split decode kernel. Flash: every step through the flash kernel,
+  // so that a token's attention does not depend on the rest of its step (kv_cache.h, DecodeAttention).
+  void set_decode_attention(DecodeAttention decode) { decode_attention_ = decode; }
 
   // AttentionBackend: paged KV write, then attention over the pool. InputError when the tables do not match the
   // step (check_paged_step: their counts, a context its table does not cover, a slot its table contradicts).
@@ -50,6 +53,7 @@ class PagedAttention final : public AttentionBackend {
   PagedStepTables tables_;
   DecodeWorkspace decode_;
   int forced_splits_ = 0;
+  DecodeAttention decode_attention_ = DecodeAttention::Split;
 };
 
 }  // namespace tvllm

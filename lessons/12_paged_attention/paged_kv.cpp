@@ -414,8 +414,8 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
 
 void paged_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
                      const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
-                     DecodeWorkspace* workspace, cudaStream_t stream) {
-  if (batch.max_q_len() <= 1) {
+                     DecodeWorkspace* workspace, cudaStream_t stream, DecodeAttention decode) {
+  if (batch.max_q_len() <= 1 && decode == DecodeAttention::Split) {
     const int num_sms = q.device == Device::CUDA && workspace ? workspace->num_sms() : 0;
     paged_decode_attention(out, q, pool_k, pool_v, batch, tables, shape,
                            decode_splits(shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace, stream);
@@ -425,6 +425,7 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
   const Device device = q.device;
   check_pool(pool_k, pool_v, shape, tables, device, "paged_attention");
   check_paged_step(batch, tables, "paged_attention");
+  if (batch.total_q() == 0) return;  // nothing to attend (and a grid of zero blocks is a launch error)
   if (device == Device::CPU) {
     paged_prefill_attention_cpu(out, q, pool_k, pool_v, batch, tables, shape);
   } else {

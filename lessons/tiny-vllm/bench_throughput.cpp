@@ -34,6 +34,7 @@ struct BenchThroughputOptions {
   int64_t max_sequences = 256, max_tokens_per_step = 4096, block_size = 16, static_batch = 0;
   double kv_fraction = 0.9;
   bool prefix_caching = true;
+  bool batch_invariant = false;
 };
 
 std::string gib(size_t bytes) {
@@ -62,6 +63,7 @@ void run(const BenchThroughputOptions& o) {
   config.max_sequences = o.max_sequences;
   config.max_tokens_per_step = o.max_tokens_per_step;
   config.max_context = 2 * o.max_len;
+  config.batch_invariant = o.batch_invariant;
   KvFactory kv;
   if (o.kv == "paged") {
     PagedKvOptions p;
@@ -91,6 +93,7 @@ void run(const BenchThroughputOptions& o) {
     j["device"] = std::string(device_name(device));
     j["kv"] = o.kv;
     j["batching"] = o.static_batch > 0 ? "static" : "continuous";
+    j["batch_invariant"] = o.batch_invariant;
     j["seed"] = o.seed;
     j["min_len"] = o.min_len;
     j["max_len"] = o.max_len;
@@ -109,9 +112,9 @@ void run(const BenchThroughputOptions& o) {
     j["kv_bytes"] = r.kv.bytes;
     std::cout << j.dump() << "\n";
   } else {
-    std::printf("tiny-vllm bench throughput: %s on %s, %s batching; %s\n", o.model.c_str(),
+    std::printf("tiny-vllm bench throughput: %s on %s, %s batching%s; %s\n", o.model.c_str(),
                 std::string(device_name(device)).c_str(), o.static_batch > 0 ? "static" : "continuous",
-                engine.kv().describe().c_str());
+                o.batch_invariant ? " (batch-invariant)" : "", engine.kv().describe().c_str());
     std::printf("  %-16s %14lld\n", "requests", static_cast<long long>(r.requests));
     std::printf("  %-16s %14lld\n", "prompt tokens", static_cast<long long>(r.prompt_tokens));
     std::printf("  %-16s %14lld\n", "output tokens", static_cast<long long>(r.output_tokens));
@@ -152,6 +155,8 @@ void add_bench_throughput_command(CLI::App& bench) {
   cmd->add_option("--kv-fraction", opt->kv_fraction, "paged, CUDA: fraction of the free memory for the pool (0.9)")
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
+  cmd->add_flag("--batch-invariant", opt->batch_invariant,
+                "the engine's batch-invariant kernels (lesson 06 v7, flash decode): what exactness costs");
   cmd->add_option("--static-batch", opt->static_batch,
                   "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));

@@ -29,7 +29,7 @@ namespace {
 
 struct GenerateCliOptions {
   std::string model, prompt, prompt_ids, system, device = "auto", output = "text";
-  bool chat = false, ignore_eos = false;
+  bool chat = false, ignore_eos = false, batch_invariant = false;
   int64_t max_tokens = 128;
   SamplingFlags sampling;
 };
@@ -79,6 +79,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
   // A cache of exactly prompt + max_tokens positions; prefill in steps of at most 2048 tokens.
   const int64_t max_context = P + o.max_tokens;
   Generator gen(*m->weights, Generator::limits_for(c, max_context, 1, std::min<int64_t>(max_context, 2048)));
+  gen.set_batch_invariant(o.batch_invariant);
   GenerateOptions options;
   options.max_new_tokens = o.max_tokens;
   options.sampling = sampling;
@@ -147,6 +148,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-tokens", opt->max_tokens, "the most new tokens (default 128)");
   opt->sampling.add_to(cmd);
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "do not stop at an EOS id (benchmarks)");
+  cmd->add_flag("--batch-invariant", opt->batch_invariant,
+                "the kernels of `serve --batch-invariant`: the same ids as a server in that mode gives this prompt");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--output", opt->output, "text (streamed) or json (one object)")

@@ -43,6 +43,7 @@ struct ServeCliOptions {
           kv_blocks = 0;
   double gpu_memory_utilization = 0.9, shutdown_timeout_s = 30;
   bool quiet = false;
+  bool batch_invariant = false;
 };
 
 // The directory's name, as vLLM serves a local model by its path's last part ("weights/tiny-llama3/" too).
@@ -96,6 +97,7 @@ void run_serve(const ServeCliOptions& o) {
   ec.max_sequences = o.max_num_seqs;
   ec.max_tokens_per_step = o.max_batched_tokens;
   ec.max_context = std::min<int64_t>(o.max_model_len, m->model.config.max_position_embeddings);
+  ec.batch_invariant = o.batch_invariant;
   KvFactory kv;
   if (o.kv == "paged") {
     PagedKvOptions po;
@@ -117,10 +119,11 @@ void run_serve(const ServeCliOptions& o) {
   sc.log = o.quiet ? nullptr : &std::cerr;
   server::OpenAiServer srv(engine, tok, chat, sc);
   const int port = srv.start();
-  std::printf("tiny-vllm serve: %s on %s; KV: %s; context %lld, up to %lld sequences, %lld waiting\n",
+  std::printf("tiny-vllm serve: %s on %s; KV: %s; context %lld, up to %lld sequences, %lld waiting%s\n",
               m->dir.string().c_str(), std::string(device_name(m->device)).c_str(),
               engine.kv().describe().c_str(), static_cast<long long>(engine.limits().max_context),
-              static_cast<long long>(ec.max_sequences), static_cast<long long>(sc.max_waiting));
+              static_cast<long long>(ec.max_sequences), static_cast<long long>(sc.max_waiting),
+              ec.batch_invariant ? "; batch-invariant" : "");
   std::printf("listening on http://%s:%d (model \"%s\"%s); Ctrl-C to stop\n", o.host.c_str(), port,
               sc.model_name.c_str(), o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
@@ -193,6 +196,8 @@ void add_serve_commands(CLI::App& app) {
   cmd->add_option("--shutdown-timeout", opt->shutdown_timeout_s,
                   "seconds in-flight requests may take to finish after SIGINT/SIGTERM (default 30)");
   cmd->add_flag("--quiet", opt->quiet, "no line per request on stderr");
+  cmd->add_flag("--batch-invariant", opt->batch_invariant,
+                "a request's tokens do not depend on the other requests in flight (slower kernels; lesson 11)");
   cmd->callback([opt] {
     ServeCliOptions o = *opt;
     if (o.api_key.empty())

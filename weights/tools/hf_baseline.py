@@ -251,7 +251,7 @@ def run_throughput(model, args, device) -> list[dict]:
     sync(device)
     t0 = time.perf_counter()
     generated = 0
-    for b in batches:
+    for k, b in enumerate(batches):
         width = max(len(reqs[i][0]) for i in b)
         new = max(reqs[i][1] for i in b)
         ids = torch.full((len(b), width), pad, dtype=torch.long)
@@ -262,6 +262,11 @@ def run_throughput(model, args, device) -> list[dict]:
             mask[row, width - len(p):] = 1
         generate(model, ids.to(device), mask.to(device), new, eos, pad)
         generated += len(b) * new
+        sync(device)  # (progress only: the batches run one after another anyway)
+        done = sum(reqs[i][1] for bb in batches[:k + 1] for i in bb)
+        print(f"[{time.perf_counter() - t0:6.1f} s] batch {k + 1}/{len(batches)}: {len(b)} requests, prompts "
+              f"padded to {width}, {new} new tokens each; {done} useful output tokens so far", file=sys.stderr,
+              flush=True)
     sync(device)
     seconds = time.perf_counter() - t0
     prompt_tokens = sum(len(p) for p, _ in reqs)
