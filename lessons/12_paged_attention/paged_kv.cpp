@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "cache_attention_cpu.h"
 #include "common/errors.h"
 #include "common/exercise.h"
 #include "model_config.h"
@@ -468,125 +469,51 @@ void paged_kv_write_cpu(const TensorView& pool_k, const TensorView& pool_v, cons
   // --- end of exercise 12.6 ---
 }
 
+namespace {
+
+// The pool row (KV slot) of position pos of a sequence whose block table row is `table`.
+int64_t paged_row_cpu(const int32_t* table, int64_t pos, int64_t block_size) {
+  // --- exercise 12.7: the block-table look-up ------------------------------------------------------------------
+  // Task: position pos sits in block table[pos / block_size], at offset pos % block_size inside it: return that
+  //   block's first row (block id times block_size) plus the offset. This is all that makes lesson 10's
+  //   references (cache_attention_cpu.h: prefill and decode, written over a row function) read the pool.
+  // Hint: the block id is an int32; widen it before the multiplication (a large pool passes 2^31 elements
+  //   once the row is multiplied by kv_dim).
+  // Tests: PagedKv12.PagedEqualsContiguous* PagedKv12.PrefixSharedThroughTheSameBlocks
+  // Tests: PagedKv12.DecodeSplitsAgree PagedKv12.BackendEqualsTheContiguousCacheOnTheBundledModel
+  // Stub:
+  //   (void)table;
+  //   (void)pos;
+  //   (void)block_size;
+  //   throw NotWrittenYet("12.7", "the block-table look-up");
+  // --- solution ---
+  return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+  // --- end of exercise 12.7 ---
+}
+
+// Sequence b's rows: wherever its block table says.
+auto table_rows(const PagedStepTables& tables, const AttentionShape& shape) {
+  const int64_t block_size = tables.block_size(), kv_dim = shape.kv_dim();
+  return [&tables, block_size, kv_dim](int b) {
+    const int32_t* table = tables.host_block_table(b);
+    return [table, block_size, kv_dim](int64_t j) { return paged_row_cpu(table, j, block_size) * kv_dim; };
+  };
+}
+
+}  // namespace
+
 void paged_prefill_attention_cpu(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                  const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                                  const AttentionShape& shape) {
-  // Lesson 10's cached_prefill_attention_cpu, with key j of sequence b read through its block table.
-  const int64_t D = shape.head_dim, group = shape.group_size(), kv_dim = shape.kv_dim();
-  const int64_t bs = tables.block_size();
-  const double scale = shape.scale();
-  std::vector<double> p, acc;
-  for (int b = 0; b < batch.batch_size(); ++b) {
-    const int64_t q_len = batch.q_len(b), k_len = batch.k_len(b);
-    const int32_t* table = tables.host_block_table(b);
-    const auto row = [&](int64_t j) { return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kv_dim; };
-    for (int64_t h = 0; h < shape.n_heads; ++h) {
-      const int64_t kvh = h / group;
-      for (int64_t i = 0; i < q_len; ++i) {
-        const int64_t pos = k_len - q_len + i;  // sees keys 0..pos
-        const float* qi = q.ptr<const float>() + (batch.q_begin(b) + i) * q.strides[0] + h * D;
-        p.assign(static_cast<size_t>(pos + 1), 0.0);
-        double max_score = -INFINITY;
-        for (int64_t j = 0; j <= pos; ++j) {
-          const float* kj = pool_k.ptr<const float>() + row(j) + kvh * D;
-          double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
-          p[j] = dot * scale;
-          max_score = std::max(max_score, p[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - max_score));
-        acc.assign(static_cast<size_t>(D), 0.0);
-        for (int64_t j = 0; j <= pos; ++j) {
-          const float* vj = pool_v.ptr<const float>() + row(j) + kvh * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * vj[d];
-        }
-        float* oi = out.ptr<float>() + (batch.q_begin(b) + i) * out.strides[0] + h * D;
-        for (int64_t d = 0; d < D; ++d) oi[d] = static_cast<float>(acc[d] / sum);
-      }
-    }
-  }
+  prefill_attention_over_rows_cpu(out, q, pool_k.ptr<const float>(), pool_v.ptr<const float>(), batch, shape,
+                                  table_rows(tables, shape));
 }
 
 void paged_decode_attention_cpu(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                 const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                                 const AttentionShape& shape, int num_splits) {
-  // --- exercise 12.7: decode attention through the block table -----------------------------------------------
-  // Task: lesson 10's decode_attention_cpu (exercise 10.2: per split of ceil(k_len / num_splits) keys, in fp32
-  //   and base-2 units, the split's max m_s, sum l_s and unnormalised output o_s; then the combine), but key j of
-  //   sequence b is read from the pool: its KV slot is table[j / block_size] * block_size + j % block_size, with
-  //   table = tables.host_block_table(b). Sequences with q_len 0 have nothing to compute or write.
-  // Hint: GQA: head h reads kv head h / shape.group_size(), at column kv_head * head_dim of the slot's row
-  //   (pool_k.ptr<float>() + slot * kv_dim).
-  // Hint: do the arithmetic in the same order as lesson 10 (float dot products over d, scores * scale_log2,
-  //   exp2): the tests expect the contiguous cache's answer bit for bit.
-  // Tests: PagedKv12.PagedEqualsContiguous* PagedKv12.PrefixSharedThroughTheSameBlocks
-  // Tests: PagedKv12.DecodeSplitsAgree PagedKv12.BackendEqualsTheContiguousCacheOnTheBundledModel
-  // Stub:
-  //   (void)out;
-  //   (void)q;
-  //   (void)pool_k;
-  //   (void)pool_v;
-  //   (void)batch;
-  //   (void)tables;
-  //   (void)shape;
-  //   (void)num_splits;
-  //   throw NotWrittenYet("12.7", "decode attention through the block table");
-  // --- solution ---
-  const int64_t D = shape.head_dim, group = shape.group_size(), kv_dim = shape.kv_dim();
-  const int64_t bs = tables.block_size();
-  const float scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // as the kernels
-  std::vector<float> m(static_cast<size_t>(num_splits)), l(static_cast<size_t>(num_splits));
-  std::vector<float> o(static_cast<size_t>(num_splits * D)), scores;
-  for (int b = 0; b < batch.batch_size(); ++b) {
-    if (batch.q_len(b) == 0) continue;  // nothing to compute, nothing to write
-    const int64_t k_len = batch.k_len(b);
-    const int64_t chunk = (k_len + num_splits - 1) / num_splits;
-    const int32_t* table = tables.host_block_table(b);
-    // Key j of this sequence: its block from the table, its offset inside the block.
-    const auto row = [&](int64_t j) { return (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kv_dim; };
-    for (int64_t h = 0; h < shape.n_heads; ++h) {
-      const int64_t kvh = h / group;
-      const float* qh = q.ptr<const float>() + batch.q_begin(b) * q.strides[0] + h * D;
-      // 1. Each split: its max, its sum, its unnormalised output (what one GPU block writes).
-      for (int s = 0; s < num_splits; ++s) {
-        const int64_t begin = std::min(k_len, s * chunk), end = std::min(k_len, begin + chunk);
-        float* os = o.data() + s * D;
-        std::fill(os, os + D, 0.f);
-        m[s] = -INFINITY;
-        l[s] = 0.f;
-        scores.assign(static_cast<size_t>(end - begin), 0.f);
-        for (int64_t j = begin; j < end; ++j) {
-          const float* kj = pool_k.ptr<const float>() + row(j) + kvh * D;
-          float dot = 0.f;
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
-          scores[j - begin] = dot * scale_log2;
-          m[s] = std::max(m[s], scores[j - begin]);
-        }
-        for (int64_t j = begin; j < end; ++j) {
-          const float p = std::exp2(scores[j - begin] - m[s]);
-          l[s] += p;
-          const float* vj = pool_v.ptr<const float>() + row(j) + kvh * D;
-          for (int64_t d = 0; d < D; ++d) os[d] += p * vj[d];
-        }
-      }
-      // 2. The combine: rescale every split to the global max, add, normalise once.
-      float M = -INFINITY;
-      for (int s = 0; s < num_splits; ++s) M = std::max(M, m[s]);
-      float L = 0.f;
-      float* oh = out.ptr<float>() + batch.q_begin(b) * out.strides[0] + h * D;
-      std::fill(oh, oh + D, 0.f);
-      for (int s = 0; s < num_splits; ++s) {
-        if (m[s] == -INFINITY) continue;  // an empty split
-        const float w = std::exp2(m[s] - M);
-        L += w * l[s];
-        for (int64_t d = 0; d < D; ++d) oh[d] += w * o[s * D + d];
-      }
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
-    }
-  }
-  // --- end of exercise 12.7 ---
+  decode_attention_over_rows_cpu(out, q, pool_k.ptr<const float>(), pool_v.ptr<const float>(), batch, shape,
+                                 num_splits, table_rows(tables, shape));
 }
 
 }  // namespace tvllm

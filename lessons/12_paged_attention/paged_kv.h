@@ -13,9 +13,8 @@
 // Three ops, each on the device of its views (CPU = fp32, the reference; CUDA = bf16 with fp32 math):
 //   paged_kv_write      this step's new k, v rows -> the pool, at slot_mapping[t] (slot -1: not stored)
 //   paged_attention     the step's queries over everything their sequences have in the pool:
-//                         every q_len <= 1 (decode)   paged_decode_attention: one query per sequence, the group's
-//                                                     query heads sharing each K/V load, split over the context
-//                                                     (flash-decoding) + a combine kernel
+//                         every q_len <= 1 (decode)   paged_decode_attention: lesson 10's decode kernel
+//                                                     (flash-decoding + its combine) with the PagedKV policy
 //                         otherwise (prefill, chunks, prefix-cache hits)   lesson 07's flash kernel with the
 //                                                     PagedKV policy: the keys before a chunk are read from blocks
 //
@@ -195,8 +194,8 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
                      DecodeAttention decode = DecodeAttention::Split);
 
 // Decode only (every q_len is 0 or 1), with an explicit split count (1..kMaxDecodeSplits). CPU: fp32, lesson
-// 10's split algorithm (per-split max, sum and unnormalised output, then the combine); CUDA: the paged decode
-// kernel + lesson 10's combine.
+// 10's split algorithm (cache_attention_cpu.h) through the block table; CUDA: lesson 10's decode kernel and
+// combine (decode_attention.cuh) with the PagedKV policy.
 void paged_decode_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                             const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                             const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace,
