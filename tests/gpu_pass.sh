@@ -17,7 +17,8 @@
 #
 #   bash tests/gpu_pass.sh                       # everything
 #   STAGES="build test tiny" bash tests/gpu_pass.sh
-#   (also: "student", the student-mode checks with the GPU, not in the default list: it builds a second tree)
+#   (also, not in the default list: "student", `ctest -L student` with the GPU (quick: every lesson's stubs
+#   fail and solutions pass); "student-full", the three-phase check with --strict, lesson by lesson)
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
 #
 # Dependencies the machine lacks (CLI11, ...) can travel in .deps/ (see the README's GPU section); the
@@ -107,6 +108,19 @@ fi
 # solutions (tests/student: one shared workspace of every lesson, phases "all stubbed" and "all solved").
 if has_stage student; then
   run student 400 ctest --test-dir "$BUILD" -L student --output-on-failure --timeout 390
+fi
+
+# The full check, lesson by lesson: also each exercise stubbed ALONE (its tests must fail because of its own
+# region), with --strict: on this machine a skipped test fails the check. A rebuild per exercise, so it is a
+# stage of its own, not in the default list ("student-full"; STUDENT_LESSONS="04 07" narrows it).
+if has_stage student-full; then
+  for dir in lessons/[0-9][0-9]_*/; do
+    n=$(basename "$dir" | cut -c1-2)
+    [ -z "${STUDENT_LESSONS:-}" ] || [[ " $STUDENT_LESSONS " == *" $n "* ]] || continue
+    run "student-full.$n" 300 python3 tests/student/student.py check --lesson "$n" --strict \
+      --work-dir "$BUILD/student/full"
+    sed -n '/student-mode check/,$p' "$OUT/student-full.$n.log" | grep -v '^$' >>"$report"
+  done
 fi
 
 if has_stage tiny; then

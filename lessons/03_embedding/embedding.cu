@@ -51,7 +51,7 @@ __global__ void embedding_v1_kernel(Elem* out,           // [T, hidden]
   //   table) and write Elem(0).
   // Hint: v2 and v3 fall back to this kernel on misaligned views or rows that are not a multiple of 16
   //   bytes (MisalignedViewsFallBackAndStayCorrect, F32AndF16TablesCopyToo).
-  // Tests: Embedding03Gpu.V1EqualsTheReference
+  // Tests: Embedding03Gpu.V1EqualsTheReference Embedding03Gpu.MisalignedViewsFallBackAndStayCorrect
   // Stub: device
   // --- solution ---
   const int64_t t = blockIdx.x;
@@ -107,7 +107,7 @@ __global__ void embedding_v3_kernel(uint4* out,          // [T * chunks]
   // Tests: Embedding03Gpu.V3EqualsTheReference
   // Tests: Embedding03Gpu.EveryKernelEqualsTheReference Embedding03Gpu.ManyTokensCoverEveryBlockAndTheTail
   // Tests: Embedding03Gpu.F32AndF16TablesCopyToo Embedding03Gpu.BadDeviceIdsThrowAndTheirRowsAreZero
-  // Tests: Embedding03Gpu.MisalignedViewsFallBackAndStayCorrect lesson03_embedding.gpu
+  // Tests: lesson03_embedding.gpu
   // Stub: device
   // --- solution ---
   const uint32_t first = blockIdx.x * (blockDim.x * kV3ChunksPerThread) + threadIdx.x;

@@ -881,6 +881,11 @@ def cmd_check(args):
     if defects:
         note(f"FAIL: lesson {lesson}: {len(defects)} defect(s)")
         return EXIT_FAIL
+    if skipped and gpu:
+        # A GPU is here, so nothing should have skipped: a pass now would hide the tests that did not run.
+        note(f"INCOMPLETE: lesson {lesson}: {len(set(skipped))} test(s) skipped on a machine with a GPU ({gpu}); "
+             "the check is not a pass until they run")
+        return EXIT_INCOMPLETE
     if skipped:
         note(f"PASS (CPU part): lesson {lesson}: every test that could run fails on its stub and passes on its "
              f"solution; {len(set(skipped))} GPU test(s) were skipped here (no GPU): run the check on a GPU "
