@@ -561,12 +561,13 @@ void launch_tensor_core(OutT* y, const TensorView& x, const TensorView& w, Matmu
   const int out = static_cast<int>(w.shape[0]);
   const bool fast = in % kLoadVec == 0 && pointer_alignment(x.data) == 16 && pointer_alignment(w.data) == 16;
   const dim3 grid(static_cast<unsigned>(ceil_div(out, kTcTileN)), token_blocks(tokens, kTcTileM));
-  using Kernel = void (*)(OutT*, const bf16*, const bf16*, int, int, int);
   if (wmma) {
-    const auto kernel = fast ? linear_wmma_kernel<OutT, TileCopy::kVector> : linear_wmma_kernel<OutT, TileCopy::kElement>;
+    const auto kernel =
+        fast ? linear_wmma_kernel<OutT, TileCopy::kVector> : linear_wmma_kernel<OutT, TileCopy::kElement>;
     kernel<<<grid, kTcThreads, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out);
   } else {
-    const auto kernel = fast ? linear_mma_kernel<OutT, TileCopy::kAsync> : linear_mma_kernel<OutT, TileCopy::kElement>;
+    const auto kernel =
+        fast ? linear_mma_kernel<OutT, TileCopy::kAsync> : linear_mma_kernel<OutT, TileCopy::kElement>;
     kernel<<<grid, kTcThreads, 0, stream>>>(y, x.ptr<const bf16>(), w.ptr<const bf16>(), tokens, in, out, in);
   }
   TVLLM_CHECK_LAUNCH();
