@@ -1,0 +1,1 @@
+// Lesson 14: the small-batch GEMV (placeholder until the kernel lands).
