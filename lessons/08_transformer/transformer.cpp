@@ -89,6 +89,16 @@ void ExecContext::check_tokens() {
   if (workspace_.bad_token) workspace_.bad_token->check(stream());
 }
 
+void ExecContext::set_launcher(std::unique_ptr<StepLauncher> launcher) { launcher_ = std::move(launcher); }
+
+void ExecContext::launch(const StepInputs& step, AttentionBackend& backend, const std::function<void()>& work) {
+  if (launcher_) {
+    launcher_->launch(*this, step, backend, work);
+  } else {
+    work();
+  }
+}
+
 // ---- prefill attention ----------------------------------------------------------------------------
 
 PrefillAttention::PrefillAttention(const ModelConfig& config, const EngineLimits& limits, Device device,
@@ -227,9 +237,8 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
 
 }  // namespace
 
-TensorView forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
-                   AttentionBackend& backend) {
-  Workspace& ws = ctx.workspace();
+void check_forward_args(ExecContext& ctx, const ModelWeights& w, const StepInputs& step) {
+  const Workspace& ws = ctx.workspace();
   TVLLM_REQUIRE(w.device == ctx.device() && step.device() == ctx.device(),
                 "forward: the context (" + std::string(device_name(ctx.device())) + "), the weights (" +
                     std::string(device_name(w.device)) + ") and the step (" +
@@ -239,6 +248,18 @@ TensorView forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& st
   TVLLM_REQUIRE(T <= ws.limits().max_tokens && R <= ws.limits().max_logits_rows &&
                     step.limits().max_context <= ws.limits().max_context,
                 "forward: the step's limits exceed the workspace's (make both from the same EngineLimits)");
+}
+
+TensorView forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend) {
+  const ForwardFn fn = ctx.forward_fn();
+  return fn ? fn(ctx, w, step, backend) : forward_composed(ctx, w, step, backend);
+}
+
+TensorView forward_composed(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
+                            AttentionBackend& backend) {
+  check_forward_args(ctx, w, step);
+  Workspace& ws = ctx.workspace();
+  const int64_t T = step.num_tokens(), R = step.num_logits_rows();
   const cudaStream_t stream = ctx.stream();
   const TensorView h = ws.hidden.view().rows(0, T);  // [T, hidden]
 

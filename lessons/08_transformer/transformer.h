@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -157,6 +158,26 @@ class StepInputs {
 
 // ---- the execution context ------------------------------------------------------------------------
 
+class ExecContext;
+class AttentionBackend;
+
+// The forward pass a context runs (same contract as forward() below). Lesson 08's is forward_composed(); a
+// later lesson may install a faster one (lesson 14's fused decode path) without editing the loops that call
+// forward().
+using ForwardFn = TensorView (*)(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                                 AttentionBackend& backend);
+
+// How the owner of a generation loop (lesson 10's Generator, lesson 11's Engine) launches one step's device
+// work once the step's inputs are set: `work` queues forward() and the sampler on ctx.stream(). Without a
+// launcher the work simply runs (eagerly). Lesson 14's graph runner is one: it replays decode steps as CUDA
+// graphs captured from `work`.
+class StepLauncher {
+ public:
+  virtual ~StepLauncher() = default;
+  virtual void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
+                      const std::function<void()>& work) = 0;
+};
+
 // What a step runs with. CUDA: a non-blocking stream of its own, the ONE cuBLAS handle (common/cublas.h)
 // bound to that stream, and the workspace. CPU: the workspace only.
 class ExecContext {
@@ -179,12 +200,24 @@ class ExecContext {
   // host, so this is the second line of defence; call it where you synchronise anyway.
   void check_tokens();
 
+  // ---- the seams later lessons plug into (lesson 14) ----
+  // The forward pass forward() runs: nullptr (the default) is lesson 08's forward_composed().
+  void set_forward(ForwardFn fn) { forward_ = fn; }
+  ForwardFn forward_fn() const { return forward_; }
+  // The step launcher: nullptr (the default) runs each step's work eagerly.
+  void set_launcher(std::unique_ptr<StepLauncher> launcher);
+  StepLauncher* launcher() const { return launcher_.get(); }
+  // Launches one step's device work through the launcher, or runs it now.
+  void launch(const StepInputs& step, AttentionBackend& backend, const std::function<void()>& work);
+
  private:
   Device device_;
   std::optional<CudaStream> stream_;
   std::optional<CublasHandle> cublas_;
   Workspace workspace_;
   MatmulKernel matmul_kernel_ = kDefaultMatmulKernel;
+  ForwardFn forward_ = nullptr;
+  std::unique_ptr<StepLauncher> launcher_;
 };
 
 // ---- attention: the seam -------------------------------------------------------------------------
@@ -198,6 +231,11 @@ class AttentionBackend {
   // attends over everything the sequence has. Queued on `stream`; no allocation, no synchronisation.
   virtual void attend(int layer, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const StepInputs& step, cudaStream_t stream) = 0;
+  // Decode steps (one query per sequence): split every sequence's keys into exactly num_splits parts (0, the
+  // default: the backend picks from this step's context lengths). A CUDA graph keeps the launch shapes it was
+  // captured with, so lesson 14's graph runner pins the split count for a graph's whole life. Backends
+  // without a split decode kernel (prefill only) ignore it.
+  virtual void pin_decode_splits(int /*num_splits*/) {}
 };
 
 // Prefill only: each sequence attends to its own new tokens, nothing before them (k_len == q_len for every
@@ -222,8 +260,18 @@ class PrefillAttention final : public AttentionBackend {
 // logits of the step's logits_rows: F32 [step.num_logits_rows(), vocab] on ctx's device, a view into the
 // workspace valid until the next forward(). ctx, weights and step must be on one device, step within the
 // context's limits (InputError). CUDA: queued on ctx.stream(); ctx.synchronize() before reading the logits.
+// Runs the context's forward function (ctx.set_forward), lesson 08's forward_composed() unless one is set.
 TensorView forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
                    AttentionBackend& backend);
+
+// Lesson 08's forward pass: the model composed of lessons 03-07's ops, one kernel (or GEMM) per op. Faster
+// forward functions fall back to it for the steps they do not handle.
+TensorView forward_composed(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                            AttentionBackend& backend);
+
+// The checks every forward function makes before it queues anything: one device, the step within the
+// workspace's limits, a non-empty step (InputError).
+void check_forward_args(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step);
 
 // Matmul FLOPs of one forward step (2 per multiply-add): the projections of every token, attention's
 // causal score and value products, and the lm_head of the logits rows. For the benchmark's TFLOP/s.

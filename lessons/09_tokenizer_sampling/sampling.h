@@ -82,16 +82,26 @@ SamplingDistribution sampling_distribution_cpu(const float* logits, int64_t voca
 // The constructor does the one-time setup (limits, the kernel's shared-memory opt-in); sample() allocates
 // nothing and never synchronises, so it may be captured in a CUDA graph. The kernel needs no global
 // workspace: each row's state lives in its block's shared memory (64 KiB).
-class GpuSampler {
+// What a generation loop needs of a GPU sampler (lessons 10 and 11 hold one): logits rows in, ids out, on a
+// stream. Lesson 09's GpuSampler below is one; lesson 14 adds a faster one that picks the same ids.
+class TokenSampler {
+ public:
+  virtual ~TokenSampler() = default;
+  // logits: device fp32, row b at logits + b * row_stride, vocab <= row_stride; rows: device [batch]
+  // SamplingRow; out_ids: device int32 [batch]. Queued on `stream`; returns without waiting (the caller
+  // copies the ids back with cudaMemcpyAsync and waits on the stream when it needs them). Allocates nothing:
+  // capturable in a CUDA graph.
+  virtual void sample(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
+                      int32_t* out_ids, cudaStream_t stream = nullptr) const = 0;
+};
+
+class GpuSampler final : public TokenSampler {
  public:
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
   GpuSampler(int max_batch, int64_t max_vocab);
 
-  // logits: device fp32, row b at logits + b * row_stride, vocab <= row_stride; rows: device [batch]
-  // SamplingRow; out_ids: device int32 [batch]. Queued on `stream`; returns without waiting (the caller
-  // copies the ids back with cudaMemcpyAsync and waits on the stream when it needs them).
   void sample(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
-              int32_t* out_ids, cudaStream_t stream = nullptr) const;
+              int32_t* out_ids, cudaStream_t stream = nullptr) const override;
 
   int max_batch() const { return max_batch_; }
   int64_t max_vocab() const { return max_vocab_; }

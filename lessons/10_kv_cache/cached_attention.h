@@ -27,6 +27,7 @@ class CachedAttention final : public AttentionBackend {
   void set_slots(const std::vector<int32_t>& slots, cudaStream_t stream = nullptr);
   // Decode steps: 0 (default) lets decode_splits() choose; n > 0 always uses n splits (tests, benchmarks).
   void force_decode_splits(int num_splits);
+  void pin_decode_splits(int num_splits) override { force_decode_splits(num_splits); }  // lesson 14's graphs
   // Split (default): decode steps through the split decode kernel. Flash: every step through the flash kernel,
   // so that a token's attention does not depend on the rest of its step (kv_cache.h, DecodeAttention).
   void set_decode_attention(DecodeAttention decode) { decode_attention_ = decode; }

@@ -49,7 +49,7 @@ Generator::Generator(const ModelWeights& weights, const EngineLimits& limits)
   ids_host_ = HostBuffer(static_cast<size_t>(S) * sizeof(int32_t), host);
   rows_host_.assign(static_cast<size_t>(S), make_sampling_row(GenerateOptions{}.sampling, 0));
   if (weights.device == Device::CUDA) {
-    sampler_.emplace(static_cast<int>(S), weights.config.vocab_size);
+    sampler_ = std::make_unique<GpuSampler>(static_cast<int>(S), weights.config.vocab_size);
     rows_device_ = DeviceBuffer(static_cast<size_t>(S) * sizeof(SamplingRow));
     rows_staging_ = HostBuffer(static_cast<size_t>(S) * sizeof(SamplingRow), HostBuffer::Kind::Pinned);
     TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming));
@@ -79,6 +79,11 @@ void Generator::set_step(const std::vector<int32_t>& token_ids, const std::vecto
 }
 
 TensorView Generator::forward_step() { return forward(ctx_, weights_, step_, attention_); }
+
+void Generator::set_sampler(std::unique_ptr<TokenSampler> sampler) {
+  TVLLM_REQUIRE(ctx_.device() == Device::CUDA && sampler, "Generator::set_sampler: a GPU sampler, on CUDA");
+  sampler_ = std::move(sampler);
+}
 
 void Generator::set_sampling(const std::vector<SamplingRow>& rows) {
   TVLLM_REQUIRE(!rows.empty() && static_cast<int64_t>(rows.size()) <= limits_.max_sequences,
@@ -110,6 +115,10 @@ void Generator::sample_async(const TensorView& logits, int64_t first) {
   }
 }
 
+void Generator::launch_step() {
+  ctx_.launch(step_, attention_, [this] { sample_async(forward_step(), 0); });
+}
+
 std::vector<int32_t> Generator::fetch_ids(int64_t n) {
   int32_t* host = ids_host_.as<int32_t>();
   if (ctx_.device() == Device::CUDA) {
@@ -136,7 +145,7 @@ void Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, const 
       rows.push_back(static_cast<int32_t>(ids.size()) - 1);
     }
     set_step(ids, lengths, lengths, rows, slots);
-    sample_async(forward_step(), 0);
+    launch_step();  // forward + the sampler into ids [0, B): sequence b's first new id in ids[b]
     return;
   }
   // Longer than one step holds: each prompt in chunks of max_tokens. A chunk's queries attend to the earlier
@@ -191,8 +200,8 @@ std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<in
   //   to on_token(b, id) as it arrives. Sequence b stops at the first of: an id in `eos`
   //   (unless options.ignore_eos), options.max_new_tokens ids, prompt + ids == max_context. Fill
   //   results[b].ids, .stop, .prefill_ms (until the first ids are on the host), .decode_ms, .decode_steps.
-  // Hint: set_step(ids, q_lens, k_lens, logits_rows, slots) + set_sampling(rows) + forward_step() +
-  //   sample_async(logits) + fetch_ids(n) is one decode step; a sequence that stopped leaves the batch.
+  // Hint: set_step(ids, q_lens, k_lens, logits_rows, slots) + set_sampling(rows) + launch_step() (forward +
+  //   sampling) + fetch_ids(n) is one decode step; a sequence that stopped leaves the batch.
   // Tests: KvCache.GreedyEqualsReference* KvCache.BatchEqualsAlone KvCache.StopsAt* KvCacheGpu.Generat*
   //   lesson10_kv_cache.cpu
   // Stub:
@@ -256,7 +265,7 @@ std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<in
     }
     set_step(ids, q_lens, k_lens, rows, step_slots);
     set_sampling(sampling);
-    sample_async(forward_step(), 0);
+    launch_step();
     const std::vector<int32_t> next = fetch_ids(n);
     ++steps;
     std::vector<int64_t> still;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -96,10 +97,17 @@ class Generator {
   // Chooses an id for each logits row [0, R) into the device ids [first, first + R), with the sampling rows
   // [first, first + R). Queued on the stream (CUDA: lesson 09's GpuSampler); capturable.
   void sample_async(const TensorView& logits, int64_t first = 0);
+  // One step's device work: forward_step() + sample_async() of its logits rows into ids [0, R), through the
+  // context's step launcher (ExecContext::launch: eager by default; lesson 14 replays decode steps as CUDA
+  // graphs). Queued on the stream.
+  void launch_step();
   // Device ids I32 [max_sequences] (fixed address).
   TensorView device_ids() const { return ids_device_.view(); }
   // Copies device ids [0, n) to the host and waits for the stream: the step's one synchronisation.
   std::vector<int32_t> fetch_ids(int64_t n);
+
+  // The GPU sampler the loop uses: lesson 09's GpuSampler unless replaced (lesson 14's faster one). CUDA only.
+  void set_sampler(std::unique_ptr<TokenSampler> sampler);
 
   ExecContext& context() { return ctx_; }
   StepInputs& step() { return step_; }
@@ -120,7 +128,7 @@ class Generator {
   CachedAttention attention_;
   Tensor ids_device_;    // I32 [max_sequences] on the device: the chosen ids
   HostBuffer ids_host_;  // pinned on CUDA: where they come back
-  std::optional<GpuSampler> sampler_;  // CUDA
+  std::unique_ptr<TokenSampler> sampler_;  // CUDA
   std::vector<SamplingRow> rows_host_;  // [max_sequences]: the CPU path reads these
   DeviceBuffer rows_device_;            // CUDA: SamplingRow [max_sequences]
   HostBuffer rows_staging_;             // pinned: the source of their async copy

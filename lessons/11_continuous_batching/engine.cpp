@@ -119,7 +119,7 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
       kv_(make_kv(weights, limits_)),
       scheduler_(scheduler_config(config, limits_, weights.config), kv_->allocator()) {
   if (weights.device == Device::CUDA) {  // a few KiB: the pool's margin covers them
-    sampler_.emplace(static_cast<int>(limits_.max_logits_rows), weights.config.vocab_size);
+    sampler_ = std::make_unique<GpuSampler>(static_cast<int>(limits_.max_logits_rows), weights.config.vocab_size);
     rows_device_ = DeviceBuffer(rows_host_.size() * sizeof(SamplingRow));
     rows_staging_ = HostBuffer(rows_host_.size() * sizeof(SamplingRow), HostBuffer::Kind::Pinned);
     TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming));
@@ -129,6 +129,11 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
     kv_->set_decode_attention(DecodeAttention::Flash);
   }
   update_stats();
+}
+
+void Engine::set_sampler(std::unique_ptr<TokenSampler> sampler) {
+  TVLLM_REQUIRE(weights_.device == Device::CUDA && sampler, "Engine::set_sampler: a GPU sampler, on CUDA");
+  sampler_ = std::move(sampler);
 }
 
 Engine::~Engine() {
@@ -325,7 +330,7 @@ std::vector<int32_t> Engine::fetch_ids(int64_t n) {
 
 std::vector<int32_t> Engine::run_batch(const ScheduledBatch& batch) {
   const int64_t rows = prepare_step(batch);
-  launch_step();
+  ctx_.launch(step_, kv_->attention(), [this] { launch_step(); });  // eager, or a graph replay (lesson 14)
   return fetch_ids(rows);  // prefill chunks only (no rows): nothing to wait for
 }
 

@@ -219,6 +219,9 @@ class Engine {
   void launch_step();
   std::vector<int32_t> fetch_ids(int64_t n);
 
+  // The GPU sampler: lesson 09's GpuSampler unless replaced (lesson 14's faster one). CUDA only.
+  void set_sampler(std::unique_ptr<TokenSampler> sampler);
+
   const EngineLimits& limits() const { return limits_; }
   const EngineConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -257,7 +260,7 @@ class Engine {
   // The sampler: per-row parameters in, ids out, at fixed addresses.
   Tensor ids_device_;                   // I32 [max_logits_rows]
   HostBuffer ids_host_;                 // pinned on CUDA
-  std::optional<GpuSampler> sampler_;   // CUDA
+  std::unique_ptr<TokenSampler> sampler_;  // CUDA
   std::vector<SamplingRow> rows_host_;  // [max_logits_rows]: the CPU path reads these
   DeviceBuffer rows_device_;            // CUDA: SamplingRow [max_logits_rows]
   HostBuffer rows_staging_;             // pinned: the source of their async copy

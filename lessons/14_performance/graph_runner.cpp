@@ -1,0 +1,102 @@
+// Lesson 14: the graph runner (graph_runner.h).
+#include "graph_runner.h"
+
+#include <chrono>
+#include <string>
+
+#include "common/device.h"
+#include "common/errors.h"
+#include "common/exercise.h"
+#include "kv_cache.h"
+
+namespace tvllm {
+
+bool is_decode_step(const StepInputs& step) {
+  const int64_t B = step.num_sequences();
+  if (B < 1 || step.num_tokens() != B || step.num_logits_rows() != B) return false;
+  // B tokens for B sequences, each bringing at least one: exactly one each. Rows in token order.
+  const int32_t* rows = step.host_logits_rows();
+  for (int64_t i = 0; i < B; ++i)
+    if (rows[i] != i) return false;
+  return step.batch().max_q_len() == 1;
+}
+
+int64_t context_bucket(int64_t max_k_len) {
+  int64_t bucket = 64;
+  while (bucket < max_k_len) bucket *= 2;
+  return bucket;
+}
+
+int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms) {
+  return decode_splits(shape, batch, context_bucket(max_k_len), num_sms);
+}
+
+namespace {
+int sm_count() { return cuda_available() ? query_device().multiprocessors : 0; }
+}  // namespace
+
+GraphRunner::GraphRunner(const AttentionShape& shape, int max_batch)
+    : shape_(shape), max_batch_(max_batch), num_sms_(sm_count()) {
+  TVLLM_REQUIRE(max_batch >= 0, "GraphRunner: max_batch must be >= 0, got " + std::to_string(max_batch));
+}
+
+void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
+                         const std::function<void()>& work) {
+  // --- exercise 14.3: the graph runner ---------------------------------------------------------------------
+  // Task: replay decode steps of B <= max_batch_ sequences from CUDA graphs; run everything else eagerly.
+  //   Contract: the tokens are the same bits as an eager run with the same pinned splits; a graph is captured
+  //   at most once per DecodeGraphKey; stats_ counts replays, captures and eager steps; the backend's pinned
+  //   splits are back to 0 (its own choice) when launch() returns, also when the step throws.
+  // Tests: GraphRunner14.KeyAndBucketRules GraphRunner14Gpu.GeneratorGraphsEqualEager
+  // Tests: GraphRunner14Gpu.EngineGraphsEqualEager GraphRunner14Gpu.OneGraphPerBatchSizeAndBucket
+  // --- solution ---
+  const bool graphable = ctx.device() == Device::CUDA && is_decode_step(step) && step.num_sequences() <= max_batch_;
+  if (!graphable) {
+    ++stats_.eager_steps;
+    work();
+    return;
+  }
+  const int B = step.num_sequences();
+  const int splits = graph_decode_splits(shape_, B, step.batch().max_k_len(), num_sms_);
+  const DecodeGraphKey key{B, splits, static_cast<int>(ctx.matmul_kernel()),
+                           reinterpret_cast<const void*>(ctx.forward_fn()), &backend};
+  backend.pin_decode_splits(splits);
+  try {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      // Capture records the launches without running them; the replay below runs this step.
+      const auto start = std::chrono::steady_clock::now();
+      it = graphs_.emplace(key, CudaGraph::capture(ctx.stream(), work)).first;
+      stats_.capture_ms +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      ++stats_.captures;
+    }
+    it->second.launch(ctx.stream());
+    ++stats_.replays;
+  } catch (...) {
+    backend.pin_decode_splits(0);
+    throw;
+  }
+  backend.pin_decode_splits(0);
+  // --- end of exercise 14.3 ---
+}
+
+PinnedEagerLauncher::PinnedEagerLauncher(const AttentionShape& shape) : shape_(shape), num_sms_(sm_count()) {}
+
+void PinnedEagerLauncher::launch(ExecContext& /*ctx*/, const StepInputs& step, AttentionBackend& backend,
+                                 const std::function<void()>& work) {
+  if (!is_decode_step(step)) {
+    work();
+    return;
+  }
+  backend.pin_decode_splits(graph_decode_splits(shape_, step.num_sequences(), step.batch().max_k_len(), num_sms_));
+  try {
+    work();
+  } catch (...) {
+    backend.pin_decode_splits(0);
+    throw;
+  }
+  backend.pin_decode_splits(0);
+}
+
+}  // namespace tvllm

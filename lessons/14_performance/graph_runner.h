@@ -1,0 +1,117 @@
+// Lesson 14: the graph runner. Decode steps replayed as CUDA graphs.
+//
+// A decode step of the 1B model at batch 1 is ~130 small kernels. Launched one by one from the host, each costs
+// a few microseconds of CPU time and leaves a gap on the GPU while the next launch is prepared; at ~0.6 ms of
+// real work per token those gaps are a large share of the step. A CUDA graph records the step's launches once
+// (stream capture) and replays all of them with ONE launch: the GPU walks the recorded list without waiting
+// for the host.
+//
+//   step k:   host: set inputs (async copies into FIXED buffers) ─> launch(graph for B=4, splits=1) ─> fetch ids
+//   step k+1: host: set inputs ────────────────────────────────────> launch(the same graph) ────────> fetch ids
+//
+// A replay re-runs every kernel with the arguments it was captured with: the same pointers, the same grid, the
+// same sizes. That is why the course's forward() reads everything that changes from step to step (token ids,
+// positions, lengths, KV addressing, sampling parameters) from device buffers allocated once and refilled by
+// async copies before each step, and why what is left on the host must be a key of the graph:
+//
+//   B         sequences in the step (= tokens = logits rows in a decode step): every kernel's grid and every
+//             GEMM's M. One graph per batch size actually seen, captured the first time that size decodes.
+//   splits    how many parts the split decode-attention kernel cuts each sequence's keys into: its grid. Chosen
+//             from the step's longest context ROUNDED UP to a power of two, and pinned on the attention backend
+//             (AttentionBackend::pin_decode_splits) for the capture and every replay, so one graph serves every
+//             context length of its bucket; the kernel computes each split's share from the k_len it reads on
+//             the device, so the answer is right at any length.
+//   the rest  the matmul kernel, the forward function and the attention backend: a change of any of them
+//             (Generator::set_batch_invariant, say) makes new graphs.
+//
+// Prefill and mixed steps (a sequence with more than one new token) run eagerly: their shapes change every step
+// and their kernels are long enough that launch gaps do not matter.
+//
+// Why exact batch sizes and not vLLM's buckets (1, 2, 4, 8, 16, 24, ...) with padding: vLLM captures ahead of
+// time, so it limits how many graphs it makes, and pads a batch of 5 to 8 with dummy sequences. Our capture is
+// cheap (a few milliseconds, measured in the chapter), so we capture lazily the sizes that occur, never compute
+// a padded row, and need no dummy KV slot. max_batch bounds the number of graphs; larger batches run eagerly
+// (at 64+ sequences a step is long enough that the launches hide behind the GPU work).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <tuple>
+
+#include "attention.h"
+#include "common/cuda_stream.h"
+#include "transformer.h"
+
+namespace tvllm {
+
+// The host-side decision, separate from CUDA so that it is testable anywhere.
+struct DecodeGraphKey {
+  int batch = 0;        // B
+  int splits = 0;       // pinned decode splits
+  int matmul = 0;       // MatmulKernel, as an int
+  const void* forward = nullptr;
+  const void* backend = nullptr;
+  bool operator<(const DecodeGraphKey& o) const {
+    return std::tie(batch, splits, matmul, forward, backend) <
+           std::tie(o.batch, o.splits, o.matmul, o.forward, o.backend);
+  }
+};
+
+// Whether a step is a pure decode step: every sequence brings exactly one new token and wants its logits, in
+// order (token i of the step is sequence i, logits row i is token i). Reads the step's host copies.
+bool is_decode_step(const StepInputs& step);
+
+// The context length a graph is captured for: the next power of two >= max_k_len (at least 64).
+int64_t context_bucket(int64_t max_k_len);
+
+// The split count of decode steps with B sequences whose longest context is in max_k_len's bucket.
+int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms);
+
+struct GraphRunnerStats {
+  int64_t replays = 0;      // decode steps replayed from a graph
+  int64_t captures = 0;     // graphs captured (= graphs held)
+  int64_t eager_steps = 0;  // steps run eagerly (prefill, mixed, batches above max_batch)
+  double capture_ms = 0.0;  // host time spent capturing and instantiating, all graphs together
+};
+
+class GraphRunner final : public StepLauncher {
+ public:
+  // shape: the model's attention layout (for the split choice); decode steps of up to max_batch sequences are
+  // replayed from graphs. CUDA only.
+  GraphRunner(const AttentionShape& shape, int max_batch);
+  GraphRunner(const GraphRunner&) = delete;
+  GraphRunner& operator=(const GraphRunner&) = delete;
+
+  // StepLauncher: a decode step of B <= max_batch sequences replays (capturing first if needed) the graph of its
+  // key; anything else runs `work` eagerly. Both pin the decode splits the same way, so a step gives the same
+  // bits replayed or eager (--enforce-eager changes the speed, not the tokens).
+  void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
+              const std::function<void()>& work) override;
+
+  const GraphRunnerStats& stats() const { return stats_; }
+  size_t num_graphs() const { return graphs_.size(); }
+  int max_batch() const { return max_batch_; }
+
+ private:
+  AttentionShape shape_;
+  int max_batch_ = 0;
+  int num_sms_ = 0;
+  std::map<DecodeGraphKey, CudaGraph> graphs_;
+  GraphRunnerStats stats_;
+};
+
+// An eager launcher that pins the decode splits exactly as GraphRunner does: `--enforce-eager` with the same
+// tokens as the graphs, and the "before" of the chapter's graph measurement.
+class PinnedEagerLauncher final : public StepLauncher {
+ public:
+  explicit PinnedEagerLauncher(const AttentionShape& shape);
+  void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
+              const std::function<void()>& work) override;
+
+ private:
+  AttentionShape shape_;
+  int num_sms_ = 0;
+};
+
+}  // namespace tvllm

@@ -1,0 +1,108 @@
+// Lesson 14 on the GPU: the graph runner. Decode steps replayed from CUDA graphs must give exactly the ids of the
+// same steps launched eagerly with the same pinned decode splits (PinnedEagerLauncher): a graph replays the very
+// kernels, arguments and grids it captured, so nothing may differ, not even a near-tie. Checked through lesson
+// 10's Generator (batches that shrink as sequences stop, sampled and greedy) and lesson 11's Engine (contiguous
+// and paged KV with prefix caching, requests arriving and leaving). The captures run in
+// cudaStreamCaptureModeGlobal (common/cuda_stream.h): an allocation, a synchronisation or a handle creation
+// inside a step would fail them, so these tests also prove the step is capture-safe.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "engine.h"
+#include "common/device.h"
+#include "engine_bench.h"
+#include "engine_check.h"
+#include "engine_paged.h"
+#include "generate.h"
+#include "graph_runner.h"
+#include "testing/engine_fixture.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+const testing::BundledModel<Device::CUDA>& bundled() { return testing::bundled_model<Device::CUDA>(); }
+AttentionShape shape() { return AttentionShape::from_config(bundled().w.config); }
+
+std::vector<GenerateResult> generate_with(std::unique_ptr<StepLauncher> launcher, GraphRunner** runner,
+                                          const GenerateOptions& opt) {
+  Generator gen(bundled().w, Generator::limits_for(bundled().w.config, 512, 4, 256));
+  if (runner) *runner = dynamic_cast<GraphRunner*>(launcher.get());
+  gen.context().set_launcher(std::move(launcher));
+  const std::vector<std::vector<int32_t>> prompts = {{5, 6, 7, 8, 9}, {11, 12}, {20, 21, 22, 23, 24, 25, 26}};
+  return gen.generate(prompts, opt);
+}
+
+TEST(GraphRunner14Gpu, GeneratorGraphsEqualEager) {
+  TVLLM_REQUIRE_GPU();
+  for (const SamplingParams& sampling : {SamplingParams{0.0f, 0, 1.0f, 0}, SamplingParams{0.9f, 40, 0.9f, 7}}) {
+    GenerateOptions opt;
+    opt.sampling = sampling;
+    opt.max_new_tokens = 120;  // crosses the 64 and 128 context buckets
+    opt.ignore_eos = true;
+    const auto eager = generate_with(std::make_unique<PinnedEagerLauncher>(shape()), nullptr, opt);
+    GraphRunner* runner = nullptr;
+    const auto graphs = generate_with(std::make_unique<GraphRunner>(shape(), 8), &runner, opt);
+    ASSERT_EQ(eager.size(), graphs.size());
+    for (size_t b = 0; b < eager.size(); ++b) EXPECT_EQ(graphs[b].ids, eager[b].ids) << "sequence " << b;
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().captures, 0);
+    EXPECT_EQ(runner->stats().replays, graphs[0].decode_steps);  // every decode step replayed
+    EXPECT_EQ(runner->stats().eager_steps, 1);                   // the prefill
+  }
+}
+
+TEST(GraphRunner14Gpu, OneGraphPerBatchSizeAndBucket) {
+  TVLLM_REQUIRE_GPU();
+  Generator gen(bundled().w, Generator::limits_for(bundled().w.config, 512, 1, 256));
+  auto owned = std::make_unique<GraphRunner>(shape(), 8);
+  GraphRunner* runner = owned.get();
+  gen.context().set_launcher(std::move(owned));
+  GenerateOptions opt;
+  opt.max_new_tokens = 200;  // contexts 4 .. 203: buckets 64, 128, 256
+  opt.ignore_eos = true;
+  gen.generate(std::vector<int32_t>{1, 2, 3, 4}, opt);
+  const AttentionShape s = shape();
+  const int sms = query_device().multiprocessors;
+  std::set<int> splits;
+  for (int64_t k : {64, 128, 256}) splits.insert(graph_decode_splits(s, 1, k, sms));
+  EXPECT_EQ(runner->num_graphs(), splits.size());
+  EXPECT_EQ(runner->stats().captures, static_cast<int64_t>(splits.size()));
+  EXPECT_EQ(runner->stats().replays, 199);
+  // A second generation captures nothing new.
+  gen.generate(std::vector<int32_t>{9, 8, 7}, opt);
+  EXPECT_EQ(runner->stats().captures, static_cast<int64_t>(splits.size()));
+}
+
+EngineRunResult run_engine(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher, GraphRunner** runner) {
+  static const auto requests =
+      make_check_requests(24, 2, 120, 1, 48, workload_id_high(bundled().w.config), 5, 0, {13});
+  Engine engine(bundled().w, testing::engine_config(64, 16, 512), kv);
+  if (runner) *runner = dynamic_cast<GraphRunner*>(launcher.get());
+  engine.context().set_launcher(std::move(launcher));
+  EngineRunResult run = run_requests(engine, requests);
+  EXPECT_TRUE(run.events_ok) << run.events_error;
+  EXPECT_EQ(engine.stats().kv.used_blocks(), 0);  // every block back in the pool
+  return run;
+}
+
+TEST(GraphRunner14Gpu, EngineGraphsEqualEager) {
+  TVLLM_REQUIRE_GPU();
+  for (const bool paged : {false, true}) {
+    const KvFactory kv = paged ? paged_kv() : contiguous_kv();
+    const EngineRunResult eager = run_engine(kv, std::make_unique<PinnedEagerLauncher>(shape()), nullptr);
+    GraphRunner* runner = nullptr;
+    const EngineRunResult graphs = run_engine(kv, std::make_unique<GraphRunner>(shape(), 16), &runner);
+    ASSERT_EQ(graphs.ids.size(), eager.ids.size());
+    for (size_t i = 0; i < eager.ids.size(); ++i) EXPECT_EQ(graphs.ids[i], eager.ids[i]) << "request " << i;
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().replays, 0) << (paged ? "paged" : "contiguous");
+    EXPECT_GT(runner->stats().eager_steps, 0);  // prefill and mixed steps
+  }
+}
+
+}  // namespace
+}  // namespace tvllm
