@@ -23,7 +23,11 @@ LessonCli::LessonCli(std::string name, std::string description)
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app_.add_flag("--bench", options_.bench, "time each kernel version against the measured device ceilings");
-  app_.add_option("--tokens", options_.bench_tokens, "tokens in the benchmark batch")
+  // Only lessons 02-08 have a benchmark sized in tokens; the others accept the option (one command line
+  // for every lesson) and say in --help that they ignore it.
+  app_.add_option("--tokens", options_.bench_tokens,
+                  "tokens in the --bench batch (lessons 02-08: the kernels' rows, lesson 08's prefill length; "
+                  "lessons 00, 01 and 09-13 ignore it)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22))
       ->capture_default_str();
 }

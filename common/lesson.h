@@ -38,7 +38,7 @@ struct LessonOptions {
   Device device = Device::CPU;      // --device, resolved (auto -> cuda if present)
   std::string kernel;               // --kernel, one of the lesson's versions ("" if it has none)
   bool bench = false;               // --bench
-  int64_t bench_tokens = 16384;     // --tokens: tokens in the benchmark batch
+  int64_t bench_tokens = 16384;     // --tokens: tokens in the benchmark batch (used by lessons 02-08 only)
   bool bench_tokens_given = false;  // whether --tokens was on the command line (a lesson may pick its own default)
 };
 

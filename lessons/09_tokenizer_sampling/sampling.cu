@@ -18,6 +18,7 @@
 
 #include "common/cuda_utils.cuh"  // kWarpSize, warp_max
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "sampling.h"
 #include "sampling_math.h"
 
@@ -116,6 +117,23 @@ struct Selection {
 template <bool kTopP>
 __device__ Selection radix_select(const float* x, int vocab, float temperature, float z_max, uint32_t lower,
                                   uint64_t target, float top_p, Shared& s) {
+  // --- exercise 09.5: the radix select ------------------------------------------------------------------
+  // Task: return, for the block's row, the largest key t among the candidates (order_key(z) >= lower, z =
+  //   scaled_logit(x[i], temperature)) such that measure(key >= t) >= target, and that measure, where a
+  //   token's measure is 1 (top-k) or token_mass(z, z_max) (kTopP; then the target is top_p_target(top_p,
+  //   total mass of the candidates), which you compute first). Every thread returns the same Selection.
+  //   Decide t 4 bits a pass from the top, as the comment above and the chapter (section 12) describe.
+  // Hint: each thread counts into its own column of s.hist, so no atomics; after a __syncthreads, warp w
+  //   adds up bucket w (kWarps == kBuckets), and after another every thread reads the 16 totals and makes
+  //   the same choice. Carry "above", the measure of the candidates above the chosen bucket, from pass to
+  //   pass.
+  // Tests: Sampling09Gpu.MatchesTheCpuOnRandomRows Sampling09Gpu.EveryKnobAtVocab128256
+  // Tests: Sampling09Gpu.DrawsInOneBatchFollowTheDistribution
+  // Stub:
+  //   (void)x; (void)vocab; (void)temperature; (void)z_max; (void)lower; (void)target; (void)top_p; (void)s;
+  //   TVLLM_DEVICE_NOT_WRITTEN_YET("09.5", "the radix select");
+  //   return {0u, 0u};  // threshold 0 keeps every token, kept mass 0: wrong for every filtered row
+  // --- solution ---
   const int tid = threadIdx.x;
   uint32_t prefix = 0;  // the key bits decided so far
   uint64_t above = 0;   // measure of the candidates whose key is above every key with this prefix
@@ -163,6 +181,7 @@ __device__ Selection radix_select(const float* x, int vocab, float temperature, 
     // reading it here). No barrier needed here.
   }
   return {prefix, above + chosen_total};
+  // --- end of exercise 09.5 ---
 }
 
 // ---- the draw -----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "sampling.h"
 #include "sampling_math.h"
 
@@ -78,6 +79,21 @@ SamplingDistribution sampling_distribution_cpu(const float* logits, int64_t voca
     mass[i] = sampling::token_mass(z[i], z_max);
   }
 
+  // --- exercise 09.4: the kept set and its probabilities ---------------------------------------------
+  // Task: given every token's order key (sorts like its z = logit / T) and integer mass (exp(z - z_max)
+  //   scaled by 2^40), apply top-k (row.top_k > 0 and < vocab), then top-p (row.top_p < 1) measured on
+  //   the top-k survivors, as section 12 of the chapter defines them: both keep every token at or above
+  //   a threshold key, ties with the boundary token included. Return a SamplingDistribution (sampling.h)
+  //   whose mass holds each kept token's mass and 0 for every removed one, kept_mass their sum, kept the
+  //   number of nonzero masses, and top_k_key / top_p_key the threshold each filter chose (0 when off).
+  //   Integers only: the GPU kernel must reach the same numbers in another order (sampling_math.h has
+  //   top_p_target).
+  // Tests: Sampling09.KeptSetAndProbabilitiesMatchHuggingFaceSemantics Sampling09.TopKKeepsTiesWithTheKthToken
+  // Tests: Sampling09.TiedMaximaAreAllKeptWhenSampling Sampling09.TinyTemperatureTopK1AndTinyTopPAreGreedy
+  // Tests: Sampling09.DrawsFollowTheRenormalisedDistribution Sampling09.DrawsAreUniformOverAFlatRow
+  // Stub:
+  //   throw NotWrittenYet("09.4", "the kept set and its probabilities");
+  // --- solution ---
   SamplingDistribution dist;
   // 2. Top-k: the k-th largest key; every token at or above it survives (ties included).
   uint32_t threshold = 0;  // keys >= threshold survive; 0 keeps everything
@@ -121,6 +137,7 @@ SamplingDistribution sampling_distribution_cpu(const float* logits, int64_t voca
   dist.mass = std::move(mass);
   dist.kept_mass = kept_mass;
   return dist;
+  // --- end of exercise 09.4 ---
 }
 
 int32_t sample_cpu(const float* logits, int64_t vocab, const SamplingRow& row) {
