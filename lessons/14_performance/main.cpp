@@ -1,7 +1,349 @@
-// lesson14_performance: placeholder until the lesson executable lands.
+// lesson14_performance: the fast path checked against the readable one, and timed against the roofline.
+//
+//   build/bin/lesson14_performance [--model DIR] [--device auto|cpu|cuda] [--kernel v1|v2|v3] [--bench]
+//
+//   1. the GEMVs on the model's own weight matrices (every distinct [N, K], M = 1, 5 and 16 rows):
+//        cuda  --kernel's version and the three fused kernels vs their fp32 CPU references (gemv_cpu.cpp)
+//        cpu   the fused references vs the lessons' ops composed (rmsnorm, bf16 rounding, linear, silu_mul,
+//              the residual add): what "the fused kernel computes the same thing" means, on the host
+//   2. (cuda) the fast path against lesson 10's readable loop on the reference sequences:
+//        greedy == Hugging Face generate (where the reference margins are clear, lesson 10's rule)
+//        teacher-forced top-1 through the fast path (lesson 10's forced_agreement)
+//        fast == readable: the teacher-forced logits of both within 2 eps of each other, same argmax
+//        graphs == --enforce-eager: every reference sequence, id for id (sampled, so the sampler runs too)
+//   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
+//   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); FastSampler
+//      vs lesson 09's sampler at batch 1 and 64; the decode progression (lesson 10 -> graphs -> fused ->
+//      fast sampler) at batch 1 and 8, contexts 128 and 4096.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/bench.h"
+#include "common/cublas.h"
+#include "common/dtype.h"
+#include "common/errors.h"
 #include "common/lesson.h"
+#include "common/random.h"
+#include "common/validate.h"
+#include "fast_path.h"
+#include "fast_sampler.h"
+#include "gemv.h"
+#include "generate.h"
+#include "generate_check.h"
+#include "latency_bench.h"
+#include "logits_check.h"
+#include "matmul.h"
+#include "model_dir.h"
+#include "rmsnorm.h"
+#include "silu_mul.h"
+
+namespace tvllm {
+namespace {
+
+std::string fmt(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
+float to_bf16_value(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// Random bf16-exact values, normal with spread `scale`, as a host F32 tensor (so CPU and GPU see equal inputs).
+Tensor random_rows(int64_t rows, int64_t cols, double scale, uint64_t seed) {
+  Tensor t = Tensor::empty({rows, cols}, DType::F32, Device::CPU);
+  Rng rng(seed);
+  float* p = t.view().ptr<float>();
+  for (int64_t i = 0; i < rows * cols; ++i) p[i] = to_bf16_value(static_cast<float>(rng.normal() * scale));
+  return t;
+}
+Tensor on(const Tensor& t, Device d, DType dtype) { return Tensor::copy_of(t.view(), d, dtype); }
+
+// The distinct weight matrices of a decode step: name, [N, K] view on the weights' device.
+std::vector<std::pair<std::string, TensorView>> decode_matrices(const ModelWeights& w) {
+  const LayerWeights& L = w.layers.front();
+  if (w.device == Device::CUDA)
+    return {{"qkv", L.wqkv}, {"o", L.wo}, {"gate|up", L.w_gate_up}, {"down", L.w_down}, {"lm_head", w.lm_head}};
+  return {{"q", L.wq}, {"o", L.wo}, {"gate", L.w_gate}, {"down", L.w_down}, {"lm_head", w.lm_head}};
+}
+
+// GPU vs the fp32 CPU reference of the same bf16 inputs: the GPU rounds its fp32 sum to bf16 once (half an ulp,
+// 2^-9 relative) and adds in another order than the reference's double sum (each fp32 addition off by at most
+// 2^-24 of the running sum: with K <= 2^14 terms far below 2^-10 of the largest output). Two ulps of bf16
+// relative plus 2^-10 of the largest |output| covers both with margin; a wrong column or row is off by O(1).
+Tolerance gemv_tolerance(const Tensor& reference) {
+  double m = 0.0;
+  const TensorView v = reference.view();
+  for (int64_t i = 0; i < v.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(v.ptr<const float>()[i])));
+  return Tolerance{std::ldexp(m, -10), std::ldexp(1.0, -7)};
+}
+
+// ---- 1. the GEMVs on the model's matrices --------------------------------------------------------------
+
+void check_gemvs_cuda(Report& report, const ModelWeights& w, GemvKernel kernel) {
+  const float eps = static_cast<float>(w.config.rms_norm_eps);
+  const LayerWeights& L = w.layers.front();
+  const Tensor gamma = Tensor::copy_of(L.input_norm, Device::CPU, DType::F32);
+  for (const auto& [name, weight] : decode_matrices(w)) {
+    const int64_t N = weight.shape[0], K = weight.shape[1];
+    const Tensor w_host = Tensor::copy_of(weight, Device::CPU, DType::F32);
+    const DType out_dtype = name == "lm_head" ? DType::F32 : DType::BF16;
+    for (int64_t M : {int64_t{1}, int64_t{5}, int64_t{16}}) {
+      if (name == "lm_head" && M > 1 && N * K > (int64_t{1} << 26)) continue;  // a 1B lm_head: M = 1 is enough
+      const Tensor x = random_rows(M, K, 1.0, 100 + M);
+      const Tensor x_dev = on(x, Device::CUDA, DType::BF16);
+      Tensor out = Tensor::empty({M, N}, out_dtype, Device::CUDA), ref = Tensor::empty({M, N}, DType::F32, Device::CPU);
+      gemv(out.view(), x_dev.view(), weight, kernel);
+      gemv_cpu(ref.view(), x.view(), w_host.view());
+      report.add(compare(name + " gemv " + std::string(gemv_kernel_name(kernel)) + " M=" + std::to_string(M),
+                         Tensor::copy_of(out.view(), Device::CPU, DType::F32).view(), ref.view(), gemv_tolerance(ref)));
+      if (name == "lm_head") continue;
+      // The fused kernels on the same inputs, x taken as the residual stream h.
+      if (name == "qkv") {
+        rmsnorm_gemv(out.view(), x_dev.view(), L.input_norm, eps, weight);
+        rmsnorm_gemv_cpu(ref.view(), x.view(), gamma.view(), eps, w_host.view());
+        report.add(compare(name + " rmsnorm_gemv M=" + std::to_string(M),
+                           Tensor::copy_of(out.view(), Device::CPU, DType::F32).view(), ref.view(), gemv_tolerance(ref)));
+      } else if (name == "gate|up") {
+        const int64_t I = N / 2;
+        Tensor act = Tensor::empty({M, I}, DType::BF16, Device::CUDA), act_ref = Tensor::empty({M, I}, DType::F32, Device::CPU);
+        rmsnorm_gemv_silu_mul(act.view(), x_dev.view(), L.input_norm, eps, weight);
+        rmsnorm_gemv_silu_mul_cpu(act_ref.view(), x.view(), gamma.view(), eps, w_host.view());
+        report.add(compare(name + " rmsnorm_gemv_silu_mul M=" + std::to_string(M),
+                           Tensor::copy_of(act.view(), Device::CPU, DType::F32).view(), act_ref.view(),
+                           gemv_tolerance(act_ref)));
+      } else {  // o, down: h += x W^T
+        const Tensor h = random_rows(M, N, 1.0, 200 + M);
+        Tensor h_dev = on(h, Device::CUDA, DType::BF16), h_ref = on(h, Device::CPU, DType::F32);
+        gemv_residual(h_dev.view(), x_dev.view(), weight);
+        gemv_residual_cpu(h_ref.view(), x.view(), w_host.view());
+        report.add(compare(name + " gemv_residual M=" + std::to_string(M),
+                           Tensor::copy_of(h_dev.view(), Device::CPU, DType::F32).view(), h_ref.view(),
+                           gemv_tolerance(h_ref)));
+      }
+    }
+  }
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// CPU: each fused reference equals the lessons' own CPU ops composed, with the bf16 roundings in between.
+void check_fused_references_cpu(Report& report, const ModelWeights& w) {
+  const float eps = static_cast<float>(w.config.rms_norm_eps);
+  const LayerWeights& L = w.layers.front();
+  const Tensor gamma = Tensor::copy_of(L.input_norm, Device::CPU, DType::F32);
+  const auto bf16_round = [](Tensor& t) {
+    float* p = t.view().ptr<float>();
+    for (int64_t i = 0; i < t.view().numel(); ++i) p[i] = to_bf16_value(p[i]);
+  };
+  const int64_t M = 3, H = w.config.hidden_size;
+  const Tensor h = random_rows(M, H, 1.0, 7);
+  Tensor normed = Tensor::empty({M, H}, DType::F32, Device::CPU);
+  rmsnorm(normed.view(), h.view(), gamma.view(), eps);
+  bf16_round(normed);  // the GPU's normed activations are bf16
+  for (const auto& [name, weight] : decode_matrices(w)) {
+    if (name != "q" && name != "gate") continue;
+    const Tensor w_f32 = Tensor::copy_of(weight, Device::CPU, DType::F32);
+    const int64_t N = weight.shape[0];
+    Tensor composed = Tensor::empty({M, N}, DType::F32, Device::CPU), fused = Tensor::empty({M, N}, DType::F32, Device::CPU);
+    linear(composed.view(), normed.view(), w_f32.view());
+    rmsnorm_gemv_cpu(fused.view(), h.view(), gamma.view(), eps, w_f32.view());
+    // The same products, summed in double (fused) vs fp32 (linear_cpu): far below the bf16 rounding.
+    report.add(compare("cpu: rmsnorm_gemv == rmsnorm + linear (" + name + ")", fused.view(), composed.view(),
+                       Tolerance{1e-4, 1e-4}));
+  }
+}
+
+// ---- 2. the fast path against the readable loop ----------------------------------------------------------
+
+void check_fast_path(Report& report, const std::filesystem::path& dir, const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  const ReferenceSet ref = ReferenceSet::open(dir);
+  const ReferenceGenerations gens = read_reference_generations(dir);
+  const std::map<std::string, Bf16Floor> floors = read_bf16_floors(dir);
+  int64_t longest = 0;
+  for (const ReferenceGeneration& g : gens.sequences)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(g.prompt_ids.size()) + gens.max_new_tokens);
+  const int64_t max_context = std::min(c.max_position_embeddings, longest);
+  const EngineLimits limits = Generator::limits_for(c, max_context, 1, max_context);
+  Generator readable(w, limits), fast(w, limits), eager(w, limits);
+  use_fast_path(fast);
+  FastPathOptions no_graphs;
+  no_graphs.graphs = false;
+  use_fast_path(eager, no_graphs);
+  std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA).c_str());
+
+  GenerateOptions greedy;
+  greedy.max_new_tokens = gens.max_new_tokens;
+  greedy.eos_ids = gens.eos_ids;
+  for (const ReferenceGeneration& g : gens.sequences) {
+    const Tensor prompt_logits = Tensor::copy_of(ref.get(g.prompt + ".logits"), Device::CPU, DType::F32);
+    const double e = gpu_logit_bound(rms(prompt_logits), find_floor(floors, g.name)).epsilon;
+    const bool clear = g.min_top1_margin > 2 * e;
+    // Greedy, free-running, through graphs + fused + the fast sampler.
+    const GenerateResult r = fast.generate(g.prompt_ids, greedy);
+    const int64_t diff = first_difference(r.ids, g.output_ids);
+    report.add_check(g.name + " fast greedy == HF generate", diff < 0 || !clear,
+                     diff < 0 ? std::to_string(r.ids.size()) + " ids, equal"
+                              : "first difference at step " + std::to_string(diff) +
+                                    (clear ? "" : " (near-tie margins: not required)"));
+    // Teacher-forced through the fused forward (forced_logits runs forward_step: the fused path, eagerly).
+    const Tensor forced = fast.forced_logits(g.prompt_ids, g.output_ids);
+    const ForcedAgreement a = forced_agreement(forced, g.output_ids, e);
+    report.add_check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
+    // The readable loop's logits on the same ids: both within e of the exact ones, so within 2e of each other.
+    const Tensor base = readable.forced_logits(g.prompt_ids, g.output_ids);
+    const Top1Agreement t = top1_agreement(forced, base, 2 * e);
+    report.add_check(g.name + " fast == readable (logits)", t.pass() && t.max_abs_error <= 2 * e,
+                     t.summary() + " (bound " + fmt("%.4f", 2 * e) + ")");
+    // Graphs change the launches, never the tokens: sampled (the sampler is in the graph too), id for id.
+    GenerateOptions sampled = greedy;
+    sampled.sampling = SamplingParams{0.8f, 40, 0.95f, 1234};
+    sampled.ignore_eos = true;
+    const GenerateResult with_graphs = fast.generate(g.prompt_ids, sampled);
+    const GenerateResult without = eager.generate(g.prompt_ids, sampled);
+    const int64_t d2 = first_difference(with_graphs.ids, without.ids);
+    report.add_check(g.name + " graphs == --enforce-eager", d2 < 0 && with_graphs.ids.size() == without.ids.size(),
+                     d2 < 0 ? std::to_string(with_graphs.ids.size()) + " sampled ids, equal"
+                            : "first difference at step " + std::to_string(d2));
+  }
+}
+
+// ---- 3. the fast sampler ---------------------------------------------------------------------------------
+
+void check_sampler(Report& report, int64_t vocab) {
+  const int B = 64;
+  FastSampler sampler(B, vocab);
+  const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
+                                             {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
+  int64_t rows = 0, equal = 0;
+  for (size_t k = 0; k < knobs.size(); ++k) {
+    const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
+    const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
+    std::vector<SamplingRow> host_rows;
+    for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
+    DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
+    TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
+    Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
+    sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
+                   ids.view().ptr<int32_t>());
+    const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
+    for (int b = 0; b < B; ++b) {
+      ++rows;
+      equal += got.view().ptr<const int32_t>()[b] ==
+               sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+    }
+  }
+  report.add_check("FastSampler == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows,
+                   std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both");
+}
+
+// ---- 4. --bench ------------------------------------------------------------------------------------------
+
+void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
+  CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, nullptr);
+  for (int64_t M : {int64_t{1}, int64_t{8}}) {
+    std::vector<BenchRow> rows;
+    for (const auto& [name, weight] : decode_matrices(w)) {
+      const int64_t N = weight.shape[0], K = weight.shape[1];
+      const DType out_dtype = name == "lm_head" ? DType::F32 : DType::BF16;
+      const Tensor x = on(random_rows(M, K, 1.0, 9), Device::CUDA, DType::BF16);
+      Tensor out = Tensor::empty({M, N}, out_dtype, Device::CUDA);
+      const double bytes = static_cast<double>(gemv_bytes_moved(M, N, K, out_dtype));
+      const std::string shape = " [" + std::to_string(M) + "x" + std::to_string(K) + " . " + std::to_string(K) +
+                                "x" + std::to_string(N) + "]";
+      for (GemvKernel k : all_gemv_kernels())
+        rows.push_back({name + " gemv " + std::string(gemv_kernel_name(k)) + shape,
+                        bench_gpu([&] { gemv(out.view(), x.view(), weight, k); }), bytes, 2.0 * M * N * K});
+      rows.push_back({name + " cuBLAS (lesson 06 v5)" + shape,
+                      bench_gpu([&] { linear(out.view(), x.view(), weight, MatmulKernel::V5Cublas, &cublas); }),
+                      bytes, 2.0 * M * N * K});
+    }
+    print_bench_table(std::cout, "decode GEMVs, M = " + std::to_string(M) + " (L2 flushed before each run)", rows,
+                      ceilings);
+  }
+}
+
+void bench_sampler(int64_t vocab) {
+  std::printf("\nsampler, vocab %lld: FastSampler vs lesson 09's GpuSampler (us per call, the same ids)\n",
+              (long long)vocab);
+  std::printf("  %6s  %-22s %12s %12s %8s\n", "batch", "knobs", "lesson 09", "FastSampler", "speed-up");
+  const std::vector<std::pair<std::string, SamplingParams>> knobs = {{"greedy", {0.0f, 0, 1.0f, 1}},
+                                                                      {"top-k 50", {0.7f, 50, 1.0f, 2}},
+                                                                      {"top-p 0.9", {1.0f, 0, 0.9f, 3}},
+                                                                      {"top-k 50 + top-p 0.9", {0.7f, 50, 0.9f, 4}}};
+  for (int B : {1, 64})
+    for (const auto& [name, p] : knobs) {
+      const SamplerTiming t = bench_fast_sampler(B, vocab, p);
+      std::printf("  %6d  %-22s %12.1f %12.1f %7.1fx\n", B, name.c_str(), t.lesson09_us, t.fast_us,
+                  t.lesson09_us / t.fast_us);
+    }
+}
+
+void bench_progression(const ModelWeights& w, const Ceilings& ceilings) {
+  const ModelConfig& c = w.config;
+  std::printf("\ndecode through lesson 10's Generator (what `tiny-vllm generate` does), 64 new tokens per run;\n"
+              "bytes = weights + KV read per step; copy bandwidth %.0f GB/s -> batch 1 at most %.0f tok/s\n",
+              ceilings.copy_gbs, ceilings.copy_gbs * 1e9 / decode_bytes_per_step(w, 1, 0.0));
+  std::printf("  %-44s %6s %8s %10s %10s %8s\n", "variant", "batch", "context", "ms/step", "tok/s", "% copy");
+  const std::vector<std::pair<std::string, std::optional<FastPathOptions>>> variants = {
+      {"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
+      {"+ CUDA graphs", FastPathOptions{false, true, false, 64}},
+      {"+ fused GEMV decode", FastPathOptions{true, true, false, 64}},
+      {"+ fast sampler (the default fast path)", FastPathOptions{true, true, true, 64}}};
+  for (int64_t B : {int64_t{1}, int64_t{8}})
+    for (int64_t ctx : {int64_t{128}, std::min<int64_t>(4096, c.max_position_embeddings - 65)})
+      for (const auto& [name, fast] : variants) {
+        const DecodeLatency d = measure_decode_latency(w, fast, B, ctx, 64, 3, ceilings.copy_gbs);
+        std::printf("  %-44s %6lld %8lld %10.3f %10.1f %7.1f%%\n", name.c_str(), (long long)B, (long long)ctx,
+                    d.ms_per_step, d.tok_s, d.pct_copy);
+      }
+}
+
+// ---- the run -----------------------------------------------------------------------------------------------
+
+int run(const LessonOptions& opt) {
+  const ModelDir model = ModelDir::open(opt.model_dir);
+  const ModelWeights w = ModelWeights::bind(model, opt.device);
+  const ModelConfig& c = model.config;
+  const bool gpu = opt.device == Device::CUDA;
+  const GemvKernel kernel = opt.kernel.empty() ? kDefaultGemvKernel : parse_gemv_kernel(opt.kernel);
+  std::printf("model %s: %lld layers, hidden %lld, intermediate %lld, vocab %lld\n", model.path.string().c_str(),
+              (long long)c.num_hidden_layers, (long long)c.hidden_size, (long long)c.intermediate_size,
+              (long long)c.vocab_size);
+  Report report(std::string("lesson 14: the fast path -> ") + std::string(device_name(opt.device)) +
+                (gpu ? " (GEMVs within 2 bf16 ulps + 2^-10 max|out| of fp32; the model within lesson 10's rules)"
+                     : " (the fused references vs the lessons' composed CPU ops)"));
+  if (!gpu) {
+    std::printf("the fast path is CUDA code: on the CPU this checks its references (--device cuda runs it)\n");
+    check_fused_references_cpu(report, w);
+    report.print(std::cout);
+    return report.exit_code();
+  }
+  TVLLM_REQUIRE(fast_forward_supported(w), "this model's shapes are not ones the fused GEMVs take (K % 8 != 0?)");
+  check_gemvs_cuda(report, w, kernel);
+  check_fast_path(report, opt.model_dir, w);
+  check_sampler(report, c.vocab_size);
+  report.print(std::cout);
+  if (opt.bench) {
+    const Ceilings ceilings = measure_ceilings(false);
+    bench_gemvs(w, ceilings);
+    bench_sampler(c.vocab_size);
+    bench_progression(w, ceilings);
+  }
+  return report.exit_code();
+}
+
+}  // namespace
+}  // namespace tvllm
 
 int main(int argc, char** argv) {
-  tvllm::LessonCli cli("lesson14_performance", "Decode at the memory roofline");
-  return cli.run(argc, argv, [](const tvllm::LessonOptions&) { return tvllm::kExitPass; });
+  tvllm::LessonCli cli("lesson14_performance", "decode at the memory roofline: graphs, fused GEMVs, a fast sampler");
+  cli.kernels({"v1", "v2", "v3"}, "v3");
+  return cli.run(argc, argv, tvllm::run);
 }

@@ -30,6 +30,7 @@ struct ChatCliOptions {
   std::string model, system, device = "auto";
   int64_t max_tokens = 256, max_context = 4096;
   SamplingFlags sampling;
+  FastPathFlags fast;
 };
 
 std::string trim_ascii(const std::string& s) {
@@ -48,6 +49,7 @@ void run_chat(const ChatCliOptions& o, bool have_system) {
   const int64_t max_context = std::min(o.max_context, c.max_position_embeddings);
   m->bind_weights();
   Generator gen(*m->weights, Generator::limits_for(c, max_context, 1, std::min<int64_t>(max_context, 2048)));
+  o.fast.apply(gen);  // lesson 14 (CUDA): fused decode, CUDA graphs, the fast sampler
 
   warm_up(gen, tok.encode(tmpl.render({{"user", "Hello"}}), false));  // CUDA: the first answer's timings too
   const bool tty = isatty(STDIN_FILENO) != 0;
@@ -147,6 +149,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--max-context", opt->max_context,
                   "the KV cache's positions, at most the model's max_position_embeddings (default 4096)");
   opt->sampling.add_to(cmd);
+  opt->fast.add_to(cmd);
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([opt, system] {

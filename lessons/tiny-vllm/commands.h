@@ -16,5 +16,6 @@ void add_generate_command(CLI::App& app);   // generate.cpp: one prompt, one con
 void add_chat_command(CLI::App& app);       // chat.cpp: the interactive chat (lessons 09 + 10)
 void add_bench_throughput_command(CLI::App& bench);  // bench_throughput.cpp: `bench throughput` (lessons 11 + 12)
 void add_serve_commands(CLI::App& app);  // serve.cpp: serve, bench serve (lesson 13)
+void add_bench_latency_command(CLI::App& bench);  // bench_latency.cpp: `bench latency` (lesson 14)
 
 }  // namespace tvllm::cli

@@ -32,6 +32,7 @@ struct GenerateCliOptions {
   bool chat = false, ignore_eos = false, batch_invariant = false;
   int64_t max_tokens = 128;
   SamplingFlags sampling;
+  FastPathFlags fast;
 };
 
 std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOptions& o, bool have_prompt,
@@ -80,6 +81,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
   const int64_t max_context = P + o.max_tokens;
   Generator gen(*m->weights, Generator::limits_for(c, max_context, 1, std::min<int64_t>(max_context, 2048)));
   gen.set_batch_invariant(o.batch_invariant);
+  o.fast.apply(gen);  // lesson 14 (CUDA): fused decode, CUDA graphs, the fast sampler
   GenerateOptions options;
   options.max_new_tokens = o.max_tokens;
   options.sampling = sampling;
@@ -116,6 +118,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
                    {"decode_tok_s", r.decode_steps > 0 ? nlohmann::ordered_json(decode_tok_s)
                                                        : nlohmann::ordered_json(nullptr)}};
     j["device"] = std::string(device_name(m->device));
+    j["path"] = o.fast.describe(m->device);
     std::printf("%s\n", j.dump().c_str());
   } else {
     const std::string rest = stream ? stream->finish() : "";
@@ -124,12 +127,12 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
     std::fflush(stdout);
     std::fprintf(stderr,
                  "[%s] prefill: %lld tokens in %s ms (%s tok/s); decode: %lld tokens in %s ms (%s tok/s); "
-                 "finish_reason: %s (%s)\n",
+                 "finish_reason: %s (%s); %s\n",
                  std::string(device_name(m->device)).c_str(), static_cast<long long>(P),
                  fixed(r.prefill_ms, 2).c_str(), fixed(prefill_tok_s).c_str(),
                  static_cast<long long>(r.decode_steps), fixed(r.decode_ms, 2).c_str(),
                  r.decode_steps > 0 ? fixed(decode_tok_s).c_str() : "-", finish,
-                 std::string(stop_reason_name(r.stop)).c_str());
+                 std::string(stop_reason_name(r.stop)).c_str(), o.fast.describe(m->device).c_str());
   }
 }
 
@@ -147,6 +150,7 @@ void add_generate_command(CLI::App& app) {
   CLI::Option* system = cmd->add_option("--system", opt->system, "a system message (with --chat)");
   cmd->add_option("--max-tokens", opt->max_tokens, "the most new tokens (default 128)");
   opt->sampling.add_to(cmd);
+  opt->fast.add_to(cmd);
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "do not stop at an EOS id (benchmarks)");
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the kernels of `serve --batch-invariant`: the same ids as a server in that mode gives this prompt");

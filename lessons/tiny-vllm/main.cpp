@@ -4,6 +4,8 @@
 //   tiny-vllm tokenize / detokenize     text <-> token ids (lesson 09)
 //   tiny-vllm generate --model DIR      continue a prompt, streaming (lesson 10)
 //   tiny-vllm chat --model DIR          an interactive chat in the terminal (lessons 09 + 10)
+//   tiny-vllm serve --model DIR         the OpenAI-compatible server (lesson 13)
+//   tiny-vllm bench throughput|serve|latency   the benchmarks (lessons 11-14)
 //
 // Exit codes: 0 success, 1 runtime failure (CUDA error, out of memory), 2 bad usage or bad input.
 #include <cstdio>
@@ -27,13 +29,17 @@ int main(int argc, char** argv) {
   tvllm::cli::add_generate_command(app);
   tvllm::cli::add_chat_command(app);
 #endif
+  CLI::App* bench = nullptr;  // `tiny-vllm bench`, once the engine exists
 #ifdef TVLLM_CLI_ENGINE  // lessons 11-12: the engine (continuous batching, paged KV)
-  CLI::App* bench = app.add_subcommand("bench", "benchmarks of the engine");
+  bench = app.add_subcommand("bench", "benchmarks of the engine");
   bench->require_subcommand(1);
   tvllm::cli::add_bench_throughput_command(*bench);
 #endif
 #ifdef TVLLM_CLI_SERVE  // lesson 13: serve, and bench serve (under the bench command above)
   tvllm::cli::add_serve_commands(app);
+#endif
+#ifdef TVLLM_CLI_FAST  // lesson 14: bench latency (the fast path itself is installed by generate, chat, serve)
+  tvllm::cli::add_bench_latency_command(*bench);
 #endif
   try {
     app.parse(argc, argv);

@@ -6,6 +6,9 @@
 
 #include "common/device.h"
 #include "common/errors.h"
+#ifdef TVLLM_CLI_FAST
+#include "fast_path.h"
+#endif
 
 namespace tvllm::cli {
 
@@ -27,6 +30,40 @@ SamplingParams SamplingFlags::params() const {
     throw InputError(std::string("bad sampling flags (--temperature, --top-k, --top-p): ") + e.what());
   }
   return p;
+}
+
+void FastPathFlags::add_to(CLI::App* cmd) {
+#ifdef TVLLM_CLI_FAST
+  cmd->add_flag("--enforce-eager", enforce_eager, "CUDA: launch every step eagerly, no CUDA graphs (vLLM's flag)");
+  cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
+  cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
+#else
+  (void)cmd;
+#endif
+}
+
+void FastPathFlags::apply(Generator& gen) const {
+#ifdef TVLLM_CLI_FAST
+  FastPathOptions o;
+  o.graphs = !enforce_eager;
+  o.fused = !no_fused;
+  o.fast_sampler = !no_fast_sampler;
+  use_fast_path(gen, o);
+#else
+  (void)gen;
+#endif
+}
+
+std::string FastPathFlags::describe(Device device) const {
+#ifdef TVLLM_CLI_FAST
+  FastPathOptions o;
+  o.graphs = !enforce_eager;
+  o.fused = !no_fused;
+  o.fast_sampler = !no_fast_sampler;
+  return describe_fast_path(o, device);
+#else
+  return device == Device::CUDA ? "lesson 10's decode loop" : "CPU reference path";
+#endif
 }
 
 std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std::string& device_text) {

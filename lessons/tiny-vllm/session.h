@@ -31,6 +31,16 @@ struct SamplingFlags {
   SamplingParams params() const;  // validated: InputError naming the flag
 };
 
+// Lesson 14's fast path on CUDA (fused GEMV decode, CUDA graphs, the fast sampler), on by default.
+struct FastPathFlags {
+  bool enforce_eager = false, no_fused = false, no_fast_sampler = false;
+  void add_to(CLI::App* cmd);
+  // Installs it on the generator (nothing on the CPU, nor in a student workspace without lesson 14).
+  void apply(Generator& gen) const;
+  // One line for the command's banner: what runs.
+  std::string describe(Device device) const;
+};
+
 // A model opened for generation: config and weights mapped (ModelDir), the weights bound for the device
 // (lesson 08: on the CPU views into the mapping, on CUDA one upload through a small staging buffer; neither
 // keeps a second host copy), and the tokenizer when the directory has tokenizer.json.

@@ -1,0 +1,99 @@
+// Lesson 14: the fused decode forward pass (fast_forward.h).
+#include "fast_forward.h"
+
+#include <string>
+
+#include "common/errors.h"
+#include "common/exercise.h"
+#include "embedding.h"
+#include "gemv.h"
+#include "rmsnorm.h"
+#include "rope.h"
+#include "silu_mul.h"
+
+namespace tvllm {
+
+int64_t fast_forward_max_tokens() { return kGemvMaxRows; }
+
+bool fast_forward_supported(const ModelWeights& w) {
+  if (w.device != Device::CUDA || w.layers.empty()) return false;
+  // One token's views, for the shape checks: x [1, in] -> y [1, out] for every matrix.
+  const auto ok = [](const TensorView& weight, DType out_dtype) {
+    return weight.rank() == 2 && gemv_shape_supported(weight, out_dtype);
+  };
+  for (const LayerWeights& L : w.layers)
+    if (!L.packed() || !ok(L.wqkv, DType::BF16) || !ok(L.wo, DType::BF16) || !ok(L.w_gate_up, DType::BF16) ||
+        !ok(L.w_down, DType::BF16))
+      return false;
+  return ok(w.lm_head, DType::F32);
+}
+
+namespace {
+
+TensorView first_rows(const Tensor& buffer, Shape shape) {
+  return TensorView::contiguous(buffer.data(), buffer.dtype(), buffer.device(), std::move(shape));
+}
+
+// Whether logits row i is token i for every token: a decode step (the final norm can then be fused into the
+// lm_head GEMV over h itself, with no gather).
+bool rows_are_tokens(const StepInputs& step) {
+  if (step.num_logits_rows() != step.num_tokens()) return false;
+  const int32_t* rows = step.host_logits_rows();
+  for (int64_t i = 0; i < step.num_logits_rows(); ++i)
+    if (rows[i] != i) return false;
+  return true;
+}
+
+}  // namespace
+
+TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend) {
+  const int64_t T = step.num_tokens(), R = step.num_logits_rows();
+  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel)
+    return forward_composed(ctx, w, step, backend);
+  check_forward_args(ctx, w, step);
+  const ModelConfig& c = w.config;
+  Workspace& ws = ctx.workspace();
+  const cudaStream_t stream = ctx.stream();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const AttentionShape shape = AttentionShape::from_config(c);
+  const TensorView h = ws.hidden.view().rows(0, T);                  // [T, hidden], the residual stream
+  const TensorView qkv = first_rows(ws.qkv, {T, shape.qkv_dim()});   // [T, q | k | v]
+  const TensorView attn = ws.attn.view().rows(0, T);                 // [T, q_dim]
+  const TensorView act = ws.act.view().rows(0, T);                   // [T, intermediate]
+
+  // --- exercise 14.2: the fused decode layer -------------------------------------------------------------
+  // Task: the decoder layers of forward_composed() with the fused kernels of gemv.h, leaving h (the residual
+  //   stream, bf16) holding each layer's full output. Contract: the same math and the same bf16 roundings as
+  //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph).
+  // Tests: FastForward14Gpu.DecodeLogitsMatchTheComposedForward FastForward14Gpu.GreedyIdsEqualTheComposedPath
+  // --- solution ---
+  embedding_async(h, step.token_ids(), w.embed, *ws.bad_token, kDefaultEmbeddingKernel, stream);
+  for (const LayerWeights& L : w.layers) {
+    const int layer = static_cast<int>(&L - w.layers.data());
+    // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
+    rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, stream);
+    const QkvViews v = split_qkv(qkv, shape);
+    apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
+    backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
+    gemv_residual(h, attn, L.wo, stream);
+    // MLP: act = silu(rmsnorm(h) Wg^T) * (rmsnorm(h) Wu^T); h += act Wd^T.
+    rmsnorm_gemv_silu_mul(act, h, L.post_norm, eps, L.w_gate_up, stream);
+    gemv_residual(h, act, L.w_down, stream);
+  }
+  // --- end of exercise 14.2 ---
+
+  // Logits of the wanted rows: final norm + lm_head, fused when the rows are the tokens themselves.
+  const TensorView logits = ws.logits.view().rows(0, R);  // [R, vocab] F32
+  if (R == 0) return logits;
+  if (rows_are_tokens(step)) {
+    rmsnorm_gemv(logits, h, w.final_norm, eps, w.lm_head, stream);
+  } else {
+    const TensorView out_h = ws.out_hidden.view().rows(0, R), out_n = ws.out_normed.view().rows(0, R);
+    gather_rows(out_h, h, step.logits_rows(), stream);
+    rmsnorm(out_n, out_h, w.final_norm, eps, {}, stream);
+    gemv(logits, out_n, w.lm_head, kDefaultGemvKernel, stream);
+  }
+  return logits;
+}
+
+}  // namespace tvllm

@@ -1,0 +1,41 @@
+// Lesson 14: the fused decode forward pass.
+//
+// Lesson 08's forward_composed() runs one kernel per op: for a decode step of T <= 16 tokens, per layer,
+//
+//   rmsnorm ─> QKV GEMM ─> RoPE ─> attention ─> o GEMM ─> add_rmsnorm ─> gate|up GEMM ─> silu·mul ─> down GEMM
+//
+// and every arrow is a round trip of an activation through global memory plus a kernel launch. At batch 1 the
+// activations are tiny (a few KiB); what costs is the weights (every byte read once per step) and the gaps.
+// fast_forward() keeps the math and the rounding of forward_composed() and fuses what the small batch allows:
+//
+//   rmsnorm_gemv(QKV) ─> RoPE ─> attention ─> gemv_residual(o) ─> rmsnorm_gemv_silu_mul(gate|up) ─> gemv_residual(down)
+//
+//   rmsnorm_gemv            the norm of the (few) input rows is recomputed by every block from h: it is 4 KiB
+//                           per row, read from L2, instead of a kernel and a round trip of `normed`
+//   gemv_residual           h += x W^T in the GEMV's epilogue: the residual add of add_rmsnorm, without `delta`
+//   rmsnorm_gemv_silu_mul   the block that computes gate row j also computes up row j and writes silu(g)*u:
+//                           no `gate_up` buffer, no silu_mul kernel
+//
+// and the final norm is fused into the lm_head GEMV when the step wants every row's logits (a decode step).
+// Steps it does not handle (more than kFastForwardMaxTokens tokens, batch-invariant matmuls, the CPU) go to
+// forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool.
+#pragma once
+
+#include "model_weights.h"
+#include "transformer.h"
+
+namespace tvllm {
+
+// Tokens per step up to which fast_forward() runs the fused GEMV path (the GEMV's row limit).
+int64_t fast_forward_max_tokens();
+
+// Whether fast_forward() can run the fused path for these weights at all (CUDA, packed, every matrix a shape
+// and alignment the GEMV kernels take). Checked once when the path is installed.
+bool fast_forward_supported(const ModelWeights& weights);
+
+// ForwardFn (lesson 08's seam): the fused path for small CUDA steps with lesson 06's default matmul, else
+// forward_composed(). Same contract as forward().
+TensorView fast_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                        AttentionBackend& backend);
+
+}  // namespace tvllm

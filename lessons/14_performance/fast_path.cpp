@@ -1,0 +1,48 @@
+// Lesson 14: installing the fast path (fast_path.h).
+#include "fast_path.h"
+
+#include <memory>
+
+#include "fast_forward.h"
+#include "fast_sampler.h"
+#include "graph_runner.h"
+
+namespace tvllm {
+
+namespace {
+
+void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const FastPathOptions& o,
+             const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler) {
+  if (w.device != Device::CUDA) return;
+  if (o.fused && fast_forward_supported(w)) ctx.set_forward(fast_forward);
+  const AttentionShape shape = AttentionShape::from_config(w.config);
+  if (o.graphs) {
+    ctx.set_launcher(std::make_unique<GraphRunner>(shape, o.max_graph_batch));
+  } else {
+    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape));
+  }
+  if (o.fast_sampler) set_sampler(std::make_unique<FastSampler>(max_sequences, w.config.vocab_size));
+}
+
+}  // namespace
+
+std::string describe_fast_path(const FastPathOptions& o, Device device) {
+  if (device != Device::CUDA) return "CPU reference path (the fast path is for CUDA)";
+  std::string s = o.fused ? "fused GEMV decode" : "composed kernels";
+  s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
+                : ", eager (--enforce-eager)";
+  s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
+  return s;
+}
+
+void use_fast_path(Generator& gen, const FastPathOptions& o) {
+  install(gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences), o,
+          [&](std::unique_ptr<TokenSampler> s) { gen.set_sampler(std::move(s)); });
+}
+
+void use_fast_path(Engine& engine, const FastPathOptions& o) {
+  install(engine.context(), engine.weights(), static_cast<int>(engine.limits().max_logits_rows), o,
+          [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); });
+}
+
+}  // namespace tvllm

@@ -1,0 +1,35 @@
+// Lesson 14: the fast path, installed into the loops of lessons 10 and 11 through their seams.
+//
+//   use_fast_path(generator)   lesson 10's Generator: `tiny-vllm generate` and `chat`
+//   use_fast_path(engine)      lesson 11's Engine: `tiny-vllm serve`, `bench throughput`, `bench latency`
+//
+// Three independent parts, each a switch (the chapter measures each one's gain alone):
+//   fused        ExecContext::set_forward(fast_forward): the fused GEMV decode path (fast_forward.h)
+//   graphs       ExecContext::set_launcher(GraphRunner): decode steps replayed as CUDA graphs; with
+//                enforce_eager (vLLM's --enforce-eager) a PinnedEagerLauncher instead, which launches the same
+//                kernels with the same splits eagerly: the same tokens, only slower
+//   fast_sampler set_sampler(FastSampler): top-k / top-p without a sort, the same ids as lesson 09's
+// On the CPU nothing is installed: the CPU path is the fp32 reference and stays as it is.
+#pragma once
+
+#include <string>
+
+#include "engine.h"
+#include "generate.h"
+
+namespace tvllm {
+
+struct FastPathOptions {
+  bool fused = true;
+  bool graphs = true;          // false: --enforce-eager
+  bool fast_sampler = true;
+  int max_graph_batch = 64;    // decode steps of more sequences run eagerly
+};
+
+// What was installed, for the command line's one-line notice ("fast path: fused GEMV, CUDA graphs (<= 64), ...").
+std::string describe_fast_path(const FastPathOptions& options, Device device);
+
+void use_fast_path(Generator& generator, const FastPathOptions& options = {});
+void use_fast_path(Engine& engine, const FastPathOptions& options = {});
+
+}  // namespace tvllm

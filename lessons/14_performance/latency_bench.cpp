@@ -1,0 +1,104 @@
+// Lesson 14: the latency benchmark (latency_bench.h).
+#include "latency_bench.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/random.h"
+#include "generate.h"
+#include "graph_runner.h"
+#include "kv_cache.h"
+
+namespace tvllm {
+
+namespace {
+
+std::vector<int32_t> random_prompt(int64_t n, int64_t id_high, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng.below(id_high));
+  return ids;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+double decode_bytes_per_step(const ModelWeights& w, int64_t batch, double mean_context) {
+  double weights = static_cast<double>(w.device_bytes);
+  const double row = static_cast<double>(w.embed.shape[1]) * static_cast<double>(dtype_size(w.embed.dtype));
+  if (!w.tied) weights -= static_cast<double>(w.embed.nbytes()) - static_cast<double>(batch) * row;
+  const AttentionShape shape = AttentionShape::from_config(w.config);
+  const double kv_per_token = static_cast<double>(KvCache::bytes_for(shape, w.config.num_hidden_layers, 1, 1, w.device));
+  return weights + static_cast<double>(batch) * mean_context * kv_per_token;
+}
+
+DecodeLatency measure_decode_latency(const ModelWeights& w, const std::optional<FastPathOptions>& fast,
+                                     int64_t batch, int64_t context, int64_t output_len, int iters, double copy_gbs) {
+  const ModelConfig& c = w.config;
+  TVLLM_REQUIRE(batch >= 1 && context >= 1 && output_len >= 2 && iters >= 1,
+                "bench latency: batch, context >= 1, output_len >= 2, iters >= 1");
+  const int64_t max_context = context + output_len;
+  TVLLM_REQUIRE(max_context <= c.max_position_embeddings,
+                "bench latency: context + output_len = " + std::to_string(max_context) +
+                    " exceeds max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  Generator gen(w, Generator::limits_for(c, max_context, batch, std::min<int64_t>(max_context, 8192)));
+  if (fast) use_fast_path(gen, *fast);
+  std::vector<std::vector<int32_t>> prompts;
+  // Ids below 1000 exist in every vocabulary worth benchmarking (and are ordinary tokens).
+  const int64_t id_high = std::min<int64_t>(c.vocab_size, 1000);
+  for (int64_t b = 0; b < batch; ++b) prompts.push_back(random_prompt(context, id_high, 100 + b));
+  GenerateOptions options;
+  options.max_new_tokens = output_len;
+  options.ignore_eos = true;
+  gen.generate(prompts, options);  // warm-up: module loading, cuBLAS heuristics, graph captures
+  std::vector<double> ms;
+  int64_t steps = 0;
+  for (int i = 0; i < iters; ++i) {
+    const std::vector<GenerateResult> r = gen.generate(prompts, options);
+    steps = r.front().decode_steps;
+    ms.push_back(r.front().decode_ms / static_cast<double>(steps));
+  }
+  DecodeLatency d;
+  d.batch = batch;
+  d.context = context;
+  d.output_len = output_len;
+  d.steps = steps;
+  d.ms_per_step = median(ms);
+  d.tok_s = static_cast<double>(batch) * 1e3 / d.ms_per_step;
+  // Decode step i (1-based) attends over context + i positions: on average context + output_len / 2.
+  d.bytes_per_step = decode_bytes_per_step(w, batch, static_cast<double>(context) + static_cast<double>(output_len) / 2);
+  d.gbs = d.bytes_per_step / (d.ms_per_step * 1e-3) / 1e9;
+  d.pct_copy = copy_gbs > 0 ? 100.0 * d.gbs / copy_gbs : 0.0;
+  if (auto* runner = dynamic_cast<const GraphRunner*>(gen.context().launcher()))
+    d.graphs = static_cast<int64_t>(runner->num_graphs());
+  return d;
+}
+
+PrefillLatency measure_prefill_latency(const ModelWeights& w, const std::optional<FastPathOptions>& fast,
+                                       int64_t tokens, int iters) {
+  const ModelConfig& c = w.config;
+  TVLLM_REQUIRE(tokens >= 1 && tokens + 1 <= c.max_position_embeddings,
+                "bench latency: a prefill of " + std::to_string(tokens) + " tokens does not fit the context");
+  Generator gen(w, Generator::limits_for(c, tokens + 1, 1, tokens));
+  if (fast) use_fast_path(gen, *fast);
+  const std::vector<int32_t> prompt = random_prompt(tokens, std::min<int64_t>(c.vocab_size, 1000), 7);
+  GenerateOptions options;
+  options.max_new_tokens = 1;
+  options.ignore_eos = true;
+  gen.generate(prompt, options);  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) ms.push_back(gen.generate(prompt, options).prefill_ms);
+  PrefillLatency p;
+  p.tokens = tokens;
+  p.ms = median(ms);
+  p.tok_s = static_cast<double>(tokens) * 1e3 / p.ms;
+  p.tflops = forward_flops(c, {tokens}, {tokens}, 1) / (p.ms * 1e-3) / 1e12;
+  return p;
+}
+
+}  // namespace tvllm

@@ -1,0 +1,141 @@
+// tiny-vllm bench latency --model DIR [--batch-size 1 8 ...] [--context 128 4096] [--output-len 128]
+//                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
+//                         [--compare] [--device auto|cpu|cuda] [--output table|json]
+//
+// The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
+// and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
+// decode), and prefill tok/s. --compare runs the lesson's progression in one process, so that every row is
+// measured on the same GPU in the same minute: lesson 10 as it is, then + CUDA graphs, + the fused GEMV forward,
+// + the fast sampler (the default fast path).
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "common/bench.h"
+#include "common/device.h"
+#include "common/input_error.h"
+#include "latency_bench.h"
+#include "model_dir.h"
+#include "model_weights.h"
+
+namespace tvllm::cli {
+namespace {
+
+struct BenchLatencyOptions {
+  std::string model, device = "auto", output = "table";
+  std::vector<int64_t> batch_sizes{1}, contexts{128, 4096}, prefill_lens{512, 4096};
+  int64_t output_len = 128;
+  int iters = 3;
+  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, compare = false;
+};
+
+struct Variant {
+  std::string name;
+  std::optional<FastPathOptions> fast;  // nullopt: lesson 10 as it is
+};
+
+std::vector<Variant> variants(const BenchLatencyOptions& o, Device device) {
+  FastPathOptions chosen;
+  chosen.graphs = !o.enforce_eager;
+  chosen.fused = !o.no_fused;
+  chosen.fast_sampler = !o.no_fast_sampler;
+  if (!o.compare || device != Device::CUDA) return {{describe_fast_path(chosen, device), chosen}};
+  FastPathOptions graphs{false, true, false, 64}, fused{true, true, false, 64}, all{true, true, true, 64};
+  return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
+          {"+ CUDA graphs", graphs},
+          {"+ fused GEMV decode", fused},
+          {"+ fast sampler (the default)", all}};
+}
+
+void run(const BenchLatencyOptions& o) {
+  TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
+  const Device device = resolve_device(o.device);
+  TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
+  const ModelDir model = ModelDir::open(o.model);
+  const ModelConfig& c = model.config;
+  for (int64_t ctx : o.contexts)
+    TVLLM_REQUIRE(ctx + o.output_len <= c.max_position_embeddings,
+                  "--context " + std::to_string(ctx) + " + --output-len " + std::to_string(o.output_len) +
+                      " exceeds the model's max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  for (int64_t p : o.prefill_lens)
+    TVLLM_REQUIRE(p + 1 <= c.max_position_embeddings,
+                  "--prefill-len " + std::to_string(p) + " exceeds the model's max_position_embeddings");
+  const ModelWeights weights = ModelWeights::bind(model, device);
+  const double copy_gbs = device == Device::CUDA ? measure_ceilings(false).copy_gbs : 0.0;
+
+  nlohmann::json out;
+  out["model"] = o.model;
+  out["device"] = std::string(device_name(device));
+  out["copy_gbs"] = copy_gbs;
+  out["weight_bytes"] = decode_bytes_per_step(weights, 1, 0.0);
+  out["runs"] = nlohmann::json::array();
+  if (o.output == "table") {
+    std::printf("tiny-vllm bench latency: %s on %s; %d timed runs per row (median), %lld new tokens per decode run\n",
+                o.model.c_str(), std::string(device_name(device)).c_str(), o.iters, (long long)o.output_len);
+    if (copy_gbs > 0)
+      std::printf("ceiling: copy bandwidth %.0f GB/s measured; weights %.1f MiB read per step -> batch 1 at most "
+                  "%.0f tok/s\n",
+                  copy_gbs, decode_bytes_per_step(weights, 1, 0.0) / (1 << 20),
+                  copy_gbs * 1e9 / decode_bytes_per_step(weights, 1, 0.0));
+  }
+  for (const Variant& v : variants(o, device)) {
+    nlohmann::json run;
+    run["variant"] = v.name;
+    run["decode"] = nlohmann::json::array();
+    run["prefill"] = nlohmann::json::array();
+    if (o.output == "table") {
+      std::printf("\n%s\n  %6s %8s %10s %10s %10s %9s %7s\n", v.name.c_str(), "batch", "context", "ms/step",
+                  "tok/s", "GB/s", "% copy", "graphs");
+    }
+    for (int64_t b : o.batch_sizes)
+      for (int64_t ctx : o.contexts) {
+        const DecodeLatency d = measure_decode_latency(weights, v.fast, b, ctx, o.output_len, o.iters, copy_gbs);
+        run["decode"].push_back({{"batch", d.batch}, {"context", d.context}, {"output_len", d.output_len},
+                                 {"ms_per_step", d.ms_per_step}, {"tok_s", d.tok_s}, {"gbs", d.gbs},
+                                 {"pct_copy", d.pct_copy}, {"graphs", d.graphs}});
+        if (o.output == "table")
+          std::printf("  %6lld %8lld %10.3f %10.1f %10.1f %8.1f%% %7lld\n", (long long)d.batch, (long long)d.context,
+                      d.ms_per_step, d.tok_s, d.gbs, d.pct_copy, (long long)d.graphs);
+      }
+    for (int64_t p : o.prefill_lens) {
+      const PrefillLatency r = measure_prefill_latency(weights, v.fast, p, o.iters);
+      run["prefill"].push_back({{"tokens", r.tokens}, {"ms", r.ms}, {"tok_s", r.tok_s}, {"tflops", r.tflops}});
+      if (o.output == "table")
+        std::printf("  prefill %6lld tokens: %9.3f ms  %10.0f tok/s  %7.1f TFLOP/s\n", (long long)r.tokens, r.ms,
+                    r.tok_s, r.tflops);
+    }
+    out["runs"].push_back(run);
+  }
+  if (o.output == "json") std::cout << out.dump() << "\n";
+}
+
+}  // namespace
+
+void add_bench_latency_command(CLI::App& bench) {
+  auto opt = std::make_shared<BenchLatencyOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "latency", "decode tok/s per batch size and context against the memory roofline; prefill tok/s");
+  cmd->add_option("--model", opt->model, "model directory (config.json + safetensors)")->required();
+  cmd->add_option("--batch-size", opt->batch_sizes, "decode batch sizes (default 1)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--context", opt->contexts, "prompt lengths the decode starts from (default 128 4096)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--output-len", opt->output_len, "new tokens per decode run (default 128)")
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--prefill-len", opt->prefill_lens, "prompt lengths of the prefill rows (default 512 4096)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--iters", opt->iters, "timed runs per row, after one warm-up (default 3)")->check(CLI::Range(1, 1000));
+  cmd->add_flag("--enforce-eager", opt->enforce_eager, "no CUDA graphs (vLLM's flag)");
+  cmd->add_flag("--no-fused", opt->no_fused, "lesson 08's composed forward instead of the fused GEMV decode");
+  cmd->add_flag("--no-fast-sampler", opt->no_fast_sampler, "lesson 09's sampler instead of lesson 14's");
+  cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");
+  cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
+  cmd->add_option("--output", opt->output, "table (default) or json");
+  cmd->callback([opt] { run(*opt); });
+}
+
+}  // namespace tvllm::cli

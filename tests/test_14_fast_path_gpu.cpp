@@ -1,0 +1,124 @@
+// Lesson 14 on the GPU: the whole fast path (fused GEMV decode + CUDA graphs + the fast sampler) installed
+// with use_fast_path, on the bundled model, against the references and the readable path:
+//   - free-running greedy == Hugging Face's generate wherever the reference's margins are clear (lesson 10's
+//     rule: eps = max(0.2 rms(logits), 1.5 x HF's own bf16 error), clear = every margin > 2 eps);
+//   - teacher-forced, the fused forward's logits agree with lesson 10's composed loop: within 2 eps of each
+//     other (both within eps of the exact logits), the same argmax wherever the margin exceeds that;
+//   - lesson 11's engine with the fast path: 24 concurrent requests each agree with the readable Generator
+//     alone (lesson 11's teacher-forced rule), every KV block back in the pool;
+//   - graphs never change the tokens: the fast path with and without graphs, sampled, id for id.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine_bench.h"
+#include "engine_check.h"
+#include "engine_paged.h"
+#include "fast_forward.h"
+#include "fast_path.h"
+#include "generate.h"
+#include "generate_check.h"
+#include "graph_runner.h"
+#include "logits_check.h"
+#include "testing/engine_fixture.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+const testing::BundledModel<Device::CUDA>& bundled() { return testing::bundled_model<Device::CUDA>(); }
+
+struct Refs {
+  ReferenceSet set = ReferenceSet::open(testing::tiny_model_dir());
+  ReferenceGenerations gens = read_reference_generations(testing::tiny_model_dir());
+  std::map<std::string, Bf16Floor> floors = read_bf16_floors(testing::tiny_model_dir());
+  double eps(const ReferenceGeneration& g) const {
+    const Tensor logits = Tensor::copy_of(set.get(g.prompt + ".logits"), Device::CPU, DType::F32);
+    return gpu_logit_bound(rms(logits.view()), find_floor(floors, g.name)).epsilon;
+  }
+};
+const Refs& refs() {
+  static const Refs r;
+  return r;
+}
+
+EngineLimits limits() { return Generator::limits_for(bundled().w.config, 256, 1, 256); }
+
+TEST(FastPath14Gpu, TheBundledModelTakesTheFusedPath) {
+  TVLLM_REQUIRE_GPU();
+  EXPECT_TRUE(fast_forward_supported(bundled().w));
+}
+
+TEST(FastPath14Gpu, GreedyEqualsHuggingFaceWhereTheMarginsAreClear) {
+  TVLLM_REQUIRE_GPU();
+  Generator gen(bundled().w, limits());
+  use_fast_path(gen);
+  GenerateOptions opt;
+  opt.max_new_tokens = refs().gens.max_new_tokens;
+  opt.eos_ids = refs().gens.eos_ids;
+  int clear = 0;
+  for (const ReferenceGeneration& g : refs().gens.sequences) {
+    const GenerateResult r = gen.generate(g.prompt_ids, opt);
+    if (g.min_top1_margin <= 2 * refs().eps(g)) continue;  // a near-tie may flip: lesson 10's rule
+    ++clear;
+    EXPECT_EQ(r.ids, g.output_ids) << g.name;
+  }
+  EXPECT_GE(clear, 1) << "no reference sequence with clear margins: the test would check nothing";
+  auto* runner = dynamic_cast<const GraphRunner*>(gen.context().launcher());
+  ASSERT_NE(runner, nullptr);
+  EXPECT_GT(runner->stats().replays, 0);
+}
+
+TEST(FastPath14Gpu, TeacherForcedLogitsMatchTheComposedForward) {
+  TVLLM_REQUIRE_GPU();
+  Generator fast(bundled().w, limits()), readable(bundled().w, limits());
+  use_fast_path(fast);
+  for (const ReferenceGeneration& g : refs().gens.sequences) {
+    const double e = refs().eps(g);
+    const Tensor a = fast.forced_logits(g.prompt_ids, g.output_ids);
+    const Tensor b = readable.forced_logits(g.prompt_ids, g.output_ids);
+    const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * e);
+    EXPECT_TRUE(t.pass()) << g.name << ": " << t.summary();
+    EXPECT_LE(t.max_abs_error, 2 * e) << g.name << ": " << t.summary();
+    const ForcedAgreement f = forced_agreement(a.view(), g.output_ids, e);
+    EXPECT_TRUE(f.pass()) << g.name << ": " << f.summary();
+  }
+}
+
+TEST(FastPath14Gpu, GraphsNeverChangeTheTokens) {
+  TVLLM_REQUIRE_GPU();
+  Generator graphs(bundled().w, limits()), eager(bundled().w, limits());
+  use_fast_path(graphs);
+  FastPathOptions no_graphs;
+  no_graphs.graphs = false;
+  use_fast_path(eager, no_graphs);
+  GenerateOptions opt;
+  opt.max_new_tokens = 150;  // contexts cross the 64 and 128 buckets
+  opt.ignore_eos = true;
+  opt.sampling = SamplingParams{0.9f, 50, 0.9f, 42};
+  for (const ReferenceGeneration& g : refs().gens.sequences)
+    EXPECT_EQ(graphs.generate(g.prompt_ids, opt).ids, eager.generate(g.prompt_ids, opt).ids) << g.name;
+}
+
+TEST(FastPath14Gpu, TheEngineWithTheFastPathAgreesWithEachRequestAlone) {
+  TVLLM_REQUIRE_GPU();
+  const auto requests = make_check_requests(24, 2, 150, 1, 60, workload_id_high(bundled().w.config), 17, 0, {13});
+  const AloneResults alone = run_alone(bundled().w, requests, 512);
+  for (const bool paged : {false, true}) {
+    Engine engine(bundled().w, testing::engine_config(64, 16, 512), paged ? paged_kv() : contiguous_kv());
+    use_fast_path(engine);
+    const EngineRunResult run = run_requests(engine, requests);
+    EXPECT_TRUE(run.events_ok) << run.events_error;
+    const AloneCheck check = check_against_alone(bundled().w, requests, run, alone, 512);
+    EXPECT_TRUE(check.pass()) << (paged ? "paged: " : "contiguous: ") << check.summary();
+    EXPECT_EQ(engine.stats().kv.used_blocks(), 0);
+    auto* runner = dynamic_cast<const GraphRunner*>(engine.context().launcher());
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().replays, 0);
+  }
+}
+
+}  // namespace
+}  // namespace tvllm
