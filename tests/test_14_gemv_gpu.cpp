@@ -191,11 +191,15 @@ TEST(Gemv14Gpu, MisalignedOperandsFallBackOrAreRefused) {
   EXPECT_THROW(gemv_residual(out, x_odd, p.w_dev), InputError);
   Tensor act = poisoned({M, N / 2}, DType::BF16);
   EXPECT_THROW(rmsnorm_gemv_silu_mul(act, x_odd, p.g_dev, 1e-5f, p.w_dev), InputError);
-  // The GPU path takes BF16 operands only; F32 out only for gemv.
+  // The GPU path takes BF16 operands only; F32 out only for gemv and rmsnorm_gemv.
   Tensor x_f32 = Tensor::empty({M, K}, DType::F32, Device::CUDA);
   EXPECT_THROW(gemv(out, x_f32, p.w_dev), InputError);
-  Tensor out_f32 = poisoned({M, N}, DType::F32);
-  EXPECT_THROW(rmsnorm_gemv(out_f32, p.x_dev, p.g_dev, 1e-5f, p.w_dev), InputError);
+  Tensor act_f32 = poisoned({M, N / 2}, DType::F32), h_f32 = poisoned({M, N}, DType::F32);
+  EXPECT_THROW(rmsnorm_gemv_silu_mul(act_f32, p.x_dev, p.g_dev, 1e-5f, p.w_dev), InputError);
+  EXPECT_THROW(gemv_residual(h_f32, p.x_dev, p.w_dev), InputError);
+  EXPECT_TRUE(gemv_shape_supported(p.w_dev, DType::F32));
+  EXPECT_FALSE(gemv_shape_supported(p.w_dev, DType::F16));
+  EXPECT_FALSE(gemv_shape_supported(x_odd, DType::BF16));
 }
 
 // ---- the fused kernels ---------------------------------------------------------------------------------
@@ -214,6 +218,21 @@ TEST(Gemv14Gpu, RmsNormGemvMatchesTheReference) {
       // (c): a normalised x that rounds the other way moves one term by 2^-8 of itself: inside kAtol.
       expect_close(y, to_f32_vector(ref), kRtolBf16);
     }
+  }
+}
+
+TEST(Gemv14Gpu, RmsNormGemvWritesF32LogitsForTheFusedFinalNorm) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  const Problem p(3, 2048, 128256, 170);  // the lm_head
+  Tensor ref = host_f32({3, p.N});
+  rmsnorm_gemv_cpu(ref, p.xc(3), p.g_cpu, eps, p.w_cpu);
+  const std::vector<float> want = to_f32_vector(ref);
+  for (int64_t M : {1, 3}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    Tensor y = poisoned({M, p.N}, DType::F32);
+    rmsnorm_gemv(y, p.xd(M), p.g_dev, eps, p.w_dev);
+    expect_close(y, std::vector<float>(want.begin(), want.begin() + M * p.N), kRtolF32);
   }
 }
 

@@ -116,7 +116,7 @@ __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16
 // read-only path (".nc"), so L1 keeps x, which every block reads.
 __device__ __forceinline__ Pack<8> load_weights(const bf16* p) {
   Pack<8> r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.word[0]), "=r"(r.word[1]), "=r"(r.word[2]), "=r"(r.word[3])
                : "l"(p));
   return r;

@@ -44,7 +44,7 @@
 //   CPU   the references: x, W, h, g BF16 or F32 (widened exactly), every sum in double, the roundings
 //         above applied with the host's bf16 rounding (common/dtype.h); out BF16 or F32 (the fused ops'
 //         intermediates are rounded to bf16 exactly as on the GPU, whatever out's dtype).
-//   CUDA  x, W, h, g BF16; out BF16 (gemv: or F32). Launched on `stream`; no allocation, no
+//   CUDA  x, W, h, g BF16; out BF16 (gemv and rmsnorm_gemv: or F32). Launched on `stream`; no allocation, no
 //         synchronisation, no workspace: every call can be captured in a CUDA graph.
 //
 // Views are contiguous and row-major. M = x.dim(0) is 0..kGemvMaxRows (0: nothing to do).
@@ -76,12 +76,16 @@ const std::vector<GemvKernel>& all_gemv_kernels();         // v1, v2, v3
 // every listed pointer 16-byte aligned (then every row is, K*2 being a multiple of 16). gemv() runs v1
 // instead when this is false; the fused ops throw InputError (callers check it first).
 bool gemv_supported(const TensorView& x, const TensorView& w);
+// The weight's half of that, for callers that check a model once: w BF16 [N, K], contiguous, K % 8 == 0,
+// 16-byte aligned, and out_dtype BF16 or F32. (x must then still be 16-byte aligned: a Tensor's own rows are.)
+bool gemv_shape_supported(const TensorView& w, DType out_dtype);
 
 // out[M, N] = x[M, K] · w[N, K]^T. GPU: v2/v3 fall back to v1 when gemv_supported(x, w) is false.
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
           GemvKernel kernel = kDefaultGemvKernel, cudaStream_t stream = nullptr);
 
-// out[M, N] = (rmsnorm(h) * norm_weight) · w^T. h [M, K], norm_weight [K], w [N, K], out [M, N].
+// out[M, N] = (rmsnorm(h) * norm_weight) · w^T. h [M, K], norm_weight [K], w [N, K], out [M, N] BF16 or
+// F32 (the final norm fused into the lm_head writes F32 logits).
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
                   const TensorView& w, cudaStream_t stream = nullptr);
 

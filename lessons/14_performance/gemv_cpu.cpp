@@ -29,8 +29,7 @@ bool activation_dtype_ok(const TensorView& t) {
   return t.device == Device::CPU ? (t.dtype == DType::BF16 || t.dtype == DType::F32) : t.dtype == DType::BF16;
 }
 
-// The checks every entry point shares. out_cols: the columns out must have (N, or I = N / 2 for the
-// gate|up product); out_f32_ok: whether out may be F32 on the GPU (gemv only: the lm_head's logits).
+// The checks every entry point shares. halve_n: out has I = N / 2 columns (the gate|up product), else N; out_f32_ok: whether out may be F32 on the GPU (gemv, rmsnorm_gemv: logits).
 GemvDims check_operands(const std::string& what, const TensorView& out, const TensorView& x,
                         const TensorView& w, bool halve_n, bool out_f32_ok) {
   TVLLM_REQUIRE(x.rank() == 2, what + ": x must be [M, K], got " + x.describe());
@@ -171,6 +170,12 @@ GemvDims check_gemv_args(const char* what, const TensorView& out, const TensorVi
   return check_operands(what, out, x, w, false, std::string_view(what) == "gemv");
 }
 
+bool gemv_shape_supported(const TensorView& w, DType out_dtype) {
+  return w.rank() == 2 && w.dtype == DType::BF16 && w.is_contiguous() && w.shape[0] >= 1 && w.shape[1] >= 1 &&
+         w.shape[1] % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         (out_dtype == DType::BF16 || out_dtype == DType::F32);
+}
+
 void check_norm_args(const char* what, const TensorView& h, const TensorView& norm_weight, float eps) {
   const std::string w = what;
   TVLLM_REQUIRE(norm_weight.rank() == 1 && norm_weight.dim(0) == h.shape[1],
@@ -193,7 +198,7 @@ void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w) {
 
 void rmsnorm_gemv_cpu(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
                       const TensorView& w) {
-  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, false);
+  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   std::vector<std::vector<float>> x_rows;
   for (int64_t m = 0; m < d.M; ++m) x_rows.push_back(normalised_row(h, norm_weight, eps, m));
@@ -254,7 +259,7 @@ void require_vector_path(const std::string& what, const TensorView& x, const Ten
 
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
                   const TensorView& w, cudaStream_t stream) {
-  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, false);
+  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
