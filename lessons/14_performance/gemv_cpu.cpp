@@ -29,7 +29,8 @@ bool activation_dtype_ok(const TensorView& t) {
   return t.device == Device::CPU ? (t.dtype == DType::BF16 || t.dtype == DType::F32) : t.dtype == DType::BF16;
 }
 
-// The checks every entry point shares. halve_n: out has I = N / 2 columns (the gate|up product), else N; out_f32_ok: whether out may be F32 on the GPU (gemv, rmsnorm_gemv: logits).
+// The checks every entry point shares. halve_n: out has I = N / 2 columns (the gate|up product), else N.
+// out_f32_ok: whether out may be F32 on the GPU (gemv, rmsnorm_gemv: the logits).
 GemvDims check_operands(const std::string& what, const TensorView& out, const TensorView& x,
                         const TensorView& w, bool halve_n, bool out_f32_ok) {
   TVLLM_REQUIRE(x.rank() == 2, what + ": x must be [M, K], got " + x.describe());
