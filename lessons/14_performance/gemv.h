@@ -17,7 +17,8 @@
 //       so every lane keeps 64 bytes in flight: the latency of DRAM is hidden by bytes in flight, not by
 //       threads waiting their turn.
 //   v3  a block of up to 8 warps owns a tile of 1 or 4 weight rows; its threads split K (a fixed,
-//       deterministic split-K INSIDE the block, reduced through shared memory), so even K = 8192 is
+//       deterministic split-K INSIDE the block: a reduce-scatter butterfly per warp, then the warps'
+//       sums in order through shared memory), so even K = 8192 is
 //       read by 256 threads at once with 8 loads in flight each. The weights are streamed with a
 //       no-L1-allocate hint (read once, never again this step) while x, read by every block, stays in
 //       L1. gemv.cu's header comment says why no split-K ACROSS blocks is needed.
@@ -98,8 +99,8 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
                    cudaStream_t stream = nullptr);
 
-// For benchmarks: the bytes one call must move at least (W, x, out; plus h's read for the residual and
-// the fused norm's h and g), so bytes / seconds is the bandwidth reached.
+// For benchmarks: the bytes one gemv() must move at least, W + x + out, so bytes / seconds is the bandwidth
+// reached. (gemv_residual also reads h, M*N*2 more; the fused norms read g, K*2 more: W dominates all.)
 int64_t gemv_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype);
 
 // How v3 shapes a launch (exposed for the tests and the chapter): a function of N and K only, never of M.
