@@ -1,1 +1,429 @@
-// Lesson 14: the small-batch GEMV (placeholder until the kernel lands).
+// Lesson 14, the GPU side: three GEMV versions and the fused decode kernels built on the third.
+//
+// Why v3 has no split-K ACROSS blocks. Split-K exists to make blocks when the output alone is too small
+// to fill the GPU. Every decode-time weight has N >= 2048 rows (QKV 3072, o_proj 2048, gate|up 16384,
+// down 2048 with K = 8192, lm_head 128256): 4-row tiles give >= 512 blocks, ~4 per SM of an H200, with
+// all of them resident at once. What a long K needs is bytes in flight, and the block gets them by
+// splitting K among its own 256 threads (8 x 16-byte loads each in flight), reducing in shared memory in a
+// fixed order. That costs no workspace, no second pass and no atomics, keeps every output's summation
+// order a function of (N, K) alone, and lets the block that owns an output apply any epilogue to it
+// (the residual add, silu·mul) with nobody else touching it.
+//
+// Why x is not staged in shared memory. Shared memory and L1 are the same SRAM on the SM: x (M*K*2 bytes,
+// 4 KiB at batch 1) is read by every block and stays in L1 through ordinary loads, while the weights, read
+// once, bypass it (ld.global.nc.L1::no_allocate). Staging would copy x into the same SRAM once per block and
+// add a barrier. What cuts x traffic is reuse: each x value loaded serves the tile's 4 weight rows.
+// Known cost at large M: a block reads all M rows of x (and with the fused norm, of h twice), so at M = 16
+// the L1 traffic is ~4x (8x fused) the weight bytes; batch 1, the target, is unaffected.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cuda_utils.cuh"
+#include "common/errors.h"
+#include "gemv.h"
+
+namespace tvllm {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarp = kWarpSize;
+constexpr int kMaxThreads = 256;  // v3: 8 warps
+
+// What happens to a finished sum (the epilogue), chosen at run time: the branch is taken once per output.
+enum class Store : int { Bf16, F32, AddResidual };
+
+// ---- v1: one warp per output (m, n) --------------------------------------------------------------------
+
+// kPair: lanes read 2 bf16 (4 bytes) at a time; else 1 (any K, any alignment).
+template <bool kPair>
+__global__ void gemv_v1_kernel(void* out, Store store, const bf16* x, const bf16* w, int M, int64_t N,
+                               int64_t K) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t output = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (output >= M * N) return;  // a whole warp leaves together: the shuffles below see all 32 lanes
+  const int64_t m = output / N, n = output % N;
+  const bf16* xr = x + m * K;
+  const bf16* wr = w + n * K;
+  float acc = 0.f;
+  if constexpr (kPair) {
+    // Lane i reads words i, i + 32, ...: the warp's 32 loads cover 128 consecutive bytes of W (coalesced).
+    const auto* x2 = reinterpret_cast<const __nv_bfloat162*>(xr);
+    const auto* w2 = reinterpret_cast<const __nv_bfloat162*>(wr);
+    for (int64_t k = lane; k < K / 2; k += kWarp) {
+      const float2 xv = __bfloat1622float2(x2[k]), wv = __bfloat1622float2(w2[k]);
+      acc = __fmaf_rn(xv.x, wv.x, acc);
+      acc = __fmaf_rn(xv.y, wv.y, acc);
+    }
+  } else {
+    for (int64_t k = lane; k < K; k += kWarp) acc = __fmaf_rn(__bfloat162float(xr[k]), __bfloat162float(wr[k]), acc);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    if (store == Store::F32)
+      static_cast<float*>(out)[m * N + n] = acc;
+    else
+      static_cast<bf16*>(out)[m * N + n] = __float2bfloat16_rn(acc);
+  }
+}
+
+// ---- v2: one warp per weight row, every input row, 16-byte loads ---------------------------------------
+
+// kM: the rows the kernel is compiled for (1, 2, 4, 8 or 16); rows m >= M are skipped. The sums of a
+// row do not depend on kM: each lane adds its packs in the same order whatever kM is.
+template <int kM>
+__global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16* w, int M, int64_t N,
+                               int64_t K) {
+  constexpr int kUnroll = 4;  // 16-byte loads of W in flight per lane before the first is used
+  const int lane = threadIdx.x % kWarp;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (n >= N) return;
+  const int64_t packs = K / 8;
+  const bf16* wr = w + n * K;
+  float acc[kM] = {};
+  for (int64_t p0 = lane; p0 < packs; p0 += kUnroll * kWarp) {
+    Pack<8> wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + u * kWarp;
+      wv[u] = p < packs ? load_pack<8>(wr + p * 8) : Pack<8>{};
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + u * kWarp;
+      if (p >= packs) break;
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        if (m >= M) break;
+        const Pack<8> xv = load_pack<8>(x + m * K + p * 8);  // x is small and read by every warp: L1 hits
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[m] = __fmaf_rn(xv.get(i), wv[u].get(i), acc[m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    const float total = warp_sum(acc[m]);  // every lane takes part, also for m >= M (all zeros)
+    if (lane == 0 && m < M) {
+      if (store == Store::F32)
+        static_cast<float*>(out)[m * N + n] = total;
+      else
+        static_cast<bf16*>(out)[m * N + n] = __float2bfloat16_rn(total);
+    }
+  }
+}
+
+// ---- v3: a block per tile of weight rows, K split among its threads -----------------------------------
+
+// Weights are read once per step: load them without allocating in L1 (".L1::no_allocate"), through the
+// read-only path (".nc"), so L1 keeps x, which every block reads.
+__device__ __forceinline__ Pack<8> load_weights(const bf16* p) {
+  Pack<8> r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.word[0]), "=r"(r.word[1]), "=r"(r.word[2]), "=r"(r.word[3])
+               : "l"(p));
+  return r;
+}
+
+enum class Prologue { None, RmsNorm };
+enum class Tile { Rows, GateUp };  // GateUp: a tile of outputs j owns rows j and I + j
+
+// ---- the block's reduction: V sums per thread, one total each ------------------------------------------
+// warp_sum on each of V values costs 5 V shuffles; with V = 4 rows x 16 inputs = 64 that is 320 per warp,
+// as much time as the loads at K = 2048. A reduce-scatter does the same butterfly (offsets 16, 8, 4, 2, 1,
+// each lane adding its partner's value), but at each step a lane keeps only half of its values and sends
+// its partner the other half: V/2 + V/4 + ... shuffles (62 for V = 64). Every total is combined by the
+// same tree as warp_sum's, so it is the same bits, whatever V (and so M) is.
+// Afterwards, V >= 32: lane L holds values L * (V/32) + j in v[j]; V < 32: v[0] holds value L >> (5 - log2 V).
+template <int kCount, int kOffset, int V>
+__device__ __forceinline__ void reduce_scatter_step(float (&v)[V], int lane) {
+  if constexpr (kOffset > 0) {
+    if constexpr (kCount > 1) {
+      constexpr int kHalf = kCount / 2;
+      const bool upper = (lane & kOffset) != 0;  // this lane keeps the upper half of its values
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float keep = upper ? v[kHalf + i] : v[i];
+        const float give = upper ? v[i] : v[kHalf + i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, give, kOffset);
+      }
+      reduce_scatter_step<kHalf, kOffset / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kOffset);  // one value left: plain butterfly
+      reduce_scatter_step<1, kOffset / 2>(v, lane);
+    }
+  }
+}
+
+constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
+
+// Sums v[0..V) over the warp and stores total i in slots[i] (one lane writes each). V: a power of two.
+template <int V>
+__device__ __forceinline__ void warp_sums_to(float (&v)[V], float* slots, int lane) {
+  reduce_scatter_step<V, kWarp / 2>(v, lane);
+  if constexpr (V >= kWarp) {
+#pragma unroll
+    for (int j = 0; j < V / kWarp; ++j) slots[lane * (V / kWarp) + j] = v[j];
+  } else {
+    constexpr int kShift = 5 - log2_of(V);
+    if ((lane & ((1 << kShift) - 1)) == 0) slots[lane >> kShift] = v[0];
+  }
+}
+
+struct V3Args {
+  const bf16* x;      // [M, K]: the input, or h (the norm's input) with Prologue::RmsNorm
+  const bf16* w;      // [N, K]
+  const bf16* g;      // [K]: the norm's weight (RmsNorm)
+  void* out;          // [M, N] (or [M, I] for GateUp)
+  Store store;        // Rows only
+  float eps;
+  int M;
+  int64_t N, K;
+  int64_t outputs;    // columns of out: N, or I = N / 2 for GateUp
+};
+
+template <int kM, int kTileRows, Prologue kPrologue, Tile kTile>
+__global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
+  // Tile r (0..kTileRows-1) -> a weight row. Rows: n0 + r. GateUp: kTileRows / 2 outputs j0 + i, whose
+  // gate rows are j0 + i and up rows I + j0 + i.
+  constexpr int kOuts = kTile == Tile::GateUp ? kTileRows / 2 : kTileRows;
+  constexpr int kUnroll = kTileRows >= 4 ? 2 : 8;  // 8 loads of W in flight per thread either way
+  const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kOuts;  // this block's first output column
+  const int64_t packs = a.K / 8;
+  __shared__ float partial[kMaxThreads / kWarp][kTileRows * kM];
+  __shared__ float inv_rms[kM];
+
+  const bf16* rows[kTileRows];
+  bool valid[kTileRows];
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r) {
+    const int64_t col = first + r % kOuts;
+    valid[r] = col < a.outputs;
+    const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
+    rows[r] = a.w + (valid[r] ? n : 0) * a.K;
+  }
+
+  // The norm's prologue: each block sums the squares of its M rows of h itself (fixed order: thread t
+  // adds packs t, t + blockDim, ...; then warps, then the warps' sums in order), as lesson 04 does.
+  if constexpr (kPrologue == Prologue::RmsNorm) {
+    float sum_sq[kM];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      sum_sq[m] = 0.f;
+      if (m < a.M)
+        for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+          const Pack<8> hv = load_pack<8>(a.x + m * a.K + p * 8);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sum_sq[m] = __fmaf_rn(hv.get(i), hv.get(i), sum_sq[m]);
+        }
+    }
+    warp_sums_to<kM>(sum_sq, partial[warp], lane);
+    __syncthreads();
+    if (threadIdx.x < kM) {
+      float total = 0.f;
+      for (int i = 0; i < warps; ++i) total += partial[i][threadIdx.x];
+      inv_rms[threadIdx.x] = rsqrtf(total / static_cast<float>(a.K) + a.eps);
+    }
+    __syncthreads();  // inv_rms ready; partial free again
+  }
+
+  // The main loop: thread t reads packs t, t + blockDim, ... of each of the tile's rows, and adds each
+  // W value times x into kTileRows x kM sums, in pack order (the unrolling only hoists the loads).
+  float acc[kTileRows][kM] = {};
+  for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kUnroll * blockDim.x) {
+    Pack<8> wv[kUnroll][kTileRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
+#pragma unroll
+      for (int r = 0; r < kTileRows; ++r)
+        wv[u][r] = p < packs && valid[r] ? load_weights(rows[r] + p * 8) : Pack<8>{};
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
+      if (p >= packs) break;
+      Pack<8> gv{};
+      if constexpr (kPrologue == Prologue::RmsNorm) gv = load_pack<8>(a.g + p * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        if (m >= a.M) break;
+        const Pack<8> raw = load_pack<8>(a.x + m * a.K + p * 8);
+        float xv[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if constexpr (kPrologue == Prologue::RmsNorm) {
+            // Lesson 04's rounding: bf16(h * inv_rms), times the weight, rounded to bf16 again.
+            const float normed = bf16_bits_to_f32(f32_to_bf16_bits(raw.get(i) * inv_rms[m]));
+            xv[i] = bf16_bits_to_f32(f32_to_bf16_bits(normed * gv.get(i)));
+          } else {
+            xv[i] = raw.get(i);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kTileRows; ++r)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][m] = __fmaf_rn(xv[i], wv[u][r].get(i), acc[r][m]);
+      }
+    }
+  }
+
+  // The block's reduction: a butterfly per warp (reduce-scatter), then the warps' sums in warp order.
+  float flat[kTileRows * kM];
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r)
+#pragma unroll
+    for (int m = 0; m < kM; ++m) flat[r * kM + m] = acc[r][m];
+  warp_sums_to<kTileRows * kM>(flat, partial[warp], lane);
+  __syncthreads();
+  __shared__ float total[kTileRows * kM];
+  for (int i = threadIdx.x; i < kTileRows * kM; i += blockDim.x) {
+    float s = 0.f;
+    for (int j = 0; j < warps; ++j) s += partial[j][i];
+    total[i] = s;
+  }
+  __syncthreads();
+
+  // The epilogue: one thread per output (m, column) of the tile. This block alone owns these outputs.
+  for (int i = threadIdx.x; i < kOuts * kM; i += blockDim.x) {
+    const int c = i / kM, m = i % kM;
+    const int64_t col = first + c;
+    if (m >= a.M || col >= a.outputs) continue;
+    const int64_t o = m * a.outputs + col;
+    if constexpr (kTile == Tile::GateUp) {
+      // Lesson 08's rounding: gate and up are bf16, silu(gate) is rounded to bf16, then the product.
+      const float gate = bf16_bits_to_f32(f32_to_bf16_bits(total[c * kM + m]));
+      const float up = bf16_bits_to_f32(f32_to_bf16_bits(total[(kOuts + c) * kM + m]));
+      const float act = bf16_bits_to_f32(f32_to_bf16_bits(gate / (1.0f + expf(-gate))));
+      static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
+    } else {
+      const float s = total[c * kM + m];
+      if (a.store == Store::F32) {
+        static_cast<float*>(a.out)[o] = s;
+      } else if (a.store == Store::AddResidual) {
+        // linear() would have stored bf16(s); add_rmsnorm then adds it to h in fp32 and rounds.
+        bf16* h = static_cast<bf16*>(a.out);
+        const float product = bf16_bits_to_f32(f32_to_bf16_bits(s));
+        h[o] = __float2bfloat16_rn(__bfloat162float(h[o]) + product);
+      } else {
+        static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(s);
+      }
+    }
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------------
+
+// Calls f(std::integral_constant<int, kM>) with kM the smallest of 1, 2, 4, 8, 16 that holds M rows.
+template <class F>
+void with_rows(int M, F&& f) {
+  if (M <= 1)
+    f(std::integral_constant<int, 1>{});
+  else if (M <= 2)
+    f(std::integral_constant<int, 2>{});
+  else if (M <= 4)
+    f(std::integral_constant<int, 4>{});
+  else if (M <= 8)
+    f(std::integral_constant<int, 8>{});
+  else
+    f(std::integral_constant<int, 16>{});
+}
+
+template <Prologue kPrologue, Tile kTile>
+void launch_v3(const V3Args& a, cudaStream_t stream) {
+  // The shape depends on (N, K) only: never on M, so neither does any output's summation order.
+  // GateUp: a tile of 4 (or 2) weight rows is 2 (or 1) outputs, each with its gate row and its up row.
+  const GemvV3Shape s = gemv_v3_shape(a.N, a.K);
+  const bool four = s.rows_per_block == 4;
+  const int64_t outs_per_block = kTile == Tile::GateUp ? (four ? 2 : 1) : s.rows_per_block;
+  const int64_t blocks = ceil_div(a.outputs, outs_per_block);
+  TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many rows for one launch");
+  const auto grid = static_cast<unsigned>(blocks);
+  with_rows(a.M, [&](auto rows) {
+    constexpr int kM = decltype(rows)::value;
+    constexpr int kSmallTile = kTile == Tile::GateUp ? 2 : 1;
+    if (four)
+      gemv_v3_kernel<kM, 4, kPrologue, kTile><<<grid, s.threads, 0, stream>>>(a);
+    else
+      gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile><<<grid, s.threads, 0, stream>>>(a);
+  });
+  TVLLM_CHECK_LAUNCH();
+}
+
+V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w) {
+  V3Args a{};
+  a.x = x.ptr<const bf16>();
+  a.w = w.ptr<const bf16>();
+  a.out = out.data;
+  a.store = out.dtype == DType::F32 ? Store::F32 : Store::Bf16;
+  a.M = static_cast<int>(x.shape[0]);
+  a.N = w.shape[0];
+  a.K = x.shape[1];
+  a.outputs = out.shape[1];
+  return a;
+}
+
+}  // namespace
+
+namespace detail {
+
+void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
+               cudaStream_t stream) {
+  const V3Args a = v3_args(out, x, w);
+  if (kernel != GemvKernel::V1Warp && !gemv_supported(x, w)) kernel = GemvKernel::V1Warp;
+  constexpr int kThreads = 128;  // v1, v2: 4 warps per block
+  const int warps = kThreads / kWarp;
+  if (kernel == GemvKernel::V1Warp) {
+    const int64_t blocks = ceil_div(a.M * a.N, warps);
+    TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many outputs for one launch");
+    const bool pair = a.K % 2 == 0 && pointer_alignment(a.x) >= 4 && pointer_alignment(a.w) >= 4;
+    if (pair)
+      gemv_v1_kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, a.w, a.M,
+                                                                                  a.N, a.K);
+    else
+      gemv_v1_kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, a.w,
+                                                                                   a.M, a.N, a.K);
+    TVLLM_CHECK_LAUNCH();
+  } else if (kernel == GemvKernel::V2Vector) {
+    const int64_t blocks = ceil_div(a.N, warps);
+    TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many rows for one launch");
+    with_rows(a.M, [&](auto rows) {
+      constexpr int kM = decltype(rows)::value;
+      gemv_v2_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, a.w, a.M,
+                                                                                 a.N, a.K);
+    });
+    TVLLM_CHECK_LAUNCH();
+  } else {
+    launch_v3<Prologue::None, Tile::Rows>(a, stream);
+  }
+}
+
+void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                       const TensorView& w, cudaStream_t stream) {
+  V3Args a = v3_args(out, h, w);
+  a.g = norm_weight.ptr<const bf16>();
+  a.eps = eps;
+  launch_v3<Prologue::RmsNorm, Tile::Rows>(a, stream);
+}
+
+void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
+                                float eps, const TensorView& w_gate_up, cudaStream_t stream) {
+  V3Args a = v3_args(act, h, w_gate_up);
+  a.g = norm_weight.ptr<const bf16>();
+  a.eps = eps;
+  launch_v3<Prologue::RmsNorm, Tile::GateUp>(a, stream);
+}
+
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+  V3Args a = v3_args(h, x, w);
+  a.store = Store::AddResidual;
+  launch_v3<Prologue::None, Tile::Rows>(a, stream);
+}
+
+}  // namespace detail
+}  // namespace tvllm

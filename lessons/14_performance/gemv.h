@@ -1,0 +1,142 @@
+// Lesson 14: the small-batch GEMV, and the decode step's GEMVs with their neighbours fused in.
+//
+// At decode time each sequence brings ONE new token, so a step multiplies M = 1..16 rows of activations by
+// every weight matrix of the model:
+//
+//     out[M, N] = x[M, K] · W[N, K]^T          (W as nn.Linear stores it: row n = output feature n)
+//
+// M is tiny, so the work is reading W: 2*N*K bytes for 2*M*N*K flops, a handful of flops per byte. The
+// speed limit is the memory bus (an H200 copies ~4.2 TB/s), and a kernel is as good as the fraction of it
+// it reaches. cuBLAS, built for big tiles, reaches ~50% on 1x2048 · 2048x8192; the versions below climb:
+//
+//   v1  one warp per output (m, n): 32 lanes read W's row n in coalesced 4-byte words (2 bf16), each
+//       lane sums its share, a warp-shuffle butterfly adds the 32 partial sums. Correct for any shape and
+//       alignment (2-byte loads when K is odd or a row is not 4-byte aligned). It reads W once PER ROW m.
+//   v2  one warp per weight row n, for ALL M input rows: W's row is read once and multiplied into M sums
+//       held in registers. 16-byte loads (8 bf16 per instruction), 4 of them issued before any is used,
+//       so every lane keeps 64 bytes in flight: the latency of DRAM is hidden by bytes in flight, not by
+//       threads waiting their turn.
+//   v3  a block of up to 8 warps owns a tile of 1 or 4 weight rows; its threads split K (a fixed,
+//       deterministic split-K INSIDE the block: a reduce-scatter butterfly per warp, then the warps'
+//       sums in order through shared memory), so even K = 8192 is
+//       read by 256 threads at once with 8 loads in flight each. The weights are streamed with a
+//       no-L1-allocate hint (read once, never again this step) while x, read by every block, stays in
+//       L1. gemv.cu's header comment says why no split-K ACROSS blocks is needed.
+//
+// The fused entry points run v3's structure with something folded in, each saving a launch and a round
+// trip of the activations through memory:
+//   rmsnorm_gemv           out = (rmsnorm(h) * g) · W^T: each block recomputes the rows' sums of squares
+//                          (M*K*2 bytes, L1/L2 hits) and normalises x as it loads it (QKV projection).
+//   rmsnorm_gemv_silu_mul  act = silu(gate) * up, [gate | up] = rmsnorm(h)*g · W_gate_up^T, W_gate_up the
+//                          packed [2I, K] weight: the block owning output j reads rows j and I + j.
+//   gemv_residual          h += x · W^T in place (o_proj, down_proj): the block owning (m, n) adds it.
+//
+// Rounding (what "equal to the unfused steps" means, element by element):
+//   gemv            fp32 sum, rounded once to out's dtype (BF16, or F32 for the lm_head's logits).
+//   rmsnorm prologue  inv = rsqrt(sum(h^2)/K + eps) in fp32; x = bf16(bf16(h * inv) * g), lesson 04's rule.
+//   silu·mul        gate, up = bf16(sum); act = bf16(bf16(silu(gate)) * up), lesson 08's rule.
+//   residual        h = bf16(h + bf16(sum)), lesson 04's add_rmsnorm after a bf16 linear().
+//
+// Determinism: every output's summation order is fixed by K and N alone (which thread reads which
+// columns, in which order, and how the partial sums meet), never by M: row m of out is the same bits
+// whether it is computed alone or among 16 rows, and from run to run. No atomics anywhere.
+//
+// The device of the views picks the path:
+//   CPU   the references: x, W, h, g BF16 or F32 (widened exactly), every sum in double, the roundings
+//         above applied with the host's bf16 rounding (common/dtype.h); out BF16 or F32 (the fused ops'
+//         intermediates are rounded to bf16 exactly as on the GPU, whatever out's dtype).
+//   CUDA  x, W, h, g BF16; out BF16 (gemv and rmsnorm_gemv: or F32). Launched on `stream`; no allocation, no
+//         synchronisation, no workspace: every call can be captured in a CUDA graph.
+//
+// Views are contiguous and row-major. M = x.dim(0) is 0..kGemvMaxRows (0: nothing to do).
+//
+// C++17: this header is included by gemv.cu.
+#pragma once
+
+#include <cuda_runtime.h>  // cudaStream_t
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace tvllm {
+
+// The largest batch the GEMVs take: beyond ~16 rows a tiled GEMM (lesson 06) reuses W better.
+inline constexpr int kGemvMaxRows = 16;
+
+enum class GemvKernel { V1Warp, V2Vector, V3Blocked };
+inline constexpr GemvKernel kDefaultGemvKernel = GemvKernel::V3Blocked;
+
+std::string_view gemv_kernel_name(GemvKernel kernel);     // "v1", "v2", "v3"
+GemvKernel parse_gemv_kernel(std::string_view name);       // throws InputError for anything else
+const std::vector<GemvKernel>& all_gemv_kernels();         // v1, v2, v3
+
+// Whether the 16-byte-load versions (v2, v3 and the fused ops) can read these operands: K % 8 == 0 and
+// every listed pointer 16-byte aligned (then every row is, K*2 being a multiple of 16). gemv() runs v1
+// instead when this is false; the fused ops throw InputError (callers check it first).
+bool gemv_supported(const TensorView& x, const TensorView& w);
+// The weight's half of that, for callers that check a model once: w BF16 [N, K], contiguous, K % 8 == 0,
+// 16-byte aligned, and out_dtype BF16 or F32. (x must then still be 16-byte aligned: a Tensor's own rows are.)
+bool gemv_shape_supported(const TensorView& w, DType out_dtype);
+
+// out[M, N] = x[M, K] · w[N, K]^T. GPU: v2/v3 fall back to v1 when gemv_supported(x, w) is false.
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
+          GemvKernel kernel = kDefaultGemvKernel, cudaStream_t stream = nullptr);
+
+// out[M, N] = (rmsnorm(h) * norm_weight) · w^T. h [M, K], norm_weight [K], w [N, K], out [M, N] BF16 or
+// F32 (the final norm fused into the lm_head writes F32 logits).
+void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                  const TensorView& w, cudaStream_t stream = nullptr);
+
+// act[M, I] = silu(gate) * up, [gate | up] = (rmsnorm(h) * norm_weight) · w_gate_up^T.
+// h [M, K], norm_weight [K], w_gate_up [2I, K] (rows 0..I-1 gate, I..2I-1 up), act [M, I].
+void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
+                           float eps, const TensorView& w_gate_up, cudaStream_t stream = nullptr);
+
+// h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
+                   cudaStream_t stream = nullptr);
+
+// For benchmarks: the bytes one gemv() must move at least, W + x + out, so bytes / seconds is the bandwidth
+// reached. (gemv_residual also reads h, M*N*2 more; the fused norms read g, K*2 more: W dominates all.)
+int64_t gemv_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype);
+
+// How v3 shapes a launch (exposed for the tests and the chapter): a function of N and K only, never of M.
+struct GemvV3Shape {
+  int threads = 0;         // per block: whole warps, at most 256, about one 16-byte pack of K per thread
+  int rows_per_block = 0;  // weight rows a block owns: 4, or 1 when N is too small to give 4-row tiles
+                           // enough blocks to fill the GPU
+  int64_t blocks = 0;
+};
+GemvV3Shape gemv_v3_shape(int64_t N, int64_t K);
+
+// The references on the host (what the functions above run for CPU views).
+void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w);
+void rmsnorm_gemv_cpu(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                      const TensorView& w);
+void rmsnorm_gemv_silu_mul_cpu(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
+                               float eps, const TensorView& w_gate_up);
+void gemv_residual_cpu(const TensorView& h, const TensorView& x, const TensorView& w);
+
+// Argument checks shared by both paths (InputError naming the problem). Returns {M, N, K}.
+struct GemvDims {
+  int64_t M = 0, N = 0, K = 0;
+};
+GemvDims check_gemv_args(const char* what, const TensorView& out, const TensorView& x, const TensorView& w);
+// The norm's operands: h [M, K] as x, norm_weight [K]; eps finite and >= 0.
+void check_norm_args(const char* what, const TensorView& h, const TensorView& norm_weight, float eps);
+
+namespace detail {
+// The GPU paths, called after the checks.
+void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
+               cudaStream_t stream);
+void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                       const TensorView& w, cudaStream_t stream);
+void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
+                                float eps, const TensorView& w_gate_up, cudaStream_t stream);
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream);
+}  // namespace detail
+
+}  // namespace tvllm

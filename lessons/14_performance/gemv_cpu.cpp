@@ -1,0 +1,298 @@
+// Lesson 14, the host side of the GEMVs: argument checks, dispatch, and the references.
+//
+// The references sum in double and round once, so their own error is far below anything a kernel's fp32
+// sum can show; every bf16 rounding the GPU makes on purpose (the normalised x, gate and up, silu, the
+// residual's product) they make too, with the host's round-to-nearest-even (common/dtype.h).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "gemv.h"
+#include "silu_mul.h"  // silu_f32: lesson 08's reference silu
+
+namespace tvllm {
+
+namespace {
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// [begin, end) bytes of a contiguous view.
+bool overlaps(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+bool activation_dtype_ok(const TensorView& t) {
+  return t.device == Device::CPU ? (t.dtype == DType::BF16 || t.dtype == DType::F32) : t.dtype == DType::BF16;
+}
+
+// The checks every entry point shares. halve_n: out has I = N / 2 columns (the gate|up product), else N.
+// out_f32_ok: whether out may be F32 on the GPU (gemv, rmsnorm_gemv: the logits).
+GemvDims check_operands(const std::string& what, const TensorView& out, const TensorView& x,
+                        const TensorView& w, bool halve_n, bool out_f32_ok) {
+  TVLLM_REQUIRE(x.rank() == 2, what + ": x must be [M, K], got " + x.describe());
+  TVLLM_REQUIRE(w.rank() == 2, what + ": w must be [N, K], got " + w.describe());
+  const int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0];
+  TVLLM_REQUIRE(K >= 1 && N >= 1, what + ": empty x " + x.describe() + " or w " + w.describe());
+  TVLLM_REQUIRE(w.shape[1] == K,
+                what + ": w " + w.describe() + " must have x's " + std::to_string(K) + " columns");
+  TVLLM_REQUIRE(M <= kGemvMaxRows, what + ": at most " + std::to_string(kGemvMaxRows) + " rows, got x " +
+                                       x.describe() + " (use lesson 06's linear() for more)");
+  if (halve_n) TVLLM_REQUIRE(N % 2 == 0, what + ": w " + w.describe() + " must have 2I rows (gate | up)");
+  const int64_t cols = halve_n ? N / 2 : N;
+  TVLLM_REQUIRE(out.rank() == 2 && out.shape[0] == M && out.shape[1] == cols,
+                what + ": out must be " + shape_str({M, cols}) + ", got " + out.describe());
+  TVLLM_REQUIRE(x.is_contiguous() && w.is_contiguous() && out.is_contiguous(),
+                what + ": x, w and out must be contiguous");
+  TVLLM_REQUIRE(x.device == w.device && out.device == w.device,
+                what + ": x " + x.describe() + ", w " + w.describe() + " and out " + out.describe() +
+                    " must be on one device");
+  const bool gpu = w.device != Device::CPU;
+  TVLLM_REQUIRE(activation_dtype_ok(x) && activation_dtype_ok(w),
+                what + (gpu ? ": the GPU kernels take BF16 x and w, got x " : ": x and w must be BF16 or F32, got x ") +
+                    x.describe() + ", w " + w.describe());
+  const bool out_ok = out.dtype == DType::BF16 || (out.dtype == DType::F32 && (out_f32_ok || !gpu));
+  TVLLM_REQUIRE(out_ok, what + ": out must be BF16" + std::string(out_f32_ok || !gpu ? " or F32" : "") +
+                            ", got " + out.describe());
+  if (M > 0) {
+    TVLLM_REQUIRE(x.data && w.data && out.data, what + ": null data pointer");
+    TVLLM_REQUIRE(!overlaps(out, x) && !overlaps(out, w), what + ": out must not overlap x or w");
+  }
+  return {M, N, K};
+}
+
+// Element (r, c) of a contiguous [rows, cols] view of any floating dtype, as fp32.
+float at(const TensorView& t, int64_t r, int64_t c) {
+  return load_as_f32(t.data, t.dtype, static_cast<size_t>(r * t.shape[1] + c));
+}
+
+// sum_k a[k] * b[k] in double (every product of two fp32 values is exact in double).
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double acc = 0.0;
+  for (size_t k = 0; k < a.size(); ++k) acc += static_cast<double>(a[k]) * b[k];
+  return acc;
+}
+
+std::vector<float> row_of(const TensorView& x, int64_t m) {
+  std::vector<float> r(static_cast<size_t>(x.shape[1]));
+  for (size_t k = 0; k < r.size(); ++k) r[k] = at(x, m, static_cast<int64_t>(k));
+  return r;
+}
+
+// sums[m][n] = x_rows[m] . w[n] in double, each W row widened once and used for every input row.
+std::vector<std::vector<double>> products(const std::vector<std::vector<float>>& x_rows, const TensorView& w) {
+  const int64_t N = w.shape[0];
+  std::vector<std::vector<double>> sums(x_rows.size(), std::vector<double>(static_cast<size_t>(N)));
+  for (int64_t n = 0; n < N; ++n) {
+    const std::vector<float> wr = row_of(w, n);
+    for (size_t m = 0; m < x_rows.size(); ++m) sums[m][static_cast<size_t>(n)] = dot(x_rows[m], wr);
+  }
+  return sums;
+}
+
+std::vector<std::vector<float>> rows_of(const TensorView& x) {
+  std::vector<std::vector<float>> r;
+  for (int64_t m = 0; m < x.shape[0]; ++m) r.push_back(row_of(x, m));
+  return r;
+}
+
+// Row m of h normalised as lesson 04's bf16 rmsnorm writes it: bf16(bf16(h * inv_rms) * g). The GPU
+// computes inv_rms in fp32 (rsqrtf of an fp32 sum); here it is exact to double, so a normalised value
+// sitting on a bf16 rounding boundary may round the other way (one bf16 step of ONE element of x).
+std::vector<float> normalised_row(const TensorView& h, const TensorView& g, float eps, int64_t m) {
+  std::vector<float> r = row_of(h, m);
+  double sum_sq = 0.0;
+  for (float v : r) sum_sq += static_cast<double>(v) * v;
+  const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(r.size()) + static_cast<double>(eps));
+  for (size_t k = 0; k < r.size(); ++k) {
+    const float normed = round_bf16(static_cast<float>(r[k] * inv_rms));
+    r[k] = round_bf16(normed * load_as_f32(g.data, g.dtype, k));  // 8-bit x 8-bit significands: exact in fp32
+  }
+  return r;
+}
+
+void store(const TensorView& out, int64_t m, int64_t n, float v) {
+  store_from_f32(out.data, out.dtype, static_cast<size_t>(m * out.shape[1] + n), v);
+}
+
+}  // namespace
+
+std::string_view gemv_kernel_name(GemvKernel kernel) {
+  switch (kernel) {
+    case GemvKernel::V1Warp:
+      return "v1";
+    case GemvKernel::V2Vector:
+      return "v2";
+    case GemvKernel::V3Blocked:
+      return "v3";
+  }
+  return "?";
+}
+
+GemvKernel parse_gemv_kernel(std::string_view name) {
+  for (GemvKernel k : all_gemv_kernels())
+    if (gemv_kernel_name(k) == name) return k;
+  throw InputError("unknown gemv kernel '" + std::string(name) + "' (expected v1, v2 or v3)");
+}
+
+const std::vector<GemvKernel>& all_gemv_kernels() {
+  static const std::vector<GemvKernel> kernels{GemvKernel::V1Warp, GemvKernel::V2Vector, GemvKernel::V3Blocked};
+  return kernels;
+}
+
+bool gemv_supported(const TensorView& x, const TensorView& w) {
+  auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return x.rank() == 2 && x.shape[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data);
+}
+
+int64_t gemv_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype) {
+  return 2 * N * K + 2 * M * K + M * N * static_cast<int64_t>(dtype_size(out_dtype));
+}
+
+GemvV3Shape gemv_v3_shape(int64_t N, int64_t K) {
+  // Threads: one 16-byte pack (8 columns) of K each, in whole warps, at most 256 (8 warps): K = 2048 is
+  // exactly 256 packs; K = 8192 gives each thread 4 packs of every row.
+  constexpr int64_t kMaxThreads = 256, kWarp = 32;
+  const int64_t packs = (K + 7) / 8;
+  GemvV3Shape s;
+  s.threads = static_cast<int>(std::min(kMaxThreads, std::max<int64_t>(kWarp, (packs + kWarp - 1) / kWarp * kWarp)));
+  // Rows: 4 per block (each x value loaded is used 4 times; 4 rows' loads in flight) as long as that still
+  // gives >= 2 blocks per SM of an H200 (2 * 132 = 264 blocks), else 1 row per block.
+  constexpr int64_t kFillBlocks = 264;
+  s.rows_per_block = N >= 4 * kFillBlocks ? 4 : 1;
+  s.blocks = (N + s.rows_per_block - 1) / s.rows_per_block;
+  return s;
+}
+
+GemvDims check_gemv_args(const char* what, const TensorView& out, const TensorView& x, const TensorView& w) {
+  return check_operands(what, out, x, w, false, std::string_view(what) == "gemv");
+}
+
+bool gemv_shape_supported(const TensorView& w, DType out_dtype) {
+  return w.rank() == 2 && w.dtype == DType::BF16 && w.is_contiguous() && w.shape[0] >= 1 && w.shape[1] >= 1 &&
+         w.shape[1] % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         (out_dtype == DType::BF16 || out_dtype == DType::F32);
+}
+
+void check_norm_args(const char* what, const TensorView& h, const TensorView& norm_weight, float eps) {
+  const std::string w = what;
+  TVLLM_REQUIRE(norm_weight.rank() == 1 && norm_weight.dim(0) == h.shape[1],
+                w + ": norm_weight must be [" + std::to_string(h.shape[1]) + "], got " + norm_weight.describe());
+  TVLLM_REQUIRE(norm_weight.device == h.device && norm_weight.is_contiguous() && activation_dtype_ok(norm_weight),
+                w + ": norm_weight " + norm_weight.describe() + " must be contiguous, on h's device, " +
+                    (h.device == Device::CPU ? "BF16 or F32" : "BF16"));
+  TVLLM_REQUIRE(norm_weight.data != nullptr, w + ": null norm_weight");
+  TVLLM_REQUIRE(std::isfinite(eps) && eps >= 0.0f, w + ": eps must be finite and >= 0, got " + std::to_string(eps));
+}
+
+// ---- the references ------------------------------------------------------------------------------------
+
+void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w) {
+  const GemvDims d = check_gemv_args("gemv", out, x, w);
+  const auto sums = products(rows_of(x), w);
+  for (int64_t m = 0; m < d.M; ++m)
+    for (int64_t n = 0; n < d.N; ++n) store(out, m, n, static_cast<float>(sums[m][n]));
+}
+
+void rmsnorm_gemv_cpu(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                      const TensorView& w) {
+  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
+  check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
+  std::vector<std::vector<float>> x_rows;
+  for (int64_t m = 0; m < d.M; ++m) x_rows.push_back(normalised_row(h, norm_weight, eps, m));
+  const auto sums = products(x_rows, w);
+  for (int64_t m = 0; m < d.M; ++m)
+    for (int64_t n = 0; n < d.N; ++n) store(out, m, n, static_cast<float>(sums[m][n]));
+}
+
+void rmsnorm_gemv_silu_mul_cpu(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
+                               float eps, const TensorView& w_gate_up) {
+  const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false);
+  check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
+  const int64_t I = d.N / 2;
+  std::vector<std::vector<float>> x_rows;
+  for (int64_t m = 0; m < d.M; ++m) x_rows.push_back(normalised_row(h, norm_weight, eps, m));
+  const auto sums = products(x_rows, w_gate_up);
+  for (int64_t m = 0; m < d.M; ++m)
+    for (int64_t j = 0; j < I; ++j) {
+      // Lesson 08's bf16 rule: gate and up are bf16 tensors, act_fn(gate) is one more, then the product.
+      const float gate = round_bf16(static_cast<float>(sums[m][j]));
+      const float up = round_bf16(static_cast<float>(sums[m][I + j]));
+      const float a = round_bf16(silu_f32(gate));
+      store(act, m, j, a * up);  // two bf16 values: the product is exact in fp32, rounded by store if BF16
+    }
+}
+
+void gemv_residual_cpu(const TensorView& h, const TensorView& x, const TensorView& w) {
+  const GemvDims d = check_operands("gemv_residual", h, x, w, false, false);
+  const auto sums = products(rows_of(x), w);
+  for (int64_t m = 0; m < d.M; ++m)
+    for (int64_t n = 0; n < d.N; ++n) {
+      // The product is a bf16 tensor first (linear()'s output), then added in fp32 and stored.
+      const float product = round_bf16(static_cast<float>(sums[m][n]));
+      store(h, m, n, at(h, m, n) + product);
+    }
+}
+
+// ---- dispatch ------------------------------------------------------------------------------------------
+
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
+          cudaStream_t stream) {
+  const GemvDims d = check_gemv_args("gemv", out, x, w);
+  if (d.M == 0) return;
+  if (w.device == Device::CPU)
+    gemv_cpu(out, x, w);
+  else
+    detail::gemv_cuda(out, x, w, kernel, stream);
+}
+
+namespace {
+void require_vector_path(const std::string& what, const TensorView& x, const TensorView& w,
+                         const TensorView& extra) {
+  TVLLM_REQUIRE(gemv_supported(x, w) && reinterpret_cast<uintptr_t>(extra.data) % 16 == 0,
+                what + ": the fused kernels need K % 8 == 0 and 16-byte aligned operands (gemv_supported); got x " +
+                    x.describe() + ", w " + w.describe());
+}
+}  // namespace
+
+void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                  const TensorView& w, cudaStream_t stream) {
+  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
+  check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
+  if (d.M == 0) return;
+  if (w.device == Device::CPU) {
+    rmsnorm_gemv_cpu(out, h, norm_weight, eps, w);
+    return;
+  }
+  require_vector_path("rmsnorm_gemv", h, w, norm_weight);
+  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, stream);
+}
+
+void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
+                           const TensorView& w_gate_up, cudaStream_t stream) {
+  const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false);
+  check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
+  if (d.M == 0) return;
+  if (w_gate_up.device == Device::CPU) {
+    rmsnorm_gemv_silu_mul_cpu(act, h, norm_weight, eps, w_gate_up);
+    return;
+  }
+  require_vector_path("rmsnorm_gemv_silu_mul", h, w_gate_up, norm_weight);
+  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, stream);
+}
+
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+  const GemvDims d = check_operands("gemv_residual", h, x, w, false, false);
+  if (d.M == 0) return;
+  if (w.device == Device::CPU) {
+    gemv_residual_cpu(h, x, w);
+    return;
+  }
+  require_vector_path("gemv_residual", x, w, x);
+  detail::gemv_residual_cuda(h, x, w, stream);
+}
+
+}  // namespace tvllm

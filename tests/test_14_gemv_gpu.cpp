@@ -1,0 +1,368 @@
+// Lesson 14, GPU: every GEMV version and every fused decode kernel against the CPU references at the
+// model's real shapes and at odd ones; the fallback for misaligned operands; rows that are the same bits
+// whatever the batch; CUDA graph replays equal to eager runs.
+//
+// Tolerance. The inputs are bf16 values, and the reference (gemv_cpu & co.) gets the SAME values, so the
+// GPU may differ from it only through
+//   (a) its fp32 summation order: the reference sums in double. K terms in a different order differ by
+//       ~sqrt(K) * 2^-24 * sum|x*w| (a random walk of roundings). Here x ~ U(-1, 1) (normalised: |x| <~ 3)
+//       and w ~ N(0, 1/K), so sum|x*w| <~ 0.6 sqrt(K) * 3 and the error is <~ 2 * K * 2^-24 ~ 1e-3 at
+//       K = 8192, and 10x smaller at K = 2048 (the typical error is far below this bound). kAtol = 2e-3.
+//   (b) the final rounding to bf16: <= 2^-8 of the value (half a step of an 8-bit significand is 2^-9;
+//       rtol = 2^-7 leaves 2x). F32 outputs have no such rounding: rtol 2^-16.
+//   (c) an intermediate bf16 rounding (gate, up, the residual's product, a normalised x) that a tiny
+//       difference from (a) pushes across a rounding boundary: one step, <= 2^-8 of that intermediate.
+//       The tests that have one add 2^-7 times what that intermediate contributes (below, per test).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/cuda_stream.h"
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "common/random.h"
+#include "gemv.h"
+#include "silu_mul.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+constexpr double kAtol = 2e-3;
+constexpr double kRtolBf16 = 1.0 / 128;
+constexpr double kRtolF32 = 1.0 / 65536;
+constexpr double kFlip = 1.0 / 128;  // (c): one bf16 step of an intermediate, with 2x to spare
+
+std::vector<float> bf16_exact(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+// One problem with the largest batch the test needs: smaller batches use the first M rows of x.
+struct Problem {
+  int64_t M, K, N;
+  std::vector<float> x, w, g;  // [M, K] in U(-1, 1), [N, K] in N(0, 1/K), [K] in U(0.5, 1.5)
+  Tensor x_dev, w_dev, g_dev;  // bf16 on the GPU
+  Tensor x_cpu, w_cpu, g_cpu;  // the same bf16 values on the host, for the references
+
+  Problem(int64_t M_, int64_t K_, int64_t N_, uint64_t seed) : M(M_), K(K_), N(N_) {
+    x = bf16_exact(random_uniform(static_cast<size_t>(M * K), seed));
+    w = bf16_exact(random_normal(static_cast<size_t>(N * K), seed + 1, 1.0f / std::sqrt(float(K))));
+    g = bf16_exact(random_uniform(static_cast<size_t>(K), seed + 2, 0.5f, 1.5f));
+    x_dev = Tensor::from_f32(x, {M, K}, DType::BF16, Device::CUDA);
+    w_dev = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA);
+    g_dev = Tensor::from_f32(g, {K}, DType::BF16, Device::CUDA);
+    x_cpu = Tensor::from_f32(x, {M, K}, DType::BF16, Device::CPU);
+    w_cpu = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CPU);
+    g_cpu = Tensor::from_f32(g, {K}, DType::BF16, Device::CPU);
+  }
+  TensorView xd(int64_t rows) const { return x_dev.view().rows(0, rows); }
+  TensorView xc(int64_t rows) const { return x_cpu.view().rows(0, rows); }
+  std::string describe() const {
+    return "K=" + std::to_string(K) + " N=" + std::to_string(N);
+  }
+};
+
+// An output filled with 0xFF bytes: NaN in bf16 and fp32, so an element left unwritten fails.
+Tensor poisoned(Shape shape, DType dtype) {
+  Tensor y = Tensor::empty(std::move(shape), dtype, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.view().nbytes()));
+  return y;
+}
+
+Tensor host_f32(Shape shape) { return Tensor::empty(std::move(shape), DType::F32, Device::CPU); }
+
+std::vector<unsigned char> bytes_of(const TensorView& t) {
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned char> b(t.nbytes());
+  TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), t.data, b.size(), cudaMemcpyDeviceToHost));
+  return b;
+}
+
+// |got - want| <= kAtol + rtol |want| + extra[i] for every element; reports the first few failures.
+void expect_close(const TensorView& got_dev, const std::vector<float>& want, double rtol,
+                  const std::vector<double>& extra = {}) {
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = to_f32_vector(got_dev);
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = kAtol + rtol * std::fabs(want[i]) + (extra.empty() ? 0.0 : extra[i]);
+    const double diff = std::fabs(double(got[i]) - want[i]);
+    if (!(diff <= tol)) {  // NaN fails too
+      if (++bad <= 5) ADD_FAILURE() << "[" << i << "] got " << got[i] << ", want " << want[i] << " (tol " << tol << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << got.size();
+}
+
+std::vector<float> reference_gemv(const Problem& p, int64_t M) {
+  Tensor ref = host_f32({M, p.N});
+  gemv_cpu(ref, p.xc(M), p.w_cpu);
+  return to_f32_vector(ref);
+}
+
+const int64_t kBatches[] = {1, 2, 3, 8, 16};
+
+// ---- plain GEMV ----------------------------------------------------------------------------------------
+
+TEST(Gemv14Gpu, EveryVersionMatchesTheReferenceAtDecodeShapes) {
+  TVLLM_REQUIRE_GPU();
+  // QKV (2048 -> 3072), o_proj (2048 -> 2048), gate|up (2048 -> 16384), down_proj (8192 -> 2048).
+  const std::pair<int64_t, int64_t> shapes[] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}};
+  uint64_t seed = 10;
+  for (const auto& [K, N] : shapes) {
+    const Problem p(kGemvMaxRows, K, N, seed += 3);
+    const std::vector<float> ref = reference_gemv(p, kGemvMaxRows);
+    for (int64_t M : kBatches) {
+      const std::vector<float> want(ref.begin(), ref.begin() + M * N);
+      for (GemvKernel kernel : all_gemv_kernels()) {
+        SCOPED_TRACE(p.describe() + " M=" + std::to_string(M) + " " + std::string(gemv_kernel_name(kernel)));
+        Tensor y = poisoned({M, N}, DType::BF16);
+        gemv(y, p.xd(M), p.w_dev, kernel);
+        expect_close(y, want, kRtolBf16);
+      }
+    }
+  }
+}
+
+TEST(Gemv14Gpu, LmHeadWritesF32Logits) {
+  TVLLM_REQUIRE_GPU();
+  const Problem p(3, 2048, 128256, 40);
+  const std::vector<float> ref = reference_gemv(p, 3);
+  for (int64_t M : {1, 3}) {
+    for (GemvKernel kernel : {GemvKernel::V2Vector, GemvKernel::V3Blocked}) {
+      SCOPED_TRACE("M=" + std::to_string(M) + " " + std::string(gemv_kernel_name(kernel)));
+      Tensor y = poisoned({M, p.N}, DType::F32);
+      gemv(y, p.xd(M), p.w_dev, kernel);
+      expect_close(y, std::vector<float>(ref.begin(), ref.begin() + M * p.N), kRtolF32);
+    }
+  }
+}
+
+TEST(Gemv14Gpu, OddShapes) {
+  TVLLM_REQUIRE_GPU();
+  // K = 80 * 8 with N = 77 (tiles past N, 3 warps), K = 8 (one pack), K = 24 (threads without a pack),
+  // K odd or not a multiple of 8 (v2 and v3 fall back to v1), N = 1.
+  const std::pair<int64_t, int64_t> shapes[] = {{640, 77}, {8, 1}, {24, 1000}, {2056, 5}, {77, 33}, {12, 300}};
+  uint64_t seed = 50;
+  for (const auto& [K, N] : shapes) {
+    const Problem p(16, K, N, seed += 3);
+    const std::vector<float> ref = reference_gemv(p, 16);
+    for (int64_t M : {1, 5, 16}) {
+      for (GemvKernel kernel : all_gemv_kernels()) {
+        SCOPED_TRACE(p.describe() + " M=" + std::to_string(M) + " " + std::string(gemv_kernel_name(kernel)));
+        for (DType dtype : {DType::BF16, DType::F32}) {
+          Tensor y = poisoned({M, N}, dtype);
+          gemv(y, p.xd(M), p.w_dev, kernel);
+          expect_close(y, std::vector<float>(ref.begin(), ref.begin() + M * N),
+                       dtype == DType::F32 ? kRtolF32 : kRtolBf16);
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemv14Gpu, MisalignedOperandsFallBackOrAreRefused) {
+  TVLLM_REQUIRE_GPU();
+  const int64_t M = 3, K = 64, N = 40;
+  const Problem p(M, K, N, 60);
+  // x shifted by one element (2 bytes) inside a bigger buffer: gemv_supported is false, gemv still right.
+  Tensor buf = Tensor::empty({M * K + 8}, DType::BF16, Device::CUDA);
+  const TensorView x_odd = TensorView::contiguous(buf.view().ptr<uint16_t>() + 1, DType::BF16, Device::CUDA, {M, K});
+  TVLLM_CUDA_CHECK(cudaMemcpy(x_odd.data, p.x_dev.data(), p.x_dev.view().nbytes(), cudaMemcpyDeviceToDevice));
+  EXPECT_FALSE(gemv_supported(x_odd, p.w_dev));
+  EXPECT_TRUE(gemv_supported(p.x_dev, p.w_dev));
+  const std::vector<float> ref = reference_gemv(p, M);
+  for (GemvKernel kernel : all_gemv_kernels()) {
+    Tensor y = poisoned({M, N}, DType::BF16);
+    gemv(y, x_odd, p.w_dev, kernel);
+    expect_close(y, ref, kRtolBf16);
+  }
+  // The fused kernels have no fallback: they refuse.
+  Tensor out = poisoned({M, N}, DType::BF16);
+  EXPECT_THROW(rmsnorm_gemv(out, x_odd, p.g_dev, 1e-5f, p.w_dev), InputError);
+  EXPECT_THROW(gemv_residual(out, x_odd, p.w_dev), InputError);
+  Tensor act = poisoned({M, N / 2}, DType::BF16);
+  EXPECT_THROW(rmsnorm_gemv_silu_mul(act, x_odd, p.g_dev, 1e-5f, p.w_dev), InputError);
+  // The GPU path takes BF16 operands only; F32 out only for gemv and rmsnorm_gemv.
+  Tensor x_f32 = Tensor::empty({M, K}, DType::F32, Device::CUDA);
+  EXPECT_THROW(gemv(out, x_f32, p.w_dev), InputError);
+  Tensor act_f32 = poisoned({M, N / 2}, DType::F32), h_f32 = poisoned({M, N}, DType::F32);
+  EXPECT_THROW(rmsnorm_gemv_silu_mul(act_f32, p.x_dev, p.g_dev, 1e-5f, p.w_dev), InputError);
+  EXPECT_THROW(gemv_residual(h_f32, p.x_dev, p.w_dev), InputError);
+  EXPECT_TRUE(gemv_shape_supported(p.w_dev, DType::F32));
+  EXPECT_FALSE(gemv_shape_supported(p.w_dev, DType::F16));
+  EXPECT_FALSE(gemv_shape_supported(x_odd, DType::BF16));
+}
+
+// ---- the fused kernels ---------------------------------------------------------------------------------
+
+TEST(Gemv14Gpu, RmsNormGemvMatchesTheReference) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {640, 77}}) {
+    const Problem p(kGemvMaxRows, K, N, 70 + K);
+    for (int64_t M : kBatches) {
+      SCOPED_TRACE(p.describe() + " M=" + std::to_string(M));
+      Tensor ref = host_f32({M, N});
+      rmsnorm_gemv_cpu(ref, p.xc(M), p.g_cpu, eps, p.w_cpu);
+      Tensor y = poisoned({M, N}, DType::BF16);
+      rmsnorm_gemv(y, p.xd(M), p.g_dev, eps, p.w_dev);
+      // (c): a normalised x that rounds the other way moves one term by 2^-8 of itself: inside kAtol.
+      expect_close(y, to_f32_vector(ref), kRtolBf16);
+    }
+  }
+}
+
+TEST(Gemv14Gpu, RmsNormGemvWritesF32LogitsForTheFusedFinalNorm) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  const Problem p(3, 2048, 128256, 170);  // the lm_head
+  Tensor ref = host_f32({3, p.N});
+  rmsnorm_gemv_cpu(ref, p.xc(3), p.g_cpu, eps, p.w_cpu);
+  const std::vector<float> want = to_f32_vector(ref);
+  for (int64_t M : {1, 3}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    Tensor y = poisoned({M, p.N}, DType::F32);
+    rmsnorm_gemv(y, p.xd(M), p.g_dev, eps, p.w_dev);
+    expect_close(y, std::vector<float>(want.begin(), want.begin() + M * p.N), kRtolF32);
+  }
+}
+
+TEST(Gemv14Gpu, RmsNormGemvSiluMulMatchesTheReference) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  for (const auto& [K, I] : {std::pair<int64_t, int64_t>{2048, 8192}, {640, 77}}) {
+    const Problem p(kGemvMaxRows, K, 2 * I, 90 + K);
+    Tensor gate_up = host_f32({kGemvMaxRows, 2 * I});  // unrounded gate and up, for the (c) allowance
+    rmsnorm_gemv_cpu(gate_up, p.xc(kGemvMaxRows), p.g_cpu, eps, p.w_cpu);
+    const std::vector<float> gu = to_f32_vector(gate_up);
+    for (int64_t M : kBatches) {
+      SCOPED_TRACE(p.describe() + " M=" + std::to_string(M));
+      Tensor ref = host_f32({M, I});
+      rmsnorm_gemv_silu_mul_cpu(ref, p.xc(M), p.g_cpu, eps, p.w_cpu);
+      // (c): gate one bf16 step off moves act by <= |silu'| 2^-8 |gate| |up| (|silu'| <= 1.1); up one step
+      // off by 2^-8 |silu(gate)| |up|. Allow 2^-7 (|gate| + |silu(gate)|) |up|.
+      std::vector<double> extra(static_cast<size_t>(M * I));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < I; ++j) {
+          const double gate = gu[m * 2 * I + j], up = gu[m * 2 * I + I + j];
+          extra[m * I + j] = kFlip * (std::fabs(gate) + std::fabs(silu_f32(float(gate)))) * std::fabs(up);
+        }
+      Tensor act = poisoned({M, I}, DType::BF16);
+      rmsnorm_gemv_silu_mul(act, p.xd(M), p.g_dev, eps, p.w_dev);
+      expect_close(act, to_f32_vector(ref), kRtolBf16, extra);
+    }
+  }
+}
+
+TEST(Gemv14Gpu, GemvResidualMatchesTheReference) {
+  TVLLM_REQUIRE_GPU();
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {640, 77}}) {
+    const Problem p(kGemvMaxRows, K, N, 110 + K);
+    const std::vector<float> h0 = bf16_exact(random_uniform(static_cast<size_t>(kGemvMaxRows * N), 7 + K));
+    const std::vector<float> product = reference_gemv(p, kGemvMaxRows);
+    for (int64_t M : kBatches) {
+      SCOPED_TRACE(p.describe() + " M=" + std::to_string(M));
+      const std::vector<float> h_rows(h0.begin(), h0.begin() + M * N);
+      Tensor ref = Tensor::from_f32(h_rows, {M, N}, DType::F32, Device::CPU);
+      gemv_residual_cpu(ref, p.xc(M), p.w_cpu);
+      Tensor h = Tensor::from_f32(h_rows, {M, N}, DType::BF16, Device::CUDA);
+      gemv_residual(h, p.xd(M), p.w_dev);
+      // (c): the product rounded to bf16 one step off: 2^-8 |product|.
+      std::vector<double> extra(static_cast<size_t>(M * N));
+      for (size_t i = 0; i < extra.size(); ++i) extra[i] = kFlip * std::fabs(product[i]);
+      expect_close(h, to_f32_vector(ref), kRtolBf16, extra);
+    }
+  }
+}
+
+// ---- determinism ---------------------------------------------------------------------------------------
+
+// Row m computed among M = 16 rows, among the first 3, and alone: the same bits, for every kernel.
+TEST(Gemv14Gpu, RowsAreTheSameBitsWhateverTheBatch) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {8192, 2048}, {640, 77}}) {
+    const Problem p(kGemvMaxRows, K, N, 130 + K);
+    const std::vector<float> h0 = random_uniform(static_cast<size_t>(kGemvMaxRows * N), 3);
+    // run(M, first): rows [first, first + M) of x through one op, returning the output's bytes.
+    auto check = [&](const std::string& name, auto run) {
+      SCOPED_TRACE(name + " " + p.describe());
+      const std::vector<unsigned char> all = run(kGemvMaxRows, 0);
+      const size_t row_bytes = all.size() / kGemvMaxRows;
+      const std::vector<unsigned char> three = run(3, 0);
+      EXPECT_EQ(0, std::memcmp(three.data(), all.data(), three.size())) << "M=3";
+      for (int64_t m : {0, 5, 15}) {
+        const std::vector<unsigned char> one = run(1, m);
+        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + m * row_bytes, row_bytes)) << "row " << m;
+      }
+    };
+    auto x_rows = [&](int64_t M, int64_t first) { return p.x_dev.view().rows(first, M); };
+    for (GemvKernel kernel : all_gemv_kernels())
+      check(std::string("gemv ") + std::string(gemv_kernel_name(kernel)), [&](int64_t M, int64_t first) {
+        Tensor y = poisoned({M, N}, DType::BF16);
+        gemv(y, x_rows(M, first), p.w_dev, kernel);
+        return bytes_of(y);
+      });
+    check("rmsnorm_gemv", [&](int64_t M, int64_t first) {
+      Tensor y = poisoned({M, N}, DType::BF16);
+      rmsnorm_gemv(y, x_rows(M, first), p.g_dev, eps, p.w_dev);
+      return bytes_of(y);
+    });
+    if (N % 2 == 0)
+      check("rmsnorm_gemv_silu_mul", [&](int64_t M, int64_t first) {
+        Tensor y = poisoned({M, N / 2}, DType::BF16);
+        rmsnorm_gemv_silu_mul(y, x_rows(M, first), p.g_dev, eps, p.w_dev);
+        return bytes_of(y);
+      });
+    check("gemv_residual", [&](int64_t M, int64_t first) {
+      Tensor h = Tensor::from_f32(std::vector<float>(h0.begin() + first * N, h0.begin() + (first + M) * N), {M, N},
+                                  DType::BF16, Device::CUDA);
+      gemv_residual(h, x_rows(M, first), p.w_dev);
+      return bytes_of(h);
+    });
+  }
+}
+
+TEST(Gemv14Gpu, GraphReplaysEqualEagerRuns) {
+  TVLLM_REQUIRE_GPU();
+  const int64_t M = 3, K = 2048, N = 3072;
+  const float eps = 1e-5f;
+  const Problem p(M, K, N, 150);
+  const Tensor h0 = Tensor::from_f32(bf16_exact(random_uniform(M * N, 4)), {M, N}, DType::BF16, Device::CUDA);
+  CudaStream stream;
+  Tensor y = poisoned({M, N}, DType::BF16), y_f32 = poisoned({M, N}, DType::F32), act = poisoned({M, N / 2}, DType::BF16);
+  Tensor h = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  // The decode step's four GEMVs on one stream; h is reset from h0 first, so a replay starts the same.
+  auto step = [&] {
+    TVLLM_CUDA_CHECK(cudaMemcpyAsync(h.data(), h0.data(), h0.view().nbytes(), cudaMemcpyDeviceToDevice, stream));
+    rmsnorm_gemv(y, p.x_dev, p.g_dev, eps, p.w_dev, stream);
+    rmsnorm_gemv_silu_mul(act, p.x_dev, p.g_dev, eps, p.w_dev, stream);
+    gemv_residual(h, p.x_dev, p.w_dev, stream);
+    for (GemvKernel kernel : all_gemv_kernels()) gemv(y_f32, p.x_dev, p.w_dev, kernel, stream);
+  };
+  step();
+  stream.synchronize();
+  const std::vector<std::vector<unsigned char>> eager{bytes_of(y), bytes_of(y_f32), bytes_of(act), bytes_of(h)};
+  for (Tensor* t : {&y, &y_f32, &act, &h}) TVLLM_CUDA_CHECK(cudaMemset(t->data(), 0xFF, t->view().nbytes()));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  CudaGraph graph = CudaGraph::capture(stream, step);  // fails if anything allocates or synchronises
+  EXPECT_EQ(graph.num_nodes(), 7u);
+  graph.launch(stream);
+  graph.launch(stream);  // twice: the residual is reset by the graph's own copy
+  stream.synchronize();
+  const std::vector<std::vector<unsigned char>> replay{bytes_of(y), bytes_of(y_f32), bytes_of(act), bytes_of(h)};
+  for (size_t i = 0; i < eager.size(); ++i) EXPECT_TRUE(eager[i] == replay[i]) << "output " << i;
+}
+
+}  // namespace
+}  // namespace tvllm
