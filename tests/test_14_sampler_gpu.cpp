@@ -1,0 +1,371 @@
+// Lesson 14, the fast sampler: FastSampler must choose EXACTLY the id lesson 09's CPU reference (sample_cpu)
+// chooses, on every row: both compute the same integer masses (sampling_math.h), and every decision after
+// that is integer arithmetic, so there is no tolerance and no near-tie exception. The tests count
+// mismatching rows and require none, over thousands of rows: vocab 1 to 151936, batch 1, 3 and 64 (1 row
+// gets ~100 blocks, 64 rows a few each: both layouts of the grid), every knob, ties at the thresholds.
+//
+// No chi-square test here: lesson 09's tests show that sample_cpu's draws follow the renormalised
+// distribution; a sampler that returns sample_cpu's id for every (row, seed, step) draws from the same
+// distribution by construction, so equality with the oracle is the stronger check.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/cuda_stream.h"
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "common/random.h"
+#include "fast_sampler.h"
+#include "sampling.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+SamplingRow row_of(float temperature, int top_k, float top_p, uint64_t seed, uint64_t step) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed;
+  return make_sampling_row(p, step);
+}
+
+std::string describe(const SamplingRow& r) {
+  return "T=" + std::to_string(r.temperature) + " k=" + std::to_string(r.top_k) + " p=" + std::to_string(r.top_p) +
+         " seed=" + std::to_string(r.seed) + " step=" + std::to_string(r.step);
+}
+
+// A batch on the device: logits [batch, stride], rows [batch], ids [batch] (poisoned with -1).
+struct DeviceBatch {
+  DeviceBatch(const std::vector<float>& logits, const std::vector<SamplingRow>& rows)
+      : logits_d(std::max<size_t>(1, logits.size()) * sizeof(float)),
+        rows_d(std::max<size_t>(1, rows.size()) * sizeof(SamplingRow)),
+        ids_d(std::max<size_t>(1, rows.size()) * sizeof(int32_t)),
+        batch(static_cast<int>(rows.size())) {
+    logits_d.copy_from_host(logits.data(), logits.size() * sizeof(float));
+    rows_d.copy_from_host(rows.data(), rows.size() * sizeof(SamplingRow));
+    poison();
+  }
+  void poison() {
+    TVLLM_CUDA_CHECK(cudaMemset(ids_d.data(), 0xFF, ids_d.bytes()));
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::vector<int32_t> ids() const {
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> out(static_cast<size_t>(batch));
+    ids_d.copy_to_host(out.data(), out.size() * sizeof(int32_t));
+    return out;
+  }
+  const float* logits() const { return logits_d.as<float>(); }
+  const SamplingRow* rows() const { return rows_d.as<SamplingRow>(); }
+  int32_t* out() const { return ids_d.as<int32_t>(); }
+
+  DeviceBuffer logits_d, rows_d, ids_d;
+  int batch;
+};
+
+std::vector<int32_t> sample_fast(const FastSampler& sampler, const std::vector<float>& logits, int64_t stride,
+                                 int64_t vocab, const std::vector<SamplingRow>& rows) {
+  DeviceBatch d(logits, rows);
+  sampler.sample(d.logits(), stride, vocab, d.batch, d.rows(), d.out());
+  return d.ids();
+}
+
+std::vector<int32_t> sample_lesson09(const std::vector<float>& logits, int64_t stride, int64_t vocab,
+                                     const std::vector<SamplingRow>& rows) {
+  DeviceBatch d(logits, rows);
+  GpuSampler sampler(std::max(1, d.batch), vocab);
+  sampler.sample(d.logits(), stride, vocab, d.batch, d.rows(), d.out());
+  return d.ids();
+}
+
+std::vector<int32_t> sample_on_cpu(const std::vector<float>& logits, int64_t stride, int64_t vocab,
+                                   const std::vector<SamplingRow>& rows) {
+  std::vector<int32_t> ids;
+  for (size_t b = 0; b < rows.size(); ++b)
+    ids.push_back(sample_cpu(logits.data() + b * static_cast<size_t>(stride), vocab, rows[b]));
+  return ids;
+}
+
+// Counts the rows where the fast sampler and the oracle differ; reports the first few.
+void expect_same_ids(const std::vector<int32_t>& fast, const std::vector<int32_t>& oracle,
+                     const std::vector<SamplingRow>& rows, const std::string& what) {
+  ASSERT_EQ(fast.size(), oracle.size());
+  int mismatches = 0;
+  std::string first;
+  for (size_t b = 0; b < fast.size(); ++b) {
+    if (fast[b] == oracle[b]) continue;
+    if (++mismatches <= 5)
+      first += "\n  row " + std::to_string(b) + " (" + describe(rows[b]) + "): fast " + std::to_string(fast[b]) +
+               " oracle " + std::to_string(oracle[b]);
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << fast.size() << " rows differ" << first;
+}
+
+// Logits shaped like a model's, at several scales: normal with a row-specific spread (tiny to huge), half
+// of the rows rounded to bf16 (ties everywhere, as a bf16 lm_head gives them), some with strong favourites.
+std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  static const float kScales[] = {1e-3f, 0.5f, 2.0f, 6.0f, 40.0f};
+  const float spread = kScales[seed % 5] * (0.5f + rng.uniform());
+  std::vector<float> row = random_normal(static_cast<size_t>(vocab), seed * 31 + 7, spread);
+  if (seed % 2 == 0)
+    for (float& x : row) x = bf16_to_f32(f32_to_bf16(x));
+  if (seed % 3 == 0)
+    for (int j = 0; j < 5; ++j) row[static_cast<size_t>(rng.below(vocab))] += 4.0f * spread;
+  return row;
+}
+
+SamplingRow random_row_params(Rng& rng, int64_t vocab) {
+  static const float kTemps[] = {0.0f, 0.05f, 0.5f, 0.8f, 1.0f, 1.0f, 1.7f, 5.0f};
+  static const float kTopP[] = {1.0f, 1.0f, 0.999f, 0.95f, 0.9f, 0.5f, 0.1f, 1e-6f};
+  const int64_t ks[] = {0, 0, 1, 2, 7, 50, 1000, vocab - 1, vocab, vocab + 3};
+  const float t = kTemps[rng.below(8)];
+  const int k = static_cast<int>(std::max<int64_t>(0, ks[rng.below(10)]));
+  const float p = kTopP[rng.below(8)];
+  return row_of(t, k, p, rng.next_u64(), rng.next_u64());
+}
+
+TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
+  TVLLM_REQUIRE_GPU();
+  struct Case {
+    int64_t vocab;
+    int batch;
+    int calls;  // calls of `batch` random rows each
+  };
+  // 64 rows: a few blocks per row; 3 rows: tens; 1 row: a hundred blocks. About 3000 rows in all.
+  for (const Case& c : {Case{1, 64, 4}, Case{7, 64, 4}, Case{7, 3, 20}, Case{1000, 64, 8}, Case{1000, 1, 100},
+                        Case{4099, 3, 30}, Case{32000, 64, 4}, Case{32000, 3, 20}, Case{32000, 1, 40},
+                        Case{128256, 64, 1}, Case{128256, 3, 6}, Case{128256, 1, 20}, Case{151936, 64, 1},
+                        Case{151936, 1, 10}}) {
+    FastSampler sampler(c.batch, c.vocab);
+    Rng rng(static_cast<uint64_t>(c.vocab) * 131 + static_cast<uint64_t>(c.batch));
+    std::vector<int32_t> fast_all, cpu_all;
+    std::vector<SamplingRow> rows_all;
+    for (int call = 0; call < c.calls; ++call) {
+      std::vector<float> logits;
+      std::vector<SamplingRow> rows;
+      for (int b = 0; b < c.batch; ++b) {
+        const std::vector<float> row = model_like_row(c.vocab, rng.next_u64() % 1000000);
+        logits.insert(logits.end(), row.begin(), row.end());
+        rows.push_back(random_row_params(rng, c.vocab));
+      }
+      const std::vector<int32_t> fast = sample_fast(sampler, logits, c.vocab, c.vocab, rows);
+      const std::vector<int32_t> cpu = sample_on_cpu(logits, c.vocab, c.vocab, rows);
+      fast_all.insert(fast_all.end(), fast.begin(), fast.end());
+      cpu_all.insert(cpu_all.end(), cpu.begin(), cpu.end());
+      rows_all.insert(rows_all.end(), rows.begin(), rows.end());
+    }
+    expect_same_ids(fast_all, cpu_all, rows_all,
+                    "vocab " + std::to_string(c.vocab) + " batch " + std::to_string(c.batch));
+  }
+}
+
+TEST(FastSampler14Gpu, EveryKnobAtVocab128256MatchesTheOracleAndLesson09) {
+  TVLLM_REQUIRE_GPU();
+  // One bf16 row with favourites; every combination of the knobs, 2 steps each: 4 * 6 * 6 * 2 = 288 rows,
+  // in batches of 64 (and the rest).
+  const int64_t vocab = 128256;
+  const std::vector<float> row = model_like_row(vocab, 6);
+  std::vector<SamplingRow> rows;
+  for (float t : {0.0f, 0.3f, 1.0f, 2.0f})
+    for (int k : {0, 1, 40, 50, 5000, 128255})
+      for (float p : {1.0f, 0.95f, 0.9f, 0.6f, 0.2f, 1e-6f})
+        for (uint64_t step = 0; step < 2; ++step) rows.push_back(row_of(t, k, p, 42, step));
+  FastSampler sampler(64, vocab);
+  for (size_t start = 0; start < rows.size(); start += 64) {
+    const std::vector<SamplingRow> part(rows.begin() + static_cast<int64_t>(start),
+                                        rows.begin() + static_cast<int64_t>(std::min(rows.size(), start + 64)));
+    std::vector<float> logits;
+    for (size_t b = 0; b < part.size(); ++b) logits.insert(logits.end(), row.begin(), row.end());
+    const std::vector<int32_t> fast = sample_fast(sampler, logits, vocab, vocab, part);
+    expect_same_ids(fast, sample_on_cpu(logits, vocab, vocab, part), part, "every knob vs cpu");
+    expect_same_ids(fast, sample_lesson09(logits, vocab, vocab, part), part, "every knob vs lesson 09");
+  }
+}
+
+TEST(FastSampler14Gpu, TiesAtTheThresholdsAndEdgeRows) {
+  TVLLM_REQUIRE_GPU();
+  // Rows built so that the top-k and top-p boundaries fall inside large groups of equal logits (kept
+  // whole), plus masks, +inf, NaN, overflow at tiny temperatures and rows where top-p keeps one token.
+  const int64_t vocab = 50000;  // ~49 blocks per row at batch 1, a few at batch 64
+  std::vector<std::vector<float>> edge;
+  edge.emplace_back(vocab, 0.0f);  // flat: one tie group of the whole row
+  {
+    std::vector<float> steps(vocab);  // 10 distinct values: huge tie groups at every threshold
+    for (int64_t i = 0; i < vocab; ++i) steps[static_cast<size_t>(i)] = static_cast<float>((i * 7) % 10);
+    edge.push_back(steps);
+    std::vector<float> plateau = random_normal(vocab, 9, 1.0f);  // 300 tokens tied at the top, spread out
+    for (int64_t i = 0; i < vocab; i += vocab / 300) plateau[static_cast<size_t>(i)] = 5.0f;
+    edge.push_back(plateau);
+    std::vector<float> favourite = random_normal(vocab, 10, 1.0f);  // top-p keeps exactly one token
+    favourite[31337] = 40.0f;
+    edge.push_back(favourite);
+    std::vector<float> masked(vocab, -INFINITY);  // masked but two
+    masked[49999] = -3.0f;
+    masked[7] = -3.5f;
+    edge.push_back(masked);
+    masked[5] = INFINITY;  // +inf tokens share the draw
+    masked[17000] = INFINITY;
+    edge.push_back(masked);
+    edge.emplace_back(vocab, -INFINITY);  // all masked: id 0
+    std::vector<float> nans = random_normal(vocab, 3, 2.0f);
+    for (int64_t i = 0; i < vocab; i += 7) nans[static_cast<size_t>(i)] = std::nanf("");  // NaN: -inf
+    edge.push_back(nans);
+    edge.push_back(random_normal(vocab, 4, 1e38f));   // overflows to inf at temperature < 1
+    edge.push_back(random_normal(vocab, 5, 1e-30f));  // all but equal
+    std::vector<float> zeros = random_normal(vocab, 6, 1.0f);  // -0 and +0 must tie
+    for (int64_t i = 0; i < vocab; i += 3) zeros[static_cast<size_t>(i)] = i % 2 ? -0.0f : 0.0f;
+    edge.push_back(zeros);
+  }
+  std::vector<float> logits;
+  std::vector<SamplingRow> rows;
+  for (size_t e = 0; e < edge.size(); ++e)
+    for (float t : {0.0f, 1e-30f, 0.01f, 0.7f, 1.0f, 3e4f})
+      for (int k : {0, 1, 3, 301, 5001, 49999})
+        for (float p : {1.0f, 0.9f, 0.3f, 1e-6f}) {
+          logits.insert(logits.end(), edge[e].begin(), edge[e].end());
+          rows.push_back(row_of(t, k, p, e * 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(t * 10)));
+        }
+  // Batches of 64 (a few blocks per row), then the same rows one at a time (many blocks per row).
+  FastSampler sampler(64, vocab);
+  DeviceBatch d(logits, rows);
+  for (int start = 0; start < d.batch; start += 64)
+    sampler.sample(d.logits() + static_cast<int64_t>(start) * vocab, vocab, vocab, std::min(64, d.batch - start),
+                   d.rows() + start, d.out() + start);
+  const std::vector<int32_t> batched = d.ids();
+  for (int32_t id : batched) ASSERT_TRUE(id >= 0 && id < vocab) << id;
+  const std::vector<int32_t> cpu = sample_on_cpu(logits, vocab, vocab, rows);
+  expect_same_ids(batched, cpu, rows, "edge rows, batch 64");
+  d.poison();
+  for (int b = 0; b < d.batch; b += 5)  // every 5th row alone (the run time stays short)
+    sampler.sample(d.logits() + static_cast<int64_t>(b) * vocab, vocab, vocab, 1, d.rows() + b, d.out() + b);
+  const std::vector<int32_t> alone = d.ids();
+  for (int b = 0; b < d.batch; b += 5)
+    EXPECT_EQ(alone[static_cast<size_t>(b)], cpu[static_cast<size_t>(b)]) << "alone, row " << b << " "
+                                                                         << describe(rows[static_cast<size_t>(b)]);
+  // The favourite row with top-p 1e-6 (and 0.3): only the favourite is kept.
+  for (size_t b = 0; b < rows.size(); ++b) {
+    if (logits[b * vocab + 31337] == 40.0f && rows[b].temperature >= 0.7f && rows[b].top_p < 0.5f) {
+      EXPECT_EQ(batched[b], 31337) << describe(rows[b]);
+    }
+  }
+}
+
+TEST(FastSampler14Gpu, PaddedRowsAndRowsAlone) {
+  TVLLM_REQUIRE_GPU();
+  // Rows with a stride larger than vocab whose padding holds +inf and NaN (which would win if read); and
+  // each row sampled alone at its own address equals the batch.
+  const int64_t vocab = 32000, stride = 32003;
+  const int batch = 3;
+  Rng rng(12);
+  std::vector<float> padded, packed;
+  std::vector<SamplingRow> rows;
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float> row = model_like_row(vocab, 40 + b);
+    packed.insert(packed.end(), row.begin(), row.end());
+    padded.insert(padded.end(), row.begin(), row.end());
+    for (int64_t j = vocab; j < stride; ++j) padded.push_back(j % 2 ? INFINITY : std::nanf(""));
+    rows.push_back(row_of(0.9f, b == 1 ? 50 : 0, b == 2 ? 0.9f : 1.0f, 7, static_cast<uint64_t>(b)));
+  }
+  FastSampler sampler(batch, vocab);
+  const std::vector<int32_t> fast = sample_fast(sampler, padded, stride, vocab, rows);
+  expect_same_ids(fast, sample_on_cpu(packed, vocab, vocab, rows), rows, "padded");
+  DeviceBatch d(padded, rows);
+  for (int b = 0; b < batch; ++b)
+    sampler.sample(d.logits() + b * stride, stride, vocab, 1, d.rows() + b, d.out() + b);
+  EXPECT_EQ(d.ids(), fast);
+}
+
+TEST(FastSampler14Gpu, CapturedGraphReplaysEqualEagerCalls) {
+  TVLLM_REQUIRE_GPU();
+  // The engine's decode loop: capture sample() once, upload new steps into the same rows array before
+  // each replay. The workspace must come back to zeros after every call, or a replay would go wrong.
+  const int64_t vocab = 128256;
+  const int batch = 8;
+  std::vector<float> logits;
+  std::vector<SamplingRow> rows;
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float> row = model_like_row(vocab, 300 + b);
+    logits.insert(logits.end(), row.begin(), row.end());
+    rows.push_back(row_of(b == 0 ? 0.0f : 0.9f, b % 3 == 1 ? 50 : 0, b % 2 ? 0.9f : 1.0f, 1000 + b, 0));
+  }
+  DeviceBatch d(logits, rows);
+  FastSampler sampler(batch, vocab);
+  CudaStream stream;
+  HostBuffer pinned_rows(sizeof(SamplingRow) * batch, HostBuffer::Kind::Pinned);
+  HostBuffer pinned_ids(sizeof(int32_t) * batch, HostBuffer::Kind::Pinned);
+  CudaGraph graph = CudaGraph::capture(
+      stream, [&] { sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream); });
+  EXPECT_EQ(graph.num_nodes(), static_cast<size_t>(FastSampler::kLaunches));
+  for (uint64_t step = 0; step < 6; ++step) {
+    for (SamplingRow& r : rows) r.step = step;
+    std::copy(rows.begin(), rows.end(), pinned_rows.as<SamplingRow>());
+    TVLLM_CUDA_CHECK(cudaMemcpyAsync(d.rows_d.data(), pinned_rows.data(), pinned_rows.bytes(),
+                                     cudaMemcpyHostToDevice, stream));
+    graph.launch(stream);
+    TVLLM_CUDA_CHECK(
+        cudaMemcpyAsync(pinned_ids.data(), d.out(), pinned_ids.bytes(), cudaMemcpyDeviceToHost, stream));
+    stream.synchronize();
+    const std::vector<int32_t> replayed(pinned_ids.as<int32_t>(), pinned_ids.as<int32_t>() + batch);
+    d.poison();
+    sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream);
+    stream.synchronize();
+    EXPECT_EQ(d.ids(), replayed) << "step " << step << ": eager on a stream";
+    expect_same_ids(replayed, sample_on_cpu(logits, vocab, vocab, rows), rows, "graph step " + std::to_string(step));
+  }
+}
+
+TEST(FastSampler14Gpu, ArgumentErrors) {
+  TVLLM_REQUIRE_GPU();
+  EXPECT_THROW(FastSampler(0, 100), InputError);
+  EXPECT_THROW(FastSampler(1, 0), InputError);
+  EXPECT_THROW(FastSampler(1, (int64_t{1} << 23) + 1), InputError);
+  FastSampler sampler(2, 1000);
+  DeviceBatch d(std::vector<float>(3 * 1000, 0.0f), std::vector<SamplingRow>(3, row_of(1, 0, 1, 0, 0)));
+  EXPECT_THROW(sampler.sample(d.logits(), 1000, 1000, 3, d.rows(), d.out()), InputError);  // batch > max
+  EXPECT_THROW(sampler.sample(d.logits(), 1001, 1001, 1, d.rows(), d.out()), InputError);  // vocab > max
+  EXPECT_THROW(sampler.sample(d.logits(), 999, 1000, 1, d.rows(), d.out()), InputError);   // stride < vocab
+  EXPECT_THROW(sampler.sample(nullptr, 1000, 1000, 1, d.rows(), d.out()), InputError);
+  EXPECT_NO_THROW(sampler.sample(d.logits(), 1000, 1000, 0, d.rows(), d.out()));  // empty batch: nothing
+  // The grid: one row spreads over many blocks, 64 rows over a few each, never below 1024 tokens a block.
+  FastSampler big(64, 128256);
+  EXPECT_GE(big.chunks_per_row(1, 128256), 64);
+  EXPECT_LE(big.chunks_per_row(1, 128256), 128256 / 1024);
+  EXPECT_GE(big.chunks_per_row(64, 128256), 2);
+  EXPECT_EQ(big.chunks_per_row(64, 7), 1);
+}
+
+// ---- timings (printed, not asserted: the lesson executable reports them beside the target) -------------
+
+TEST(FastSampler14Gpu, PrintsTimings) {
+  TVLLM_REQUIRE_GPU();
+  struct Setting {
+    const char* name;
+    float t;
+    int k;
+    float p;
+  };
+  for (int batch : {1, 64})
+    for (const Setting& s : {Setting{"greedy", 0, 0, 1}, Setting{"temperature 0.8", 0.8f, 0, 1},
+                             Setting{"top-k 50", 0.8f, 50, 1}, Setting{"top-p 0.9", 0.8f, 0, 0.9f},
+                             Setting{"top-k 50 + top-p 0.9", 0.8f, 50, 0.9f}}) {
+      SamplingParams params;
+      params.temperature = s.t;
+      params.top_k = s.k;
+      params.top_p = s.p;
+      const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
+      std::printf("sampler vocab 128256 batch %2d %-22s fast %8.1f us   lesson 09 %8.1f us\n", batch, s.name,
+                  timing.fast_us, timing.lesson09_us);
+      EXPECT_GT(timing.fast_us, 0.0);
+    }
+}
+
+}  // namespace
+}  // namespace tvllm
