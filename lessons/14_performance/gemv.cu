@@ -23,6 +23,7 @@
 
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
+#include "common/exercise.h"
 #include "gemv.h"
 
 namespace tvllm {
@@ -78,6 +79,21 @@ __global__ void gemv_v1_kernel(void* out, Store store, const bf16* x, const bf16
 template <int kM>
 __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16* w, int M, int64_t N,
                                int64_t K) {
+  // --- exercise 14.1: v2, one warp per weight row for every input row --------------------------------
+  // Task: warp (blockIdx.x * warps per block + warp index) owns weight row n (return if n >= N). Its lanes
+  //   read W's row in 16-byte packs (load_pack<8>: 8 bf16), lane l taking packs l, l + 32, l + 64, ...;
+  //   each pack is multiplied into kM sums, one per input row m < M (x row m starts at x + m * K), so W
+  //   is read once whatever M is. Then warp_sum each sum and let lane 0 store out[m, n]: fp32 when store
+  //   is Store::F32, else rounded to bf16.
+  // Hint: issue kUnroll (4) loads of W before using any: 64 bytes in flight per lane hide DRAM latency.
+  // Hint: add in pack order with __fmaf_rn (an explicit fused multiply-add), so a row's bits do not
+  //   depend on kM: the determinism test compares a row computed alone with the same row among 16.
+  // Hint: warp_sum has shuffles over all 32 lanes: every lane of a live warp must reach it (no early
+  //   return after the n >= N check, which a whole warp takes together).
+  // Tests: Gemv14Gpu.EveryVersionMatchesTheReferenceAtDecodeShapes Gemv14Gpu.OddShapes
+  // Tests: Gemv14Gpu.LmHeadWritesF32Logits Gemv14Gpu.RowsAreTheSameBitsWhateverTheBatch
+  // Stub: device
+  // --- solution ---
   constexpr int kUnroll = 4;  // 16-byte loads of W in flight per lane before the first is used
   const int lane = threadIdx.x % kWarp;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
@@ -115,6 +131,7 @@ __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16
         static_cast<bf16*>(out)[m * N + n] = __float2bfloat16_rn(total);
     }
   }
+  // --- end of exercise 14.1 ---
 }
 
 // ---- v3: a block per tile of weight rows, K split among its threads -----------------------------------
@@ -124,8 +141,8 @@ __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16
 __device__ __forceinline__ Pack<8> load_weights(const bf16* p) {
   Pack<8> r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.word[0]), "=r"(r.word[1]), "=r"(r.word[2]), "=r"(r.word[3])
-               : "l"(p));
+      : "=r"(r.word[0]), "=r"(r.word[1]), "=r"(r.word[2]), "=r"(r.word[3])
+      : "l"(p));
   return r;
 }
 
