@@ -30,7 +30,7 @@
 
 namespace tvllm {
 
-class FastSampler {
+class FastSampler final : public TokenSampler {
  public:
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
   // Allocates and zeroes the workspace (about 16 KiB per row) and synchronises once, here.
@@ -39,7 +39,7 @@ class FastSampler {
   // Exactly GpuSampler::sample: logits device fp32, row b at logits + b * row_stride, vocab <= row_stride;
   // rows: device [batch] SamplingRow; out_ids: device int32 [batch]. Queued on `stream`, no waiting.
   void sample(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
-              int32_t* out_ids, cudaStream_t stream = nullptr) const;
+              int32_t* out_ids, cudaStream_t stream = nullptr) const override;
 
   int max_batch() const { return max_batch_; }
   int64_t max_vocab() const { return max_vocab_; }
