@@ -19,8 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Rounded up: a wait of ms_until(t) does not end before t.
 int ms_until(Clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
 }
 
@@ -88,7 +89,10 @@ class ConnStream : public httplib::Stream {
     if (pos_ == buf_.size()) {
       buf_.clear();
       pos_ = 0;
-      if (!wait_fd(fd_, POLLIN, ms_until(deadline_))) return -1;  // the deadline passed, or an error
+      if (!wait_fd(fd_, POLLIN, ms_until(deadline_))) {
+        ctx.timed_out = Clock::now() >= deadline_;  // the error handler answers 408
+        return -1;
+      }
       char tmp[16384];
       const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
       if (n <= 0) return -1;
@@ -352,7 +356,8 @@ void HttpServer::worker_loop() {
           if (log_) log_(std::string("connection: ") + e.what());
         }
       }
-      keep = ok && !http10 && !connection_closed && !ctx.close_after_response && !ctx.over_limit;
+      keep = ok && !http10 && !connection_closed && !ctx.close_after_response && !ctx.over_limit &&
+             !ctx.timed_out;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);

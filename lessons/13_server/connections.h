@@ -53,6 +53,7 @@ struct ConnectionLimits {
 struct ConnectionContext {
   bool close_after_response = false;  // close once this response is written (e.g. a close-delimited stream)
   bool over_limit = false;            // the request's bytes passed the limit while httplib read the body
+  bool timed_out = false;             // the request's deadline passed while httplib read the body
   int64_t request_bytes = 0;
 };
 ConnectionContext& current_connection();  // the calling worker's (thread-local)

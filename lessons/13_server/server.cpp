@@ -343,6 +343,11 @@ void OpenAiServer::route() {
       too_large(res);
       return httplib::Server::HandlerResponse::Handled;
     }
+    if (current_connection().timed_out) {  // a chunked body still arriving at the request's deadline
+      res.set_header("Connection", "close");
+      set_error(res, ApiError(408, "the request did not arrive within --read-timeout", {}, "request_timeout"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const int status = res.status;
     std::string message = "HTTP " + std::to_string(status);
     std::string code;
