@@ -443,9 +443,50 @@ TEST(TokenizerJson, RejectsBadAddedTokens) {
                   "added_tokens[1].id: id 6 is used twice");
 }
 
+// Files saved after training with truncation or padding on: transformers encodes whole texts with them unless
+// asked (truncation=False is the default), and so do we; one line on stderr says the settings are ignored.
+TEST(TokenizerJson, TruncationAndPaddingAreIgnored) {
+  json t = valid_tokenizer();
+  t["truncation"] = {{"direction", "Right"}, {"max_length", 2}, {"strategy", "LongestFirst"}, {"stride", 0}};
+  t["padding"] = {{"strategy", {{"Fixed", 8}}}, {"direction", "Right"}, {"pad_to_multiple_of", nullptr},
+                  {"pad_id", 5}, {"pad_type_id", 0}, {"pad_token", "Ġ"}};
+  ::testing::internal::CaptureStderr();
+  const Tokenizer tok = Tokenizer::from_json(t.dump(), "trained/tokenizer.json");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("trained/tokenizer.json: truncation {"), std::string::npos) << err;
+  EXPECT_NE(err.find("\"max_length\":2"), std::string::npos) << err;
+  EXPECT_NE(err.find(", padding {"), std::string::npos) << err;
+  EXPECT_NE(err.find("ignored"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;  // once, not per encode
+  // Not truncated to 2 ids, not padded to 8: the same ids as the file without the settings.
+  const Tokenizer plain = Tokenizer::from_json(valid_tokenizer().dump());
+  EXPECT_EQ(tok.encode("abc ab abc ab"), (std::vector<int32_t>{4, 5, 3, 5, 4, 5, 3}));
+  EXPECT_EQ(tok.encode("abc ab abc ab"), plain.encode("abc ab abc ab"));
+  EXPECT_EQ(tok.encode("abc", true), (std::vector<int32_t>{6, 4}));
+}
+
+// A Split pre-tokenizer with a {"String": ...} pattern (a literal, as Hugging Face tokenizers compiles it with
+// regex::escape): it loads, and "." is a dot, not any character.
+TEST(TokenizerJson, SplitOnALiteralString) {
+  const auto with_split = [](const std::string& literal) {
+    json t = valid_tokenizer();
+    t["model"]["vocab"]["."] = 7;
+    t["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Split"}, {"pattern", {{"String", literal}}}, {"behavior", "Isolated"},
+                             {"invert", false}},
+                            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                             {"use_regex", false}}}}};
+    return Tokenizer::from_json(t.dump());
+  };
+  const Tokenizer space = with_split(" ");
+  EXPECT_EQ(space.encode("abc ab"), (std::vector<int32_t>{4, 5, 3}));  // "abc", " " -> "Ġ", "ab"
+  const Tokenizer dot = with_split(".");
+  EXPECT_EQ(dot.encode("ab.abc"), (std::vector<int32_t>{3, 7, 4}));  // a regex "." would isolate every byte
+  EXPECT_EQ(dot.encode("abcab"), (std::vector<int32_t>{4, 3}));
+}
+
 TEST(TokenizerJson, RejectsUnsupportedSteps) {
-  expect_rejected([](json& t) { t["truncation"] = {{"max_length", 512}}; },
-                  "truncation: is set ({\"max_length\":512}); the engine limits lengths itself, so set it to null");
   expect_rejected([](json& t) { t["normalizer"] = {{"type", "NFC"}}; },
                   "normalizer.type: type \"NFC\" is not supported (supported: Prepend, Replace, a Sequence of them, "
                   "or null); Unicode normalization needs tables");

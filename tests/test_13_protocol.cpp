@@ -321,6 +321,27 @@ TEST(Protocol13, MetricsPage) {
     EXPECT_NE(page.find(line), std::string::npos) << line;
 }
 
+// Counts print as integers ("10", not %g's "1e+01"), however large; fractions keep their shortest form.
+TEST(Protocol13, MetricsPrintIntegersAsIntegers) {
+  ServerMetrics m;
+  for (int i = 0; i < 10; ++i) m.record_finished(Outcome::Length, 123456789, 1000000, 0.5, 0.25, 2.0);
+  for (int i = 0; i < 12; ++i) m.record_rejected(400);
+  EngineStats e;
+  e.kv.total_blocks = 8192;
+  e.kv.free_blocks = 8192;
+  e.steps = 1234567;
+  const std::string page = m.render(e, 0, 0);
+  for (const char* line :
+       {"tvllm_requests_total{outcome=\"length\"} 10\n", "tvllm_requests_rejected_total{status=\"400\"} 12\n",
+        "tvllm_prompt_tokens_total 1234567890\n", "tvllm_generation_tokens_total 10000000\n",
+        "tvllm_kv_blocks_total 8192\n", "tvllm_engine_steps_total 1234567\n",
+        "tvllm_time_to_first_token_seconds_count 10\n", "tvllm_time_to_first_token_seconds_sum 5\n",
+        "tvllm_e2e_request_latency_seconds_sum 20\n", "tvllm_time_per_output_token_seconds_sum 2.5\n",
+        "tvllm_time_to_first_token_seconds_bucket{le=\"10\"} 10\n", "tvllm_kv_cache_usage_ratio 0\n"})
+    EXPECT_NE(page.find(line), std::string::npos) << line;
+  EXPECT_EQ(page.find("e+"), std::string::npos) << page;
+}
+
 TEST(Protocol13, BenchUrlIsLoopbackOnly) {
   EXPECT_EQ(parse_loopback_url("http://127.0.0.1:8000").port, 8000);
   EXPECT_EQ(parse_loopback_url("http://localhost:9/v1").host, "localhost");

@@ -207,6 +207,52 @@ TEST(ServeCli13, SigtermWithAStreamInFlightExitsZero) {
   EXPECT_EQ(get(s.port(), "/health").status, 0);  // gone
 }
 
+// serve warms the engine up before it listens, and /metrics does not count it.
+TEST(ServeCli13, WarmUpIsNotCounted) {
+  ServeProcess s;
+  ASSERT_GT(s.port(), 0) << s.output();
+  const Reply m = get(s.port(), "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("\ntvllm_engine_steps_total 0\n"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("\ntvllm_kv_blocks_used 0\n"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("\ntvllm_prefix_cache_queries_total 0\n"), std::string::npos) << m.body;
+  EXPECT_EQ(post(s.port(), "/v1/completions", {{"model", "tiny-llama3"}, {"prompt", "Hi"}, {"max_tokens", 2}})
+                .status,
+            200);
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+}
+
+// SIGTERM with clients that never finish (a request dripping a byte at a time, an idle keep-alive connection):
+// the process still exits 0, within --shutdown-timeout and a few seconds.
+TEST(ServeCli13, SigtermWithSlowClientsExits) {
+  ServeProcess s({"--shutdown-timeout", "0.5", "--read-timeout", "600"});
+  ASSERT_GT(s.port(), 0) << s.output();
+  httplib::Client idle("127.0.0.1", s.port());
+  idle.set_keep_alive(true);
+  ASSERT_TRUE(idle.Get("/health"));
+  std::atomic<bool> stop{false};
+  std::thread drip([&] {
+    httplib::Client c("127.0.0.1", s.port());
+    c.set_read_timeout(60);
+    c.set_write_timeout(60);
+    // A body provider that sends a byte every 100 ms until the test ends.
+    (void)c.Post(
+        "/v1/completions", 1000000,
+        [&](size_t offset, size_t, httplib::DataSink& sink) {
+          if (stop || offset > 100000) return false;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          return sink.write("x", 1);
+        },
+        "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  stop = true;
+  drip.join();
+}
+
 TEST(ServeCli13, BenchServe) {
   ServeProcess s;
   ASSERT_GT(s.port(), 0) << s.output();
@@ -254,6 +300,22 @@ TEST(ServeCli13, BenchThroughput) {
   }
   EXPECT_EQ(run(base + " --kv nowhere").status, 2);
   EXPECT_EQ(run(base + " --max-len 100000").status, 2);  // longer than the model's context
+  // vLLM's flag names (as serve's); the old names still work, hidden from --help.
+  for (const char* flags : {" --max-num-seqs 2 --max-num-batched-tokens 64 --gpu-memory-utilization 0.5",
+                            " --max-sequences 2 --max-tokens-per-step 64 --kv-fraction 0.5"}) {
+    const Ran b = run(base + flags);
+    ASSERT_EQ(b.status, 0) << flags << "\n" << b.out;
+    const json j = json::parse(b.out);
+    EXPECT_EQ(j["requests"], 8);
+    EXPECT_LE(j["peak_running"].get<int64_t>(), 2) << flags;  // the default would run all 8 at once
+  }
+  EXPECT_EQ(run(base + " --gpu-memory-utilization 2").status, 2);
+  const Ran help = run(bin() + " bench throughput --help");
+  EXPECT_NE(help.out.find("--max-num-seqs"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--max-num-batched-tokens"), std::string::npos);
+  EXPECT_NE(help.out.find("--gpu-memory-utilization"), std::string::npos);
+  EXPECT_EQ(help.out.find("--max-sequences"), std::string::npos) << help.out;
+  EXPECT_EQ(help.out.find("--kv-fraction"), std::string::npos);
 }
 
 TEST(ServeCli13, BadUsage) {

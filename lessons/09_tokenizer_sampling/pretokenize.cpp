@@ -140,7 +140,9 @@ class Regex {
 std::shared_ptr<const Regex> compile_regex(const std::string& pattern, bool literal, const std::string& where) {
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL refuses PCRE2_UCP ("invalid option bits with PCRE2_LITERAL"): a literal has no \w or \d
+  // whose meaning UCP could change, so a {"String": " "} pattern compiles without it.
+  const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                                    &error, &error_offset, nullptr);
   if (!code)

@@ -439,9 +439,16 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view json_text,
   auto impl = std::make_unique<Tokenizer::Impl>();
   impl->what = what;
 
+  // A file saved after training with truncation (or padding) on keeps the setting. transformers loads it and
+  // still encodes whole texts unless the caller asks (truncation=False is __call__'s default), and vLLM uses
+  // such files as they are: so do we. The engine limits lengths itself (max_model_len); one line says so.
+  std::string ignored;
   for (const char* key : {"truncation", "padding"})
     if (const json* v = Reader::optional(doc, key))
-      r.fail(key, "is set (" + json_snippet(*v) + "); the engine limits lengths itself, so set it to null");
+      ignored += std::string(ignored.empty() ? "" : ", ") + key + " " + json_snippet(*v);
+  if (!ignored.empty())
+    std::fprintf(stderr, "%s: %s: ignored (texts are encoded whole, as transformers does by default)\n",
+                 what.c_str(), ignored.c_str());
 
   if (!doc.contains("model")) r.fail("model", "is missing (every tokenizer.json has one: is this a tokenizer.json?)");
   read_model(r, doc["model"], *impl);

@@ -405,19 +405,56 @@ int64_t Engine::run_until_idle(int64_t max_steps) {
   return steps;
 }
 
+int64_t Engine::warm_up() {
+  if (has_work()) throw InputError("engine: warm_up() needs an idle engine (requests are in flight)");
+  // Prompts shorter than a KV block (nothing stays in the prefix cache), their ids spread over the vocabulary.
+  const int64_t vocab = weights_.config.vocab_size;
+  const int64_t len = std::max<int64_t>(1, std::min<int64_t>({7, limits_.max_context - 2, limits_.max_tokens / 2}));
+  std::vector<int32_t> prompt(static_cast<size_t>(len));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>((vocab / 2 + 7 * static_cast<int64_t>(i)) % vocab);
+  RequestParams greedy;
+  greedy.sampling.temperature = 0.0f;
+  greedy.max_tokens = std::min<int64_t>(3, limits_.max_context - len);  // a prefill, then decode steps
+  greedy.ignore_eos = true;
+  RequestParams sampled = greedy;  // the sampler's other path: temperature, top-k and top-p
+  sampled.sampling = SamplingParams{0.8f, 40, 0.9f, 1};
+  const TokenSink ignore = [](const EngineEvent&) {};
+  submit(prompt, greedy, ignore);
+  if (limits_.max_sequences > 1) {
+    std::reverse(prompt.begin(), prompt.end());
+    submit(prompt, sampled, ignore);
+  }
+  const int64_t steps = run_until_idle(1000);
+  // As if nothing had run: the counters start from here (the KV blocks are all back in the pool already).
+  stats_base_ = scheduler_.stats();
+  const KvUsage kv = kv_->usage();
+  prefix_query_base_ = kv.prefix_query_tokens;
+  prefix_hit_base_ = kv.prefix_hit_tokens;
+  generated_ = finished_stop_ = finished_length_ = aborted_ = failed_ = peak_running_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.requests_submitted = 0;
+  }
+  update_stats();
+  return steps;
+}
+
 void Engine::update_stats() {
   peak_running_ = std::max(peak_running_, scheduler_.num_running());
   const SchedulerStats& s = scheduler_.stats();
-  const KvUsage kv = kv_->usage();  // engine thread: the allocator is ours
+  KvUsage kv = kv_->usage();  // engine thread: the allocator is ours
+  kv.prefix_query_tokens -= prefix_query_base_;
+  kv.prefix_hit_tokens -= prefix_hit_base_;
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.waiting = scheduler_.num_waiting();
   stats_.running = scheduler_.num_running();
   stats_.peak_running = peak_running_;
   stats_.kv = kv;
-  stats_.preemptions = s.preemptions;
-  stats_.steps = s.steps;
-  stats_.prefill_tokens = s.prefill_tokens;
-  stats_.decode_tokens = s.decode_tokens;
+  stats_.preemptions = s.preemptions - stats_base_.preemptions;
+  stats_.steps = s.steps - stats_base_.steps;
+  stats_.prefill_tokens = s.prefill_tokens - stats_base_.prefill_tokens;
+  stats_.decode_tokens = s.decode_tokens - stats_base_.decode_tokens;
   stats_.generated_tokens = generated_;
   stats_.finished_stop = finished_stop_;
   stats_.finished_length = finished_length_;

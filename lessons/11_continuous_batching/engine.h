@@ -208,6 +208,13 @@ class Engine {
   void process_inbox();
   // step() until has_work() is false; returns the steps run. std::logic_error after max_steps.
   int64_t run_until_idle(int64_t max_steps = 10000000);
+  // Before serving (vLLM does the same at start): two short dummy requests, one greedy and one sampled, through
+  // prefill and decode, so that the first real request does not pay the one-time costs (lazy CUDA module
+  // loading, cuBLAS heuristics and workspace, first touch of host pages: on the H200 the first request's TTFT
+  // was ~70x the median). Afterwards every KV block is free and stats() reads as if nothing had run. Engine
+  // thread, with nothing in flight (InputError otherwise). Returns the steps it ran. Lesson 14 adds its CUDA
+  // graph captures here.
+  int64_t warm_up();
 
   // The pieces of a step (lesson 14's graph runner captures launch_step() of decode steps):
   //   prepare_step   host: StepInputs, the KV addressing, the sampling rows (async copies; never during a
@@ -273,6 +280,8 @@ class Engine {
   std::unordered_map<int64_t, Request> requests_;  // by request id
   std::unordered_map<int64_t, int64_t> by_seq_;    // scheduler sequence id -> request id
   int64_t generated_ = 0, finished_stop_ = 0, finished_length_ = 0, aborted_ = 0, failed_ = 0, peak_running_ = 0;
+  SchedulerStats stats_base_;  // the scheduler's counters when warm_up() ended: stats() counts from there
+  int64_t prefix_query_base_ = 0, prefix_hit_base_ = 0;
 
   // Shared with the other threads.
   mutable std::mutex mutex_;

@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -9,8 +10,11 @@ namespace tvllm::server {
 
 namespace {
 
-// Prometheus floats: shortest round-trip form; "+Inf" for the last bucket.
+// Prometheus floats: shortest round-trip form; "+Inf" for the last bucket. A whole number prints as an
+// integer ("10", not "1e+01": %g switches to exponents at its precision), as every exporter prints counts.
 std::string num(double v) {
+  if (v == std::trunc(v) && std::fabs(v) < 9007199254740992.0)  // 2^53: every integer below is exact
+    return std::to_string(static_cast<int64_t>(v));
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   // Prefer the short form when it round-trips (0.25, not 0.25000000000000000).

@@ -170,18 +170,11 @@ void parse_messages(const Json& body, GenerationRequest& r) {
 // ---- errors ---------------------------------------------------------------------------------------------
 
 std::string_view error_type_for_status(int status) {
-  // --- exercise 13.3: error mapping -------------------------------------------------------------------------
-  // Task: OpenAI's error "type" for an HTTP status: 429 -> "rate_limit_error", any 5xx -> "server_error", any
-  //   other status -> "invalid_request_error" (OpenAI uses it for a bad body, an unknown model or path and a bad
-  //   API key alike: the status and "code" tell them apart).
-  // Hint: the openai Python client picks its exception class (BadRequestError, RateLimitError, ...) from the
-  //   status; "type" is what a human reads in the body.
-  // Tests: Protocol13.ErrorTypes Protocol13.ErrorJson Server13.MalformedRequestSweep
-  // --- solution ---
+  // The openai Python client picks its exception class (BadRequestError, RateLimitError, ...) from the status;
+  // "type" is what a human reads in the body.
   if (status == 429) return "rate_limit_error";
   if (status >= 500) return "server_error";
   return "invalid_request_error";
-  // --- end of exercise 13.3 ---
 }
 
 OrderedJson error_json(int status, std::string_view message, std::string_view param, std::string_view code) {
@@ -198,6 +191,11 @@ OrderedJson error_json(int status, std::string_view message, std::string_view pa
 // ---- requests -------------------------------------------------------------------------------------------
 
 GenerationRequest parse_generation_request(std::string_view body, Endpoint endpoint) {
+  // nlohmann's parser stops at a NUL byte as at the end of its input (C strings end there): without this,
+  // '{"model": ...}' followed by a NUL and anything at all would be accepted. A NUL is never valid JSON outside
+  // a string, and inside one it must be escaped (\u0000).
+  if (body.find('\0') != std::string_view::npos)
+    throw ApiError(400, "the request body is not valid JSON: it contains a NUL byte", {}, "invalid_json");
   Json j;
   try {
     j = Json::parse(body);  // strict JSON; strings must be UTF-8
@@ -276,20 +274,28 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
   r.return_token_ids = get_bool(j, "return_token_ids").value_or(false);
 
   // What this server does not do: refused plainly rather than silently ignored.
+  // A value OpenAI and vLLM refuse (out of range, wrong type) is a 400 of its own, before "not supported".
   if (chat) {
     if (get_bool(j, "logprobs").value_or(false)) unsupported("logprobs", "no log-probabilities");
-    if (get_int(j, "top_logprobs").value_or(0) > 0) unsupported("top_logprobs", "no log-probabilities");
-    if (const Json* tools = field(j, "tools"); tools && !tools->empty())
-      unsupported("tools", "no tool calls");
-    if (const Json* f = field(j, "functions"); f && !f->empty())
-      unsupported("functions", "no function calls");
+    if (const std::optional<int64_t> n = get_int(j, "top_logprobs")) {
+      if (*n < 0 || *n > 20) bad_value("top_logprobs", "must be in [0, 20], got " + std::to_string(*n));
+      if (*n > 0) unsupported("top_logprobs", "no log-probabilities");
+    }
+    for (const char* key : {"tools", "functions"}) {
+      const Json* list = field(j, key);
+      if (list && !list->is_array()) wrong_type(key, "an array", *list);
+      if (list && !list->empty()) unsupported(key, "no tool or function calls");
+    }
     if (const Json* rf = field(j, "response_format")) {
       if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
       if (get_string(*rf, "type").value_or("text") != "text")
         unsupported("response_format", "only {\"type\": \"text\"}");
     }
   } else {
-    if (get_int(j, "logprobs").value_or(0) > 0) unsupported("logprobs", "no log-probabilities");
+    if (const std::optional<int64_t> n = get_int(j, "logprobs")) {
+      if (*n < 0 || *n > 5) bad_value("logprobs", "must be in [0, 5], got " + std::to_string(*n));
+      if (*n > 0) unsupported("logprobs", "no log-probabilities");
+    }
     if (get_bool(j, "echo").value_or(false)) unsupported("echo", "the prompt is not echoed");
     if (get_int(j, "best_of").value_or(1) != 1) unsupported("best_of", "only best_of = 1");
     if (!get_string(j, "suffix").value_or("").empty()) unsupported("suffix", "no insertion");
@@ -299,7 +305,10 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
     if (v && !(*v >= -2.0 && *v <= 2.0)) bad_value(key, "must be in [-2, 2]");
     if (v && *v != 0.0) unsupported(key, "no penalties (0 only)");
   }
-  if (const Json* lb = field(j, "logit_bias"); lb && !lb->empty()) unsupported("logit_bias", "no logit bias");
+  if (const Json* lb = field(j, "logit_bias")) {
+    if (!lb->is_object()) wrong_type("logit_bias", "an object (token id -> bias)", *lb);
+    if (!lb->empty()) unsupported("logit_bias", "no logit bias");
+  }
   return r;
 }
 

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/exercise.h"
+#include "connections.h"
 #include "stop_strings.h"
 
 namespace tvllm::server {
@@ -45,17 +47,6 @@ bool is_post_path(const std::string& p) {
   return std::find(std::begin(kPostPaths), std::end(kPostPaths), p) != std::end(kPostPaths);
 }
 
-// cpp-httplib listens with a backlog of CPPHTTPLIB_LISTEN_BACKLOG, 5 in Debian's build (compiled into the
-// library): a burst of 64 clients connecting at once overflows it, and the connections the kernel could not
-// queue fail. listen() again on the bound socket sets a larger backlog (POSIX; the kernel caps it at somaxconn).
-class HttpServer : public httplib::Server {
- public:
-  void raise_backlog(int backlog) {
-    const socket_t sock = svr_sock_;
-    if (sock != INVALID_SOCKET) ::listen(sock, backlog);
-  }
-};
-
 }  // namespace
 
 // One admitted request: what the handler thread and the engine thread share.
@@ -84,6 +75,8 @@ OpenAiServer::OpenAiServer(Engine& engine, const Tokenizer* tokenizer,
   TVLLM_REQUIRE(config_.max_waiting >= 0, "server: --max-waiting must be >= 0");
   TVLLM_REQUIRE(config_.max_body_bytes >= 1024, "server: the body limit must be >= 1024 bytes");
   TVLLM_REQUIRE(config_.default_max_tokens >= 1, "server: the default max_tokens must be >= 1");
+  TVLLM_REQUIRE(config_.read_timeout_s > 0, "server: --read-timeout must be > 0 seconds");
+  TVLLM_REQUIRE(config_.max_connections >= 1, "server: --max-connections must be >= 1");
 }
 
 OpenAiServer::~OpenAiServer() {
@@ -107,13 +100,17 @@ int OpenAiServer::start() {
   // A write to a connection the client closed raises SIGPIPE, whose default action ends the process. Ignored,
   // the write fails with EPIPE instead: that is how a stream learns its client left.
   std::signal(SIGPIPE, SIG_IGN);
-  http_ = std::make_unique<HttpServer>();
-  // One thread per connection being served: every admitted request may hold one (a stream), plus room for
-  // /health, /metrics and the requests answered 429 at once.
-  const int threads = config_.http_threads > 0
-                          ? config_.http_threads
-                          : static_cast<int>(engine_.limits().max_sequences + config_.max_waiting + 16);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // One worker per request being answered: every admitted request may hold one (a stream), plus room for
+  // /health, /metrics and the requests answered 429 at once. Requests still arriving hold none (connections.h).
+  ConnectionLimits limits;
+  limits.workers = config_.http_threads > 0
+                       ? config_.http_threads
+                       : static_cast<int>(engine_.limits().max_sequences + config_.max_waiting + 16);
+  limits.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.read_timeout_s * 1000));
+  limits.keep_alive_timeout = std::chrono::seconds(config_.keep_alive_timeout_s);
+  limits.max_body_bytes = config_.max_body_bytes;
+  limits.max_connections = config_.max_connections;
+  http_ = std::make_unique<HttpServer>(limits, [this](const std::string& line) { log_line(line); });
   http_->set_payload_max_length(config_.max_body_bytes);
   http_->set_keep_alive_timeout(config_.keep_alive_timeout_s);
   // Small writes go out at once. With Nagle's algorithm on (httplib's default), the second small write of a
@@ -132,7 +129,10 @@ int OpenAiServer::start() {
   } else {
     port_ = http_->bind_to_port(config_.host, config_.port) ? config_.port : -1;
   }
-  if (port_ > 0) static_cast<HttpServer*>(http_.get())->raise_backlog(1024);
+  // cpp-httplib listens with a backlog of CPPHTTPLIB_LISTEN_BACKLOG, 5 in Debian's build (compiled into the
+  // library): a burst of 64 clients connecting at once overflows it, and the connections the kernel could not
+  // queue fail. listen() again on the bound socket sets a larger one (POSIX; the kernel caps it at somaxconn).
+  if (port_ > 0) http_->raise_backlog(1024);
   if (port_ <= 0) {
     http_.reset();
     throw InputError("server: cannot listen on " + config_.host + ":" + std::to_string(config_.port) +
@@ -140,6 +140,7 @@ int OpenAiServer::start() {
   }
   created_ = static_cast<int64_t>(std::time(nullptr));
   engine_thread_ = std::thread([this] { engine_loop(); });
+  http_->start_connections();
   http_thread_ = std::thread([this] { http_->listen_after_bind(); });
   // stop() only works once the accept loop runs: wait for it (the socket already queues connections).
   for (int i = 0; i < 5000 && !http_->is_running(); ++i)
@@ -177,11 +178,17 @@ int64_t OpenAiServer::shutdown(std::chrono::milliseconds grace) {
         ++aborted;
       }
       log_line("shutting down: aborting " + std::to_string(aborted) + " request(s)");
-      idle_cv_.wait_for(lock, std::chrono::seconds(30), idle);  // their handlers write their last event
+      // Their handlers write their last event; one stuck on a client that does not read gives up within the
+      // write timeout, and close_all() below ends it anyway.
+      idle_cv_.wait_for(lock, std::chrono::seconds(5), idle);
     }
   }
+  // Every client socket is shut down: no client, however slow (a byte a second, a request that never ends, a
+  // stream it does not read), keeps the process past grace + 5 s.
+  http_->close_all();
   http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
+  http_->stop_connections();
   stop_engine_ = true;
   if (engine_thread_.joinable()) engine_thread_.join();
   log_line("shut down");
@@ -209,6 +216,8 @@ ServerStats OpenAiServer::stats() const {
 
 void OpenAiServer::set_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
+  // When to retry, in seconds (the openai client honours it). A full queue drains in about one request's time.
+  if (e.status == 429 && !res.has_header("Retry-After")) res.set_header("Retry-After", "1");
   try {
     res.set_content(dump(error_json(e)), "application/json");
   } catch (const std::exception&) {  // never leave a client without a JSON body (a stubbed exercise, say)
@@ -306,8 +315,39 @@ void OpenAiServer::route() {
 
   // Errors httplib answers itself (413 for a body over the limit, 400 for a malformed request line, ...) get an
   // OpenAI body too.
-  http_->set_error_handler(httplib::Server::HandlerWithResponse([this](const Request&, Response& res) {
+  // Before the body is read: a Content-Length over the limit is refused now, without reading (or skipping) a
+  // byte of it. httplib would read and drop all of it: 10^15 bytes announced would hold a worker for ever.
+  const auto too_large = [this](Response& res) {
+    current_connection().close_after_response = true;  // the rest of the body is not read: the connection ends
+    res.set_header("Connection", "close");
+    set_error(res, ApiError(413,
+                            "the request body is larger than the limit of " +
+                                std::to_string(config_.max_body_bytes) + " bytes",
+                            {}, "request_too_large"));
+  };
+  http_->set_pre_routing_handler([this, too_large](const Request& req, Response& res) {
+    if (req.has_header("Content-Length")) {
+      const std::string v = req.get_header_value("Content-Length");
+      errno = 0;
+      const unsigned long long n = std::strtoull(v.c_str(), nullptr, 10);
+      if (errno != 0 || n > config_.max_body_bytes) {
+        too_large(res);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_->set_error_handler(httplib::Server::HandlerWithResponse([this, too_large](const Request&, Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // one of ours
+    if (current_connection().over_limit) {  // a chunked body (or endless headers) passed the limit as it came
+      too_large(res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (current_connection().timed_out) {  // a chunked body still arriving at the request's deadline
+      res.set_header("Connection", "close");
+      set_error(res, ApiError(408, "the request did not arrive within --read-timeout", {}, "request_timeout"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const int status = res.status;
     std::string message = "HTTP " + std::to_string(status);
     std::string code;
@@ -369,6 +409,29 @@ std::vector<int32_t> OpenAiServer::prompt_ids(const GenerationRequest& r) const 
   return tokenizer().encode(text, /*add_special_tokens=*/false);  // the template printed BOS itself
 }
 
+std::optional<ApiError> admission_refusal(const AdmissionLoad& load) {
+  // --- exercise 13.3: admission (backpressure) ----------------------------------------------------------------
+  // Task: decide whether one more generation request may enter. While load.draining, refuse it with
+  //   ApiError(503, <message>, {}, "shutting_down"). Otherwise refuse it with ApiError(429, <message>, {},
+  //   "queue_full") when the waiting room is full (awaiting_first >= max_waiting) or the whole house is
+  //   (in_flight >= max_sequences + max_waiting: those running plus those waiting); else return std::nullopt.
+  //   The 429 message should say what is full and that the client may retry (the server adds Retry-After).
+  // Hint: waiting for a slot inside the server would hide the overload from the client and hold an HTTP worker
+  //   per request; an immediate 429 lets the client (or a load balancer) back off or go elsewhere.
+  // Tests: Server13Admission.Decisions Server13Backpressure.FullQueueIs429 Server13Hostile.RetryAfterOn429
+  // --- solution ---
+  if (load.draining) return ApiError(503, "the server is shutting down", {}, "shutting_down");
+  if (load.awaiting_first >= load.max_waiting || load.in_flight >= load.max_sequences + load.max_waiting)
+    return ApiError(429,
+                    "the server is busy: " + std::to_string(load.awaiting_first) +
+                        " request(s) are waiting to start and " + std::to_string(load.in_flight) +
+                        " are in flight (limit --max-waiting " + std::to_string(load.max_waiting) +
+                        "); retry later",
+                    {}, "queue_full");
+  return std::nullopt;
+  // --- end of exercise 13.3 ---
+}
+
 std::shared_ptr<OpenAiServer::Flight> OpenAiServer::admit(std::vector<int32_t> prompt,
                                                           const GenerationRequest& r, int64_t max_tokens) {
   auto f = std::make_shared<Flight>();
@@ -381,15 +444,9 @@ std::shared_ptr<OpenAiServer::Flight> OpenAiServer::admit(std::vector<int32_t> p
   params.ignore_eos = r.ignore_eos;
   // Held across submit() so that the engine's Finished (which erases the entry) cannot come first.
   std::lock_guard<std::mutex> lock(mutex_);
-  if (draining_) throw ApiError(503, "the server is shutting down", {}, "shutting_down");
-  const int64_t max_in_flight = engine_.limits().max_sequences + config_.max_waiting;
-  if (awaiting_first_ >= config_.max_waiting || in_flight_ >= max_in_flight)
-    throw ApiError(429,
-                   "the server is busy: " + std::to_string(awaiting_first_) +
-                       " request(s) are waiting to start and " + std::to_string(in_flight_) +
-                       " are in flight (limit --max-waiting " + std::to_string(config_.max_waiting) +
-                       "); retry later",
-                   {}, "queue_full");
+  if (std::optional<ApiError> refusal = admission_refusal(
+          {draining_, awaiting_first_, in_flight_, config_.max_waiting, engine_.limits().max_sequences}))
+    throw *refusal;
   try {
     f->engine_id =
         engine_.submit(std::move(prompt), params, [this, f](const EngineEvent& e) { on_event(f, e); });
@@ -473,10 +530,14 @@ void OpenAiServer::handle_generate(const httplib::Request& req, httplib::Respons
   int64_t max_tokens = 0;
   if (r.max_tokens) {
     max_tokens = *r.max_tokens;
-    if (P + max_tokens > context)
+    // Written so that nothing overflows: P + max_tokens would for a max_tokens near 2^63 (undefined behaviour,
+    // and a sum that wraps negative passes the test). The message adds them as unsigned: that fits.
+    if (max_tokens > context - P)
       throw ApiError(400,
                      "This model's maximum context length is " + std::to_string(context) +
-                         " tokens. However, you requested " + std::to_string(P + max_tokens) + " tokens (" +
+                         " tokens. However, you requested " +
+                         std::to_string(static_cast<uint64_t>(P) + static_cast<uint64_t>(max_tokens)) +
+                         " tokens (" +
                          std::to_string(P) + " in the prompt, " + std::to_string(max_tokens) +
                          " for the completion). Please reduce the length of the prompt or the completion.",
                      endpoint == Endpoint::Completions ? "max_tokens" : "max_completion_tokens",
@@ -490,7 +551,7 @@ void OpenAiServer::handle_generate(const httplib::Request& req, httplib::Respons
 
   std::shared_ptr<Flight> f = admit(std::move(prompt), r, max_tokens);
   if (r.stream)
-    respond_stream(f, res);
+    respond_stream(f, res, req.version == "HTTP/1.0");
   else
     respond_whole(f, res);
 }
@@ -557,7 +618,8 @@ void OpenAiServer::respond_whole(const std::shared_ptr<Flight>& f, httplib::Resp
                   "application/json");
 }
 
-void OpenAiServer::respond_stream(const std::shared_ptr<Flight>& f, httplib::Response& res) {
+void OpenAiServer::respond_stream(const std::shared_ptr<Flight>& f, httplib::Response& res,
+                                  bool close_delimited) {
   struct Stream {
     std::shared_ptr<Flight> flight;
     OutputText out;
@@ -583,9 +645,7 @@ void OpenAiServer::respond_stream(const std::shared_ptr<Flight>& f, httplib::Res
   res.set_header("Cache-Control", "no-cache");
   // httplib calls the provider on this connection's thread once the headers are out; it writes the whole
   // stream in one call. A failed write means the client is gone: abort, and return false to drop the connection.
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st](size_t, httplib::DataSink& sink) {
+  auto provider = [this, st](size_t, httplib::DataSink& sink) {
         // Nothing may escape into httplib's worker thread (it would end the process): any failure drops the
         // connection and aborts the request.
         try {
@@ -648,8 +708,8 @@ void OpenAiServer::respond_stream(const std::shared_ptr<Flight>& f, httplib::Res
           engine_.abort(st->flight->engine_id);
           return false;
         }
-      },
-      [this, st](bool) {
+      };
+  auto release = [this, st](bool) {
         // Called when httplib is done with the response, however it ended: the engine must not go on for nobody.
         if (!st->flight->engine_finished) engine_.abort(st->flight->engine_id);
         {
@@ -657,7 +717,15 @@ void OpenAiServer::respond_stream(const std::shared_ptr<Flight>& f, httplib::Res
           --active_handlers_;
         }
         idle_cv_.notify_all();
-      });
+      };
+  // HTTP/1.1: chunked transfer encoding. HTTP/1.0 has none (RFC 9112 forbids sending it to a 1.0 client): the
+  // body ends when the connection closes, which the connection layer does after this response.
+  if (close_delimited) {
+    current_connection().close_after_response = true;
+    res.set_content_provider("text/event-stream", std::move(provider), std::move(release));
+  } else {
+    res.set_chunked_content_provider("text/event-stream", std::move(provider), std::move(release));
+  }
 }
 
 }  // namespace tvllm::server

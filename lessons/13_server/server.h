@@ -46,6 +46,8 @@ struct Response;
 
 namespace tvllm::server {
 
+class HttpServer;  // connections.h
+
 struct ServerConfig {
   std::string host = "127.0.0.1";           // loopback only unless asked (--host 0.0.0.0 exposes it)
   int port = 8000;                          // 0: any free port (start() returns the one it got)
@@ -57,6 +59,8 @@ struct ServerConfig {
                                             // rest of the context, as vLLM does
   int http_threads = 0;                     // 0: max_sequences + max_waiting + 16
   int keep_alive_timeout_s = 5;
+  double read_timeout_s = 30;       // a whole request (headers + body) must arrive within this (408 otherwise)
+  int64_t max_connections = 1000;   // open client connections; one more is answered 503 and closed
   std::ostream* log = nullptr;  // one line per generation request and per shutdown phase (nullptr: quiet)
 };
 
@@ -68,6 +72,18 @@ struct ServerStats {
   int64_t finished_stop = 0, finished_length = 0, aborted = 0, failed = 0;
   int64_t rejected_429 = 0, rejected_503 = 0;
 };
+
+// What admission looks at when one more generation request arrives (under the server's lock).
+struct AdmissionLoad {
+  bool draining = false;       // shutdown() has begun
+  int64_t awaiting_first = 0;  // admitted requests without a first token yet
+  int64_t in_flight = 0;       // admitted requests the engine has not finished
+  int64_t max_waiting = 0;     // ServerConfig::max_waiting
+  int64_t max_sequences = 0;   // the engine's limit of sequences running at once
+};
+// nullopt: admit it. Otherwise the error to answer at once: 503 "shutting_down" while draining, 429
+// "queue_full" when the waiting room or the whole house is full (exercise 13.3).
+std::optional<ApiError> admission_refusal(const AdmissionLoad& load);
 
 class OpenAiServer {
  public:
@@ -110,7 +126,7 @@ class OpenAiServer {
   std::shared_ptr<Flight> admit(std::vector<int32_t> prompt, const GenerationRequest& r, int64_t max_tokens);
   void on_event(const std::shared_ptr<Flight>& flight, const EngineEvent& event);
   void respond_whole(const std::shared_ptr<Flight>& flight, httplib::Response& res);
-  void respond_stream(const std::shared_ptr<Flight>& flight, httplib::Response& res);
+  void respond_stream(const std::shared_ptr<Flight>& flight, httplib::Response& res, bool close_delimited);
   void set_error(httplib::Response& res, const ApiError& e);
   void log_line(const std::string& line) const;
 
@@ -118,7 +134,7 @@ class OpenAiServer {
   const Tokenizer* tokenizer_;  // nullptr: token ids only
   std::optional<ChatTemplate> chat_template_;
   ServerConfig config_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   ServerMetrics metrics_;
   int port_ = 0;
   int64_t created_ = 0;  // Unix seconds at start(): /v1/models' "created"

@@ -147,13 +147,18 @@ void add_bench_throughput_command(CLI::App& bench) {
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
   cmd->add_option("--kv", opt->kv, "paged (default) or contiguous");
   cmd->add_option("--output", opt->output, "table (default) or json");
-  cmd->add_option("--max-sequences", opt->max_sequences, "sequences running at once (default 256)")
+  // vLLM's flag names, as `serve` has them; the names of earlier versions stay as hidden aliases.
+  cmd->add_option("--max-num-seqs", opt->max_sequences, "sequences running at once (default 256)")
       ->check(CLI::Range(1, 65535));
-  cmd->add_option("--max-tokens-per-step", opt->max_tokens_per_step, "the token budget of a step (default 4096)")
+  cmd->add_option("--max-sequences", opt->max_sequences)->check(CLI::Range(1, 65535))->group("");
+  cmd->add_option("--max-num-batched-tokens", opt->max_tokens_per_step, "the token budget of a step (default 4096)")
       ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--max-tokens-per-step", opt->max_tokens_per_step)->check(CLI::Range(1, 1 << 24))->group("");
   cmd->add_option("--block-size", opt->block_size, "paged: positions per block (default 16)")->check(CLI::Range(1, 4096));
-  cmd->add_option("--kv-fraction", opt->kv_fraction, "paged, CUDA: fraction of the free memory for the pool (0.9)")
+  cmd->add_option("--gpu-memory-utilization", opt->kv_fraction,
+                  "paged, CUDA: fraction of the free memory for the pool (0.9)")
       ->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--kv-fraction", opt->kv_fraction)->check(CLI::Range(0.01, 1.0))->group("");
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v7, flash decode): what exactness costs");
