@@ -167,9 +167,10 @@ void check_fused_references_cpu(Report& report, const ModelWeights& w) {
         worst = std::max(worst, diff / bound);
         bad += diff > bound;
       }
-    report.add_check("cpu: rmsnorm_gemv == rmsnorm + linear (" + name + ")", bad == 0,
-                     std::to_string(M * N) + " outputs, largest |diff| = " + fmt("%.2f", worst) +
-                         " x its bound 2^-8 sum|x w|" + (bad ? ", " + std::to_string(bad) + " over" : ""));
+    const std::string detail = std::to_string(M * N) + " outputs, largest |diff| = " + fmt("%.2f", worst) +
+                               " x its bound 2^-8 sum|x w|" + (bad ? ", " + std::to_string(bad) + " over" : "");
+    std::printf("rmsnorm_gemv_cpu vs rmsnorm_cpu + linear (%s): %s\n", name.c_str(), detail.c_str());
+    report.add_check("cpu: rmsnorm_gemv == rmsnorm + linear (" + name + ")", bad == 0, detail);
   }
 }
 
@@ -191,6 +192,10 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
   std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA).c_str());
+  const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
+    std::printf("%-34s %s\n", name.c_str(), detail.c_str());
+    report.add_check(name, pass, detail);
+  };
 
   GenerateOptions greedy;
   greedy.max_new_tokens = gens.max_new_tokens;
@@ -202,18 +207,18 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     // Greedy, free-running, through graphs + fused + the fast sampler.
     const GenerateResult r = fast.generate(g.prompt_ids, greedy);
     const int64_t diff = first_difference(r.ids, g.output_ids);
-    report.add_check(g.name + " fast greedy == HF generate", diff < 0 || !clear,
+    check(g.name + " fast greedy == HF generate", diff < 0 || !clear,
                      diff < 0 ? std::to_string(r.ids.size()) + " ids, equal"
                               : "first difference at step " + std::to_string(diff) +
                                     (clear ? "" : " (near-tie margins: not required)"));
     // Teacher-forced through the fused forward (forced_logits runs forward_step: the fused path, eagerly).
     const Tensor forced = fast.forced_logits(g.prompt_ids, g.output_ids);
     const ForcedAgreement a = forced_agreement(forced, g.output_ids, e);
-    report.add_check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
+    check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
     // The readable loop's logits on the same ids: both within e of the exact ones, so within 2e of each other.
     const Tensor base = readable.forced_logits(g.prompt_ids, g.output_ids);
     const Top1Agreement t = top1_agreement(forced, base, 2 * e);
-    report.add_check(g.name + " fast == readable (logits)", t.pass() && t.max_abs_error <= 2 * e,
+    check(g.name + " fast == readable (logits)", t.pass() && t.max_abs_error <= 2 * e,
                      t.summary() + " (bound " + fmt("%.4f", 2 * e) + ")");
     // Graphs change the launches, never the tokens: sampled (the sampler is in the graph too), id for id.
     GenerateOptions sampled = greedy;
@@ -222,7 +227,7 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     const GenerateResult with_graphs = fast.generate(g.prompt_ids, sampled);
     const GenerateResult without = eager.generate(g.prompt_ids, sampled);
     const int64_t d2 = first_difference(with_graphs.ids, without.ids);
-    report.add_check(g.name + " graphs == --enforce-eager", d2 < 0 && with_graphs.ids.size() == without.ids.size(),
+    check(g.name + " graphs == --enforce-eager", d2 < 0 && with_graphs.ids.size() == without.ids.size(),
                      d2 < 0 ? std::to_string(with_graphs.ids.size()) + " sampled ids, equal"
                             : "first difference at step " + std::to_string(d2));
   }
@@ -253,8 +258,10 @@ void check_sampler(Report& report, int64_t vocab) {
                sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
     }
   }
-  report.add_check("FastSampler == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows,
-                   std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both");
+  const std::string detail =
+      std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
+  std::printf("FastSampler vs sample_cpu: %s\n", detail.c_str());
+  report.add_check("FastSampler == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
 }
 
 // ---- 4. --bench ------------------------------------------------------------------------------------------
