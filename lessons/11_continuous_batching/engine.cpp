@@ -405,7 +405,7 @@ int64_t Engine::run_until_idle(int64_t max_steps) {
   return steps;
 }
 
-int64_t Engine::warm_up() {
+int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches) {
   if (has_work()) throw InputError("engine: warm_up() needs an idle engine (requests are in flight)");
   // Prompts shorter than a KV block (nothing stays in the prefix cache), their ids spread over the vocabulary.
   const int64_t vocab = weights_.config.vocab_size;
@@ -425,7 +425,16 @@ int64_t Engine::warm_up() {
     std::reverse(prompt.begin(), prompt.end());
     submit(prompt, sampled, ignore);
   }
-  const int64_t steps = run_until_idle(1000);
+  int64_t steps = run_until_idle(1000);
+  // B requests of one token each: the prefill step is itself decode-shaped (one new token per sequence), and the
+  // next step decodes the B of them together.
+  for (int64_t B : decode_batches) {
+    if (B < 1 || B > limits_.max_sequences || limits_.max_context < 3) continue;
+    RequestParams two = greedy;
+    two.max_tokens = 2;
+    for (int64_t b = 0; b < B; ++b) submit({static_cast<int32_t>((vocab / 3 + 11 * b) % vocab)}, two, ignore);
+    steps += run_until_idle(1000);
+  }
   // As if nothing had run: the counters start from here (the KV blocks are all back in the pool already).
   stats_base_ = scheduler_.stats();
   const KvUsage kv = kv_->usage();

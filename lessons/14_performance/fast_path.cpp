@@ -1,6 +1,7 @@
 // Lesson 14: installing the fast path (fast_path.h).
 #include "fast_path.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "fast_forward.h"
@@ -43,6 +44,14 @@ void use_fast_path(Generator& gen, const FastPathOptions& o) {
 void use_fast_path(Engine& engine, const FastPathOptions& o) {
   install(engine.context(), engine.weights(), static_cast<int>(engine.limits().max_logits_rows), o,
           [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); });
+}
+
+std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& o) {
+  std::vector<int64_t> sizes;
+  if (engine.device() != Device::CUDA || !o.graphs) return sizes;
+  const int64_t top = std::min<int64_t>(engine.limits().max_sequences, o.max_graph_batch);
+  for (int64_t b = 1; b <= top; b *= 2) sizes.push_back(b);
+  return sizes;
 }
 
 }  // namespace tvllm

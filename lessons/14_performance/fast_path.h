@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine.h"
 #include "generate.h"
@@ -31,5 +32,10 @@ std::string describe_fast_path(const FastPathOptions& options, Device device);
 
 void use_fast_path(Generator& generator, const FastPathOptions& options = {});
 void use_fast_path(Engine& engine, const FastPathOptions& options = {});
+
+// The decode batch sizes whose graphs Engine::warm_up should capture before a server takes requests: 1, 2, 4, 8,
+// ... up to the engine's max_sequences and the options' max_graph_batch (none without graphs, or on the CPU).
+// Other sizes are captured the first time they decode (a few milliseconds each).
+std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& options = {});
 
 }  // namespace tvllm

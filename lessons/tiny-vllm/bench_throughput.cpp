@@ -21,6 +21,7 @@
 #include "engine.h"
 #include "engine_bench.h"
 #include "engine_paged.h"
+#include "session.h"
 #include "model_dir.h"
 #include "model_weights.h"
 
@@ -35,6 +36,7 @@ struct BenchThroughputOptions {
   double kv_fraction = 0.9;
   bool prefix_caching = true;
   bool batch_invariant = false;
+  FastPathFlags fast;  // lesson 14
 };
 
 std::string gib(size_t bytes) {
@@ -76,6 +78,8 @@ void run(const BenchThroughputOptions& o) {
     kv = contiguous_kv();
   }
   Engine engine(weights, config, kv);
+  o.fast.apply(engine);  // lesson 14 (CUDA): fused decode, CUDA graphs, the fast sampler
+  o.fast.warm_up(engine);
   std::fprintf(stderr, "bench throughput: %s on %s, %s; %lld requests, lengths [%lld, %lld], seed %llu\n",
                o.model.c_str(), std::string(device_name(device)).c_str(), engine.kv().describe().c_str(),
                static_cast<long long>(o.num_requests), static_cast<long long>(o.min_len),
@@ -160,6 +164,7 @@ void add_bench_throughput_command(CLI::App& bench) {
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_option("--kv-fraction", opt->kv_fraction)->check(CLI::Range(0.01, 1.0))->group("");
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
+  opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v7, flash decode): what exactness costs");
   cmd->add_option("--static-batch", opt->static_batch,

@@ -7,6 +7,7 @@
 #include "common/device.h"
 #include "common/errors.h"
 #ifdef TVLLM_CLI_FAST
+#include "engine.h"
 #include "fast_path.h"
 #endif
 
@@ -42,25 +43,44 @@ void FastPathFlags::add_to(CLI::App* cmd) {
 #endif
 }
 
-void FastPathFlags::apply(Generator& gen) const {
 #ifdef TVLLM_CLI_FAST
+FastPathOptions FastPathFlags::options() const {
   FastPathOptions o;
   o.graphs = !enforce_eager;
   o.fused = !no_fused;
   o.fast_sampler = !no_fast_sampler;
-  use_fast_path(gen, o);
+  return o;
+}
+#endif
+
+void FastPathFlags::apply(Generator& gen) const {
+#ifdef TVLLM_CLI_FAST
+  use_fast_path(gen, options());
 #else
   (void)gen;
 #endif
 }
 
+void FastPathFlags::apply(Engine& engine) const {
+#ifdef TVLLM_CLI_FAST
+  use_fast_path(engine, options());
+#else
+  (void)engine;
+#endif
+}
+
+int64_t FastPathFlags::warm_up(Engine& engine) const {
+#ifdef TVLLM_CLI_FAST
+  return engine.warm_up(warm_up_batches(engine, options()));
+#else
+  (void)engine;
+  return 0;
+#endif
+}
+
 std::string FastPathFlags::describe(Device device) const {
 #ifdef TVLLM_CLI_FAST
-  FastPathOptions o;
-  o.graphs = !enforce_eager;
-  o.fused = !no_fused;
-  o.fast_sampler = !no_fast_sampler;
-  return describe_fast_path(o, device);
+  return describe_fast_path(options(), device);
 #else
   return device == Device::CUDA ? "lesson 10's decode loop" : "CPU reference path";
 #endif

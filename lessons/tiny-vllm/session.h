@@ -18,6 +18,13 @@
 #include "sampling.h"
 #include "token_args.h"  // load_tokenizer, parse_ids
 #include "tokenizer.h"
+#ifdef TVLLM_CLI_FAST
+#include "fast_path.h"
+#endif
+
+namespace tvllm {
+class Engine;  // lesson 11 (serve and bench throughput install the fast path on one)
+}
 
 namespace tvllm::cli {
 
@@ -35,10 +42,17 @@ struct SamplingFlags {
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false;
   void add_to(CLI::App* cmd);
-  // Installs it on the generator (nothing on the CPU, nor in a student workspace without lesson 14).
+  // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
   void apply(Generator& gen) const;
+  void apply(Engine& engine) const;
+  // The engine's warm-up including the decode graphs of batch sizes 1, 2, 4, ... (Engine::warm_up). Returns its
+  // steps.
+  int64_t warm_up(Engine& engine) const;
   // One line for the command's banner: what runs.
   std::string describe(Device device) const;
+#ifdef TVLLM_CLI_FAST
+  FastPathOptions options() const;
+#endif
 };
 
 // A model opened for generation: config and weights mapped (ModelDir), the weights bound for the device
