@@ -206,7 +206,8 @@ class Engine {
   void step();
   // The inbox part of step() alone (tests: an abort's effect without running a step).
   void process_inbox();
-  // step() until has_work() is false; returns the steps run. std::logic_error after max_steps.
+  // step() until has_work() is false; returns the steps run. std::logic_error after max_steps, or at once
+  // when 100 steps in a row change nothing (a stuck engine fails in milliseconds, not after max_steps).
   int64_t run_until_idle(int64_t max_steps = 10000000);
 
   // The pieces of a step (lesson 14's graph runner captures launch_step() of decode steps):
