@@ -779,7 +779,8 @@ def assign_blame(regions, results, written):
             verdict = "build failed" if any(t["status"] == "not built" for t in own) else "failed"
             out[ex] = (verdict, sorted(blockers, key=exercise_key))
         elif bad:
-            out[ex] = ("blocked by " + ", ".join(sorted(blockers, key=exercise_key)), sorted(blockers, key=exercise_key))
+            names = sorted(blockers, key=exercise_key)
+            out[ex] = ("blocked by " + ", ".join(names), names)
         elif any(t["status"] == "skipped" for t in rows):
             out[ex] = ("incomplete", [])
         else:
