@@ -5,7 +5,9 @@
   student.py next   --workspace ~/tvllm-04              add lesson 05 (stubbed), keeping every file you edited
   student.py reveal --workspace ~/tvllm-04 --exercise 04.2    put one exercise's solution in (recorded)
   student.py grade  --workspace ~/tvllm-04 [--json g.json]    build what the lesson's tests need, run them
+                                                        (g.json, and g.csv beside it: the gradebook row)
   student.py grade-all --submissions DIR --lesson 04 --json gradebook.json   a class, one workspace per folder
+                                                        (gradebook.json, and gradebook.csv: a row a student)
   student.py check  --lesson 04 [--quick] [--strict]   course authors / CI: every exercise's tests fail on its
                                                         stub and pass on its solution (--quick: CI's two-phase
                                                         form; --strict: skipped GPU tests make it exit 3)
@@ -21,13 +23,16 @@ A region, in a lesson's C++/CUDA source (lessons/INSTRUCTORS.md, "Marking a regi
   // Task: what to write, in a sentence or three (continuation lines start with "//" and 2+ spaces).
   // Hint: one hint per line; as many as you like.
   // Tests: Rmsnorm.MatchesCpuOnRandomInputs RmsnormGpu.* lesson04_rmsnorm.gpu
+  // Needs: 04.1        (optional: exercises its tests also run; a failure is charged to them first)
   // Stub:
   //   TVLLM_DEVICE_NOT_WRITTEN_YET("04.1", "the naive kernel");
   // --- solution ---
   ...the solution code (the default build compiles it)...
   // --- end of exercise 04.1 ---
 
-Tests are CTest test names or glob patterns over them (GoogleTest cases are named Suite.Name; lesson
+A failing test is charged to the earliest exercise that explains it (a stub it printed, an exercise that
+lists or is needed by it and fails already); an exercise whose failures are all charged elsewhere is
+"blocked by" those (assign_blame). Tests are CTest test names or glob patterns over them (GoogleTest cases are named Suite.Name; lesson
 executables lessonNN_name.cpu / .gpu); whether a test needs a GPU comes from its CTest label. Without a Stub:
 field the stub is `throw ::tvllm::NotWrittenYet("04.1", "title");` (common/exercise.h); `Stub: device` gives
 `TVLLM_DEVICE_NOT_WRITTEN_YET("04.1", "title");` for a kernel body.
@@ -437,7 +442,8 @@ def cmd_list(args):
     source = source_of(args)
     lesson = f"{int(args.lesson):02d}" if args.lesson else None
     for r in find_regions(source, lesson).values():
-        note(f"{r.id}  {r.title:<44} {r.path}:{r.begin + 1}  tests: {' '.join(r.tests)}")
+        needs = f"  needs: {' '.join(r.needs)}" if r.needs else ""
+        note(f"{r.id}  {r.title:<44} {r.path}:{r.begin + 1}  tests: {' '.join(r.tests)}{needs}")
     return EXIT_PASS
 
 
@@ -947,7 +953,7 @@ def cmd_grade_all(args):
     subs = Path(args.submissions).resolve()
     source = source_of(args)
     scratch = Path(args.work_dir).resolve() if args.work_dir else Path(tempfile.mkdtemp(prefix="tvllm-grade-"))
-    book = {"tool": "tiny-vllm student.py", "version": 1, "graded_at": now(), "source_commit": git_commit(source),
+    book = {"tool": "tiny-vllm student.py", "version": 2, "graded_at": now(), "source_commit": git_commit(source),
             "gpu": have_gpu(), "submissions": []}
     worst = EXIT_PASS
     dirs = sorted(d for d in subs.iterdir() if d.is_dir())
