@@ -740,8 +740,9 @@ def assign_blame(regions, results, written):
 
     regions: {id: Region} (tests, needs), results: {id: [test rows]}, written: {id: bool}. A test may be
     listed by several exercises, and an exercise may need others (`Needs:`); a failing test is charged to
-    the EARLIEST exercise that can explain it: one it names the stub of (`not written yet: exercise NN.K`),
-    one not written, or an earlier exercise, among those listing or needed by it, that already fails. An
+    the exercises that can explain it: one whose stub message it printed (`not written yet: exercise
+    NN.K`), else the earlier written exercises, among those listing it or needed by them, that already
+    fail (the earliest first in the message). An
     exercise whose failing tests are all charged elsewhere is "blocked by" those; one with a failing test
     nothing earlier explains fails. Sets row["charged_to"] on every failing row; returns
     {id: (verdict, [blockers])}."""
@@ -771,9 +772,10 @@ def assign_blame(regions, results, written):
         for t in bad:
             text = (t.get("message") or "") + "\n" + (t.get("output") or "")
             why = {m for m in STUB_MSG_RE.findall(text) if m != ex}
+            # A stub is blamed only where its message shows (above): a test that never ran it is not its
+            # fault. A written exercise that fails is blamed for the tests it may have caused.
             cands = candidates(t["name"], ex) - {ex}
-            why |= {c for c in cands if not written.get(c, True)}
-            why |= {c for c in cands if exercise_key(c) < exercise_key(ex) and c in failing}
+            why |= {c for c in cands if exercise_key(c) < exercise_key(ex) and c in failing and written.get(c)}
             if why:
                 t["charged_to"] = sorted(why, key=exercise_key)
                 blockers |= why

@@ -89,10 +89,16 @@ class Blame(unittest.TestCase):
         v = self.verdicts(regions, results, written)
         self.assertEqual(v, {"11.1": "passed", "11.2": "not written", "11.3": "blocked by 11.2"})
 
-    def test_a_stub_of_a_needed_exercise_blocks(self):
-        regions, results = lesson11(e="failed")  # no stub message: the Needs: line says who
-        v = self.verdicts(regions, results, dict(ALL_WRITTEN, **{"11.1": False}))
-        self.assertEqual(v["11.3"], "blocked by 11.1")
+    def test_a_stub_is_blamed_only_where_its_message_shows(self):
+        # 06.5 needs 06.3 (one of its tests compares with v2), but its own v4 tests never run v2: with v2
+        # still a stub, a v4 failure without v2's message is 06.5's own.
+        regions = {"06.3": region("06.3", ["V2"]), "06.5": region("06.5", ["V4", "Agree"], needs="06.3")}
+        written = {"06.3": False, "06.5": True}
+        results = {"06.3": [row("V2", "failed", "not written yet: exercise 06.3 v2")],
+                   "06.5": [row("V4", "failed", "Expected equality"), row("Agree", "passed")]}
+        self.assertEqual(self.verdicts(regions, results, written), {"06.3": "not written", "06.5": "failed"})
+        results["06.5"] = [row("V4", "passed"), row("Agree", "failed", "", "not written yet: exercise 06.3 v2")]
+        self.assertEqual(self.verdicts(regions, results, written)["06.5"], "blocked by 06.3")
 
     def test_a_gpu_only_stub_without_a_gpu_is_not_written(self):
         regions = {"04.2": region("04.2", ["G"])}
