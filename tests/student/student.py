@@ -32,7 +32,9 @@ A region, in a lesson's C++/CUDA source (lessons/INSTRUCTORS.md, "Marking a regi
 
 A failing test is charged to the earliest exercise that explains it (a stub it printed, an exercise that
 lists or is needed by it and fails already); an exercise whose failures are all charged elsewhere is
-"blocked by" those (assign_blame). Tests are CTest test names or glob patterns over them (GoogleTest cases are named Suite.Name; lesson
+"blocked by" those (assign_blame).
+
+Tests are CTest test names or glob patterns over them (GoogleTest cases are named Suite.Name; lesson
 executables lessonNN_name.cpu / .gpu); whether a test needs a GPU comes from its CTest label. Without a Stub:
 field the stub is `throw ::tvllm::NotWrittenYet("04.1", "title");` (common/exercise.h); `Stub: device` gives
 `TVLLM_DEVICE_NOT_WRITTEN_YET("04.1", "title");` for a kernel body.
@@ -522,12 +524,13 @@ def targets_for(ws, regions):
     return sorted(targets)
 
 
-PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")         # Ninja: [12/340] Building CXX object x.o
+MAKE_PROGRESS_RE = re.compile(r"^\[\s*(\d+)%\]\s*(.*)$")        # Make:  [ 45%] Building CXX object x.o
 
 
 def build(ws, bd, targets, jobs=None, log=None):
-    """Builds the targets, going on past errors, showing progress (Ninja's [done/total], at most one line
-    every few seconds). Returns (ok, log)."""
+    """Builds the targets, going on past errors, showing progress (Ninja's [done/total] or Make's [ n%], at
+    most one line every few seconds). Returns (ok, log)."""
     log = log or note
     cmd = ["cmake", "--build", str(bd), "--target", *targets]
     if jobs:
@@ -539,19 +542,19 @@ def build(ws, bd, targets, jobs=None, log=None):
     for line in p.stdout:
         lines.append(line)
         m = PROGRESS_RE.match(line.strip())
-        if m:
-            last = m
+        mm = None if m else MAKE_PROGRESS_RE.match(line.strip())
+        if m or mm:
+            last = f"{m.group(1)}/{m.group(2)} steps" if m else f"{mm.group(1)}%"
             t = time.monotonic()
             if t - last_shown >= 5.0:  # a line every 5 s: enough to see it move, little enough to read
                 last_shown = t
-                what = m.group(3).split(" ")[-1] if m.group(3) else ""
-                log(f"  [{m.group(1)}/{m.group(2)}] {int(t - start)} s  {what[-70:]}")
+                what = (m.group(3) if m else mm.group(2)).split(" ")[-1]
+                log(f"  [{last}] {int(t - start)} s  {what[-70:]}")
     rc = p.wait()
     text = "".join(lines)
     (bd / "student-build.log").write_text(text)
     if last is not None:
-        log(f"  build {'done' if rc == 0 else 'FAILED'}: {last.group(1)}/{last.group(2)} steps in "
-            f"{int(time.monotonic() - start)} s")
+        log(f"  build {'done' if rc == 0 else 'FAILED'}: {last} in {int(time.monotonic() - start)} s")
     return rc == 0, text
 
 
