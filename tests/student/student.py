@@ -553,7 +553,9 @@ def build(ws, bd, targets, jobs=None, log=None):
     rc = p.wait()
     text = "".join(lines)
     (bd / "student-build.log").write_text(text)
-    if last is not None:
+    if rc == 0 and "no work to do" in text:
+        log("  build: up to date")
+    elif last is not None:
         log(f"  build {'done' if rc == 0 else 'FAILED'}: {last} in {int(time.monotonic() - start)} s")
     return rc == 0, text
 
