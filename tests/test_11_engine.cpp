@@ -265,6 +265,58 @@ TEST(Engine11, AnErrorInAStepFailsItsRequestsAndReturnsTheirKv) {
   expect_all_free(engine);
 }
 
+// A KV side whose allocator never takes a slot back (free() forgets it): the slot leak of a buggy step. With
+// two slots, the third request waits forever; run_until_idle must say so in milliseconds, not spin for minutes.
+class LeakingAllocator final : public KvAllocator {
+ public:
+  explicit LeakingAllocator(KvAllocator& inner) : inner_(inner) {}
+  int64_t max_tokens_per_sequence() const override { return inner_.max_tokens_per_sequence(); }
+  int64_t num_kv_slots() const override { return inner_.num_kv_slots(); }
+  bool fits_alone(int64_t tokens) const override { return inner_.fits_alone(tokens); }
+  bool can_allocate(const Sequence& seq, int64_t tokens) const override { return inner_.can_allocate(seq, tokens); }
+  int64_t allocate(Sequence& seq, int64_t tokens) override { return inner_.allocate(seq, tokens); }
+  bool can_append(const Sequence& seq, int64_t tokens) const override { return inner_.can_append(seq, tokens); }
+  void append(Sequence& seq, int64_t tokens) override { inner_.append(seq, tokens); }
+  void free(Sequence& seq) override { seq.kv_blocks.clear(); }  // the slot is lost
+  int64_t kv_slot(const Sequence& seq, int64_t position) const override { return inner_.kv_slot(seq, position); }
+
+ private:
+  KvAllocator& inner_;
+};
+
+class LeakingKv final : public EngineKv {
+ public:
+  explicit LeakingKv(std::unique_ptr<EngineKv> inner) : inner_(std::move(inner)), leaking_(inner_->allocator()) {}
+  KvAllocator& allocator() override { return leaking_; }
+  AttentionBackend& attention() override { return inner_->attention(); }
+  void prepare(const ScheduledBatch& batch, cudaStream_t stream) override { inner_->prepare(batch, stream); }
+  void set_decode_attention(DecodeAttention decode) override { inner_->set_decode_attention(decode); }
+  KvUsage usage() const override { return inner_->usage(); }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  std::unique_ptr<EngineKv> inner_;
+  LeakingAllocator leaking_;
+};
+
+TEST(Engine11, AStuckEngineFailsFastInsteadOfSpinning) {
+  const KvFactory inner = contiguous_kv(2);
+  Engine engine(bundled().w, config(256, 2),
+                [&](const ModelWeights& w, const EngineLimits& l) { return std::make_unique<LeakingKv>(inner(w, l)); });
+  for (int i = 0; i < 3; ++i) engine.submit({1, 2, static_cast<int32_t>(3 + i)}, greedy(2), [](const EngineEvent&) {});
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    engine.run_until_idle();
+  } catch (const std::logic_error& e) {
+    error = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(error.find("stuck"), std::string::npos) << "got: '" << error << "'";
+  EXPECT_NE(error.find("1 waiting, 0 running"), std::string::npos) << error;
+  EXPECT_LT(seconds, 5.0);
+}
+
 TEST(Engine11, ASinkThatThrowsAbortsItsRequest) {
   Engine engine(bundled().w, config(256, 4));
   int calls = 0;

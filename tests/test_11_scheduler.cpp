@@ -285,6 +285,52 @@ TEST(Scheduler11, AdmitsInArrivalOrderAsSoonAsASlotFrees) {
   EXPECT_EQ(s.schedule().seqs.at(0).seq->id, c);
 }
 
+// The chapter's rule: admission takes the waiting queue in arrival order and stops at the first request that
+// does not fit; it never admits a later, shorter one past it (that would starve long prompts). Without chunked
+// prefill a prompt must fit in the budget whole, so prompts of different lengths test it.
+TEST(Scheduler11, AdmissionStopsAtTheFirstRequestThatDoesNotFit) {
+  SlotAllocator slots(3, 16);
+  SchedulerConfig c = config_for(16, 3, 16);
+  c.chunked_prefill = false;
+  Scheduler s(c, slots);
+  const int64_t a = s.add(iota_prompt(10), greedy(4));
+  const int64_t b = s.add(iota_prompt(12, 5), greedy(4));  // 10 + 12 > 16: b waits
+  const int64_t c3 = s.add(iota_prompt(3, 9), greedy(4));  // 10 + 3 <= 16, but b is first in line
+  ScheduledBatch batch = s.schedule();
+  ASSERT_EQ(batch.num_sequences(), 1);
+  EXPECT_EQ(batch.seqs[0].seq->id, a);
+  EXPECT_EQ(batch.num_tokens(), 10);
+  EXPECT_EQ(s.num_waiting(), 2);
+  EXPECT_EQ(s.waiting().front()->id, b);
+  EXPECT_EQ(slots.free_slots(), 2);  // c3 took no slot either
+  s.postprocess(batch, {1});
+  // Next step: a's decode (1) + b (12) + c3 (3) = 16 tokens: both join, b first.
+  batch = s.schedule();
+  ASSERT_EQ(batch.num_sequences(), 3);
+  EXPECT_EQ(batch.seqs[0].seq->id, a);
+  EXPECT_EQ(batch.seqs[1].seq->id, b);
+  EXPECT_EQ(batch.seqs[1].q_len, 12);
+  EXPECT_EQ(batch.seqs[2].seq->id, c3);
+  EXPECT_EQ(batch.seqs[2].q_len, 3);
+  EXPECT_EQ(batch.num_tokens(), 16);
+}
+
+// The same rule when the KV cache, not the budget, is what is short (chunked prefill on: a prompt could go in
+// pieces, but admission still needs room for its first chunk).
+TEST(Scheduler11, AdmissionDoesNotOvertakeWhenTheCacheIsShort) {
+  TokenPool pool(12, 16);
+  Scheduler s(config_for(64, 4, 16), pool);
+  const int64_t a = s.add(iota_prompt(8), greedy(2));
+  const int64_t b = s.add(iota_prompt(8, 4), greedy(2));  // 8 > the 4 tokens left
+  s.add(iota_prompt(2, 7), greedy(2));                    // 2 would fit
+  const ScheduledBatch batch = s.schedule();
+  ASSERT_EQ(batch.num_sequences(), 1);
+  EXPECT_EQ(batch.seqs[0].seq->id, a);
+  EXPECT_EQ(pool.free_tokens(), 4);
+  EXPECT_EQ(s.waiting().front()->id, b);
+  EXPECT_EQ(s.num_waiting(), 2);
+}
+
 TEST(Scheduler11, MaxSequencesCapsTheRunningSet) {
   SlotAllocator slots(8, 32);
   Scheduler s(config_for(64, 3, 32), slots);

@@ -31,6 +31,7 @@ __global__ void saxpy_v1_kernel(float* out, float a, const float* x, const float
   //   y[i]). The launcher starts ceil(n / 256) blocks of 256 threads, so the last block may stick out.
   // Hint: compute i in 64 bits (n may pass 2^31) and let only the threads with i < n touch memory.
   // Tests: SaxpyGpu.V1MatchesTheCpu
+  // Needs: 00.1
   // Stub: device
   // --- solution ---
   int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // 64-bit: n may pass 2^31
@@ -50,6 +51,7 @@ __global__ void saxpy_v2_kernel(float* out, float a, const float* x, const float
   //   addresses in each step, so the accesses stay coalesced.
   // Hint: v3 falls back to this kernel on misaligned views: MisalignedViewsStillWork grades both.
   // Tests: SaxpyGpu.V2MatchesTheCpu SaxpyGpu.MisalignedViewsStillWork
+  // Needs: 00.1
   // Stub: device
   // --- solution ---
   int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -72,6 +74,7 @@ __global__ void saxpy_v3_kernel(float* out, float a, const float* x, const float
   // Tests: SaxpyGpu.V3MatchesTheCpu
   // Tests: SaxpyGpu.EveryKernelMatchesTheCpuBitForBit SaxpyGpu.InPlace
   // Tests: SaxpyGpu.ClosedFormOnTheFullLessonSize SaxpyGpu.RunsOnTheCallersStream lesson00_gpu_basics.gpu
+  // Needs: 00.1 00.2 00.3
   // Stub: device
   // --- solution ---
   int64_t n4 = n / 4;  // whole float4s

@@ -79,6 +79,7 @@ __global__ void f32_to_bf16_v3_kernel(__nv_bfloat16* out, const float* x, int64_
   // Tests: Bf16Gpu.V3MatchesTheCpu
   // Tests: Bf16Gpu.EveryNarrowingKernelMatchesTheCpu Bf16Gpu.OddSizesAndMisalignedViews
   // Tests: Bf16Gpu.ConversionsRunOnTheCallersStream lesson02_bf16.gpu
+  // Needs: 02.1 02.2
   // Stub: device
   // --- solution ---
   int64_t n4 = n / 4;

@@ -52,6 +52,7 @@ __global__ void embedding_v1_kernel(Elem* out,           // [T, hidden]
   // Hint: v2 and v3 fall back to this kernel on misaligned views or rows that are not a multiple of 16
   //   bytes (MisalignedViewsFallBackAndStayCorrect, F32AndF16TablesCopyToo).
   // Tests: Embedding03Gpu.V1EqualsTheReference Embedding03Gpu.MisalignedViewsFallBackAndStayCorrect
+  // Needs: 03.1
   // Stub: device
   // --- solution ---
   const int64_t t = blockIdx.x;
@@ -75,6 +76,7 @@ __global__ void embedding_v2_kernel(uint4* out,          // [T, chunks]
   //   starts on a 16-byte boundary.
   // Hint: make_uint4(0, 0, 0, 0) is +0.0 in every float format.
   // Tests: Embedding03Gpu.V2EqualsTheReference
+  // Needs: 03.1
   // Stub: device
   // --- solution ---
   const int64_t t = blockIdx.x;
@@ -108,6 +110,7 @@ __global__ void embedding_v3_kernel(uint4* out,          // [T * chunks]
   // Tests: Embedding03Gpu.EveryKernelEqualsTheReference Embedding03Gpu.ManyTokensCoverEveryBlockAndTheTail
   // Tests: Embedding03Gpu.F32AndF16TablesCopyToo Embedding03Gpu.BadDeviceIdsThrowAndTheirRowsAreZero
   // Tests: lesson03_embedding.gpu
+  // Needs: 03.1 03.3 03.4
   // Stub: device
   // --- solution ---
   const uint32_t first = blockIdx.x * (blockDim.x * kV3ChunksPerThread) + threadIdx.x;

@@ -82,6 +82,7 @@ __global__ void rmsnorm_v1_kernel(RowArgs a) {
   // Hint: load_input<kFused> does the fused residual add for you; reload_input<kFused> reads the value
   //   again in the second pass.
   // Tests: RmsNorm04Gpu.V1MatchesTheReference
+  // Needs: 04.1
   // Stub: device
   // --- solution ---
   __shared__ float partial[kV1V2MaxThreads];   // one slot per thread
@@ -120,6 +121,7 @@ __global__ void rmsnorm_v2_kernel(RowArgs a) {
   //   rounding. v3 also runs this kernel when a row is too long to hold in registers.
   // Hint: every thread of the block must reach block_sum (no early return): it has a barrier inside.
   // Tests: RmsNorm04Gpu.V2MatchesTheReference
+  // Needs: 04.1
   // Stub: device
   // --- solution ---
   __shared__ float warp_sums[kMaxBlock / kWarp];
@@ -160,6 +162,7 @@ __global__ void rmsnorm_v3_kernel(RowArgs a) {
   // Tests: RmsNorm04Gpu.EveryKernelMatchesTheReference RmsNorm04Gpu.ManyRows RmsNorm04Gpu.InPlace
   // Tests: RmsNorm04Gpu.MisalignedViewsNarrowTheVectors RmsNorm04Gpu.ExtremeMagnitudes
   // Tests: RmsNorm04Gpu.AllOnesAndZerosExactly lesson04_rmsnorm.gpu
+  // Needs: 04.1 04.2 04.3
   // Stub: device
   // --- solution ---
   __shared__ float warp_sums[kMaxBlock / kWarp];

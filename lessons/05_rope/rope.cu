@@ -76,6 +76,7 @@ __global__ void rope_v1_kernel(__nv_bfloat16* x, int64_t row_stride, int heads, 
   // Hint: clamp_position(positions[t], max_positions): a trusted position never reads outside the table.
   // Hint: rotate_pair uses __fmul_rn/__fsub_rn so nothing is fused: the result then equals the CPU's.
   // Tests: RopeGpu.V1MatchesTheCpuReference
+  // Needs: 05.2
   // Stub: device
   // --- solution ---
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -169,6 +170,7 @@ __global__ void rope_v2_kernel(RopeArgs a) {
   // Hint: locate(a, t, item, chunks, N, j0) returns &x[j0] of the item's head (q or k) and sets j0.
   // Hint: this kernel has no barrier: a thread past the last token may simply return.
   // Tests: RopeGpu.V2MatchesTheCpuReference
+  // Needs: 05.2
   // Stub: device
   // --- solution ---
   const int chunks = a.half / N;                       // chunks per head
@@ -206,6 +208,7 @@ __global__ void rope_v3_kernel(RopeArgs a) {
   // Hint: threads of tokens past a.tokens still help fill the table and must reach the barrier.
   // Tests: RopeGpu.V3MatchesTheCpuReference RopeGpu.EveryVersionMatchesTheCpuReference
   // Tests: RopeGpu.LargePositionsNeedAccurateSinCos lesson05_rope.gpu
+  // Needs: 05.1 05.2 05.3 05.4
   // Stub: device
   // --- solution ---
   extern __shared__ __align__(16) float trig[];      // [2][blockDim.y][half]: cos, then sin

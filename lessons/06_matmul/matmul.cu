@@ -57,6 +57,7 @@ __global__ void linear_naive_kernel(OutT* __restrict__ y,         // [T, out]
   // Hint: threads with o >= out have nothing to do (there is no barrier here: they may return).
   // Hint: index rows with size_t: T * in passes 2^31 in MoreTokensThanOneGridHolds.
   // Tests: AllVersions/Matmul06Kernel.*/v1
+  // Needs: 06.1
   // Stub: device
   // --- solution ---
   const int o = blockIdx.x * blockDim.x + threadIdx.x;
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kTiledThreads)
   //   reaches both __syncthreads() of every slice; load_tile fills zeros outside x and w.
   // Hint: per K step load 4 values of xs and 4 of ws into registers, then do the 16 multiply-adds.
   // Tests: AllVersions/Matmul06Kernel.*/v2
+  // Needs: 06.1
   // Stub: device
   // --- solution ---
   __shared__ float xs[kTileM][kTileK + 1];  // [64 tokens][32 K + 1 pad]
@@ -313,6 +315,7 @@ __global__ void __launch_bounds__(kTcThreads)
   //   which is W row-major read as col_major with the same leading dimension.
   // Hint: __syncwarp() between storing to the staging tile and reading it back.
   // Tests: AllVersions/Matmul06Kernel.*/v3 TensorCores/Matmul06TensorCore.*/v3
+  // Needs: 06.1
   // Stub: device
   // --- solution ---
   namespace wmma = nvcuda::wmma;
@@ -424,6 +427,7 @@ __device__ __forceinline__ void linear_mma_tiles(OutT* __restrict__ y,        //
   // Tests: AllVersions/Matmul06Kernel.*/v4 TensorCores/Matmul06TensorCore.*/v4
   // Tests: AllVersions/Matmul06Kernel.*/v7
   // Tests: Matmul06Gpu.TensorCoresAgreeWithTheTiledKernel Matmul06Gpu.BatchInvariant* lesson06_matmul.gpu
+  // Needs: 06.1 06.3
   // Stub: device
   // --- solution ---
   constexpr int kStages = 2;

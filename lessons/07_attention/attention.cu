@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel
   // Hint: writing in place: read a chunk of the row into registers, __syncthreads(), then write it;
   //   the bf16 writes of a chunk only land on fp32 elements this chunk or an earlier one has read.
   // Tests: Attention07Gpu.V1MatchesCpu
+  // Needs: 07.1
   // Stub: device
   // --- solution ---
   const int i = blockIdx.x;

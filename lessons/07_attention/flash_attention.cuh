@@ -167,6 +167,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   // Tests: Attention07Gpu.GqaGroups Attention07Gpu.LargeScoresStressTheMaxSubtraction
   // Tests: Attention07Gpu.FusedQkvBuffer Attention07Gpu.RunsOnACreatedStream lesson07_attention.gpu
   // Tests: Attention07Gpu.DecodeRowsAreTheSameBitsPackedOrNot
+  // Needs: 07.1 07.2
   // Stub: device
   // --- solution ---
   constexpr int Br = kBr, Bc = kBc, S = smem_stride<DP>();

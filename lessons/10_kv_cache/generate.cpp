@@ -193,15 +193,18 @@ std::vector<GenerateResult> Generator::generate(const std::vector<std::vector<in
   validate_sampling_params(options.sampling);  // InputError naming the field
 
   // --- exercise 10.5: the generation loop ---------------------------------------------------------------
-  // Task: prefill every prompt (set_sampling, then prefill(prompts, slots): sequence b in slot b;
-  //   fetch_ids(B) gives each one's first new id), then decode: each step feeds the last id of every sequence
-  //   still running at its next position (q_len 1, k_len = tokens it has so far + 1), samples each logits row
-  //   (the row of sequence b: make_sampling_row(options.sampling, ids b has so far)) and hands every new id
-  //   to on_token(b, id) as it arrives. Sequence b stops at the first of: an id in `eos`
-  //   (unless options.ignore_eos), options.max_new_tokens ids, prompt + ids == max_context. Fill
-  //   results[b].ids, .stop, .prefill_ms (until the first ids are on the host), .decode_ms, .decode_steps.
-  // Hint: set_step(ids, q_lens, k_lens, logits_rows, slots) + set_sampling(rows) + launch_step() (forward +
-  //   sampling) + fetch_ids(n) is one decode step; a sequence that stopped leaves the batch.
+  // Task: generate for the B prompts at once, sequence b in cache slot b (the contract; the loop is yours).
+  //   results[b].ids are the ids sequence b gets alone (the tests compare with the bundled model's reference
+  //   generations and with b run by itself): each sampled from its logits row with
+  //   make_sampling_row(options.sampling, the ids b has so far). Every id reaches on_token(b, id) as soon as
+  //   it is on the host, in order. Sequence b stops at the first of: an id in `eos` (unless
+  //   options.ignore_eos; the id is kept), options.max_new_tokens ids, prompt + ids == max_context; a stopped
+  //   sequence costs no more work. Fill results[b].ids, .stop, .prefill_ms (until the first ids are on the
+  //   host), .decode_ms, .decode_steps (steps after the prefill).
+  // Hint: one prefill for all prompts: set_sampling, prefill(prompts, slots), fetch_ids(B). One decode step:
+  //   set_step(ids, q_lens, k_lens, logits_rows, slots) + set_sampling(rows) + launch_step() (forward +
+  //   sampling, through the context's step launcher) + fetch_ids(n); a decode feeds one id at the next
+  //   position (q_len 1).
   // Tests: KvCache.GreedyEqualsReference* KvCache.BatchEqualsAlone KvCache.StopsAt* KvCacheGpu.Generat*
   //   lesson10_kv_cache.cpu
   // Stub:

@@ -2,6 +2,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -355,6 +356,7 @@ void Engine::step() {
   // Tests: Engine11.AbortFreesTheSlotAtOnce Engine11.AnErrorInAStepFailsItsRequestsAndReturnsTheirKv
   // Tests: Engine11.ASinkThatThrowsAbortsItsRequest Engine11.SubmitAndAbortFromOtherThreads Engine11Gpu.*
   // Tests: lesson11_continuous_batching.cpu
+  // Needs: 11.1 11.2
   // --- solution ---
   process_inbox();
   const ScheduledBatch batch = scheduler_.schedule();
@@ -395,12 +397,30 @@ void Engine::step() {
 }
 
 int64_t Engine::run_until_idle(int64_t max_steps) {
-  int64_t steps = 0;
+  // What a step that did anything changes: the queues, or the tokens computed and generated. Here no other
+  // thread submits or aborts, so after a step that changed none of them the next one will not either: the
+  // engine is stuck (a KV slot that never came back, a sequence whose num_computed never advances). Fail
+  // after a few such steps, in milliseconds, rather than spinning to max_steps.
+  constexpr int64_t kStuckSteps = 100;
+  const auto progress = [this] {
+    int64_t tokens = 0;
+    for (const Sequence* s : scheduler_.running()) tokens += s->num_computed + static_cast<int64_t>(s->output.size());
+    for (const Sequence* s : scheduler_.waiting()) tokens += s->num_computed + static_cast<int64_t>(s->output.size());
+    return std::array<int64_t, 3>{scheduler_.num_waiting(), scheduler_.num_running(), tokens};
+  };
+  int64_t steps = 0, idle = 0;
   while (has_work()) {
     if (steps == max_steps)
       throw std::logic_error("engine: still busy after " + std::to_string(max_steps) + " steps");
+    const auto before = progress();
     step();
     ++steps;
+    idle = progress() == before ? idle + 1 : 0;
+    if (idle == kStuckSteps)
+      throw std::logic_error("engine: stuck: " + std::to_string(kStuckSteps) + " steps in a row changed nothing (" +
+                             std::to_string(scheduler_.num_waiting()) + " waiting, " +
+                             std::to_string(scheduler_.num_running()) +
+                             " running): a KV slot that was never freed, or a sequence that never advances?");
   }
   return steps;
 }

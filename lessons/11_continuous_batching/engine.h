@@ -206,7 +206,8 @@ class Engine {
   void step();
   // The inbox part of step() alone (tests: an abort's effect without running a step).
   void process_inbox();
-  // step() until has_work() is false; returns the steps run. std::logic_error after max_steps.
+  // step() until has_work() is false; returns the steps run. std::logic_error after max_steps, or at once
+  // when 100 steps in a row change nothing (a stuck engine fails in milliseconds, not after max_steps).
   int64_t run_until_idle(int64_t max_steps = 10000000);
   // Before serving (vLLM does the same at start): two short dummy requests, one greedy and one sampled, through
   // prefill and decode, so that the first real request does not pay the one-time costs (lazy CUDA module

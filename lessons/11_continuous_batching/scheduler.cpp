@@ -130,24 +130,23 @@ void Scheduler::add_to_batch(Sequence* seq, int64_t q_len, ScheduledBatch& batch
 
 ScheduledBatch Scheduler::schedule() {
   // --- exercise 11.1: the scheduler step --------------------------------------------------------------------
-  // Task: build the next step under the budget config_.max_tokens_per_step, in three passes.
-  //   1. Decodes: each running sequence (running_ is oldest first) with num_uncomputed() == 1 gets ONE token.
-  //      Before adding it, make sure the cache can hold its first num_computed + 1 tokens
-  //      (allocator_.can_append / append). While it cannot, preempt the newest running sequence
-  //      (running_.back()); if that is the decode itself, it is preempted and not scheduled.
-  //   2. Chunks: each running sequence with more than one token left, oldest first, gets
-  //      min(num_uncomputed(), budget left) tokens. If the cache cannot grow that far, take the largest chunk
-  //      that fits; if not even one token fits, preempt the newest running sequence NEWER than it that this
-  //      step has not scheduled, and try again; with none left, it waits (keeping its cache).
-  //   3. Admission (only if this step preempted nothing): while the waiting queue is not empty, the budget is
-  //      not spent and fewer than config_.max_sequences run: the front sequence skips its cached prefix
-  //      (allocator_.cached_tokens), wants min(uncached tokens, budget left) tokens (without chunked prefill:
-  //      all of them, or it waits), and is admitted if allocator_.can_allocate; allocate() sets num_computed.
-  //      The first one that does not fit ends admission (no overtaking).
-  //   add_to_batch(seq, q_len, batch) appends a sequence's tokens; preempt(seq, batch) preempts.
-  // Hint: preempt() erases from running_: iterate running_ by index and do not advance past an erased entry.
-  // Hint: keep the sequences this step scheduled (a small vector of pointers) to find preemption victims.
-  // Tests: Scheduler11.* SchedulerSim11.* lesson11_continuous_batching.cpu
+  // Task: return the next step (the contract; the design is yours, sections 4-6 of the chapter
+  //   tells one way). The step holds at most config_.max_tokens_per_step tokens and config_.max_sequences
+  //   sequences, each once. Every running sequence with exactly one uncomputed token decodes in it (one
+  //   token), unless the step preempts it; decodes come before prefill chunks, and both go oldest first.
+  //   A running sequence with more left gets as large a chunk as the budget and the cache allow. When the
+  //   cache cannot grow, preempt(seq, batch) the NEWEST running sequence not already in this step (a decode
+  //   that is itself the newest preempts itself); a chunk that still cannot get one token waits, keeping its
+  //   cache. Only in a step that preempted nothing are waiting sequences admitted, in queue order while
+  //   there is budget and a free place: each skips its cached prefix (allocator_.cached_tokens), wants the
+  //   rest (without config_.chunked_prefill: all of it in this step), and needs allocator_.can_allocate.
+  //   The first that does not fit ends admission: a later one never overtakes it. allocate() RETURNS the
+  //   tokens already cached: set num_computed and num_cached_tokens to it; an admitted sequence becomes
+  //   Running, leaves waiting_ and enters running_ (insert_running keeps arrival order). add_to_batch()
+  //   appends a sequence's tokens (and counts them in the stats); a non-empty step also counts in
+  //   stats_.steps, stats_.scheduled_tokens and stats_.max_step_tokens.
+  // Hint: preempt() erases the victim from running_ and requeues it; a loop over running_ must allow for that.
+  // Tests: Scheduler11.* SchedulerSim11.*
   // --- solution ---
   ScheduledBatch batch;
   int64_t budget = config_.max_tokens_per_step;
@@ -283,7 +282,7 @@ std::vector<TokenEvent> Scheduler::postprocess(const ScheduledBatch& batch, cons
   // Tests: Scheduler11.WithoutChunkedPrefillAPromptWaitsUntilItFitsWhole Scheduler11.StopConditions
   // Tests: Scheduler11.AdmitsInArrivalOrderAsSoonAsASlotFrees Scheduler11.AbortFreesAtOnceEvenMidStep
   // Tests: Scheduler11.PreemptsTheNewestAndRequeuesItInArrivalOrder Scheduler11.ADecodeThatIsTheNewestPreemptsItself
-  // Tests: SchedulerSim11.* lesson11_continuous_batching.cpu
+  // Tests: SchedulerSim11.*
   // --- solution ---
   std::vector<TokenEvent> events;
   size_t row = 0;

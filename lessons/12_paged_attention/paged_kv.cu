@@ -43,6 +43,7 @@ __device__ __forceinline__ int64_t paged_row(const int32_t* table, int pos, int 
   // Tests: PagedKvGpu.DecodeMatchesCpu* PagedKvGpu.PagedEqualsContiguousOnTheGpu
   // Tests: PagedKvGpu.GraphOfADecodeStepReplaysTheEagerStep PagedKvGpu.OpsRunOnTheCallersStream
   // Tests: PagedKvGpu.BackendEqualsTheContiguousCacheOnTheBundledModel
+  // Needs: 12.7
   // Stub:
   //   TVLLM_DEVICE_NOT_WRITTEN_YET("12.9", "the block-table look-up on the GPU");
   //   (void)table;
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(kWriteThreads) paged_kv_write_kernel(const Pag
   // Hint: slot * kv_dim needs 64 bits: a pool of a few million slots times kv_dim passes 2^31.
   // Tests: PagedKvGpu.WriteMatchesCpu PagedKvGpu.GraphOfADecodeStepReplaysTheEagerStep
   // Tests: PagedKvGpu.BackendEqualsTheContiguousCacheOnTheBundledModel
+  // Needs: 12.6
   // Stub: device
   // --- solution ---
   const int t = blockIdx.x;

@@ -14,15 +14,14 @@ StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stop
 
 std::string StopMatcher::push(std::string_view text) {
   // --- exercise 13.2: the stop-string matcher ---------------------------------------------------------------
-  // Task: append text to held_ and decide what to release.
-  //   1. After a stop (stopped_), release nothing.
-  //   2. Find the EARLIEST position in held_ where any of stops_ begins. If there is one: release held_ up to
-  //      that position (the stop string and anything after it are dropped), clear held_, set stopped_.
-  //   3. Otherwise hold back the longest end of held_ that is a proper prefix of some stop string (it could
-  //      still become one when more text comes) and release everything before it.
-  //   With no stop strings everything is released at once.
-  // Hint: a stop string cannot straddle released text: whatever could have been its beginning was held back,
-  //   so searching held_ alone is enough. The held-back end begins where a stop string begins, on a UTF-8
+  // Task: return the text that can be released now (the contract; the design is yours). Over all the
+  //   push() calls of a generation, what push() and flush() release, concatenated, is the text up to the
+  //   EARLIEST place where any of stops_ occurs, without it; when none occurs, all of it. Release as early as
+  //   that allows: hold back only an end of the text that could still grow into a stop string. After a stop,
+  //   stopped_ is true and push() releases nothing more. held_ is yours to keep what waits; flush() below
+  //   releases it at the end.
+  // Hint: a stop string cannot straddle released text (whatever could have been its beginning was held back),
+  //   so searching what is held is enough. The held-back end begins where a stop string begins, on a UTF-8
   //   character boundary, so the released text is never half a character.
   // Tests: Protocol13.StopMatcher* Server13.StopStrings
   // --- solution ---

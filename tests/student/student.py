@@ -5,7 +5,9 @@
   student.py next   --workspace ~/tvllm-04              add lesson 05 (stubbed), keeping every file you edited
   student.py reveal --workspace ~/tvllm-04 --exercise 04.2    put one exercise's solution in (recorded)
   student.py grade  --workspace ~/tvllm-04 [--json g.json]    build what the lesson's tests need, run them
+                                                        (g.json, and g.csv beside it: the gradebook row)
   student.py grade-all --submissions DIR --lesson 04 --json gradebook.json   a class, one workspace per folder
+                                                        (gradebook.json, and gradebook.csv: a row a student)
   student.py check  --lesson 04 [--quick] [--strict]   course authors / CI: every exercise's tests fail on its
                                                         stub and pass on its solution (--quick: CI's two-phase
                                                         form; --strict: skipped GPU tests make it exit 3)
@@ -21,11 +23,16 @@ A region, in a lesson's C++/CUDA source (lessons/INSTRUCTORS.md, "Marking a regi
   // Task: what to write, in a sentence or three (continuation lines start with "//" and 2+ spaces).
   // Hint: one hint per line; as many as you like.
   // Tests: Rmsnorm.MatchesCpuOnRandomInputs RmsnormGpu.* lesson04_rmsnorm.gpu
+  // Needs: 04.1        (optional: exercises its tests also run; a failure is charged to them first)
   // Stub:
   //   TVLLM_DEVICE_NOT_WRITTEN_YET("04.1", "the naive kernel");
   // --- solution ---
   ...the solution code (the default build compiles it)...
   // --- end of exercise 04.1 ---
+
+A failing test is charged to the earliest exercise that explains it (a stub it printed, an exercise that
+lists or is needed by it and fails already); an exercise whose failures are all charged elsewhere is
+"blocked by" those (assign_blame).
 
 Tests are CTest test names or glob patterns over them (GoogleTest cases are named Suite.Name; lesson
 executables lessonNN_name.cpu / .gpu); whether a test needs a GPU comes from its CTest label. Without a Stub:
@@ -35,6 +42,7 @@ field the stub is `throw ::tvllm::NotWrittenYet("04.1", "title");` (common/exerc
 Python 3.8+, standard library only.
 """
 import argparse
+import csv
 import datetime
 import fnmatch
 import json
@@ -44,6 +52,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -56,7 +65,8 @@ TOOL_SOURCE = Path(__file__).resolve().parents[2]  # the repository this script 
 BEGIN_RE = re.compile(r"^(\s*)// --- exercise (\d\d)\.(\d+): (.+?)\s*-*\s*$")
 BODY_RE = re.compile(r"^\s*// --- (solution|your code)\b.*$")
 END_RE = re.compile(r"^\s*// --- end of exercise (\d\d\.\d+) ---\s*$")
-FIELD_RE = re.compile(r"^\s*// (Task|Hint|Tests|Stub):(.*)$")
+FIELD_RE = re.compile(r"^\s*// (Task|Hint|Tests|Needs|Stub):(.*)$")
+EXERCISE_ID_RE = re.compile(r"^\d\d\.\d+$")
 COMMENT_RE = re.compile(r"^\s*//(.*)$")
 LESSON_PATH_RE = re.compile(r"^(?:lessons/(\d\d)_[^/]+/|tests/test_(\d\d)_[^/]*$)")
 
@@ -80,6 +90,7 @@ class Region:
         self.title = title
         self.indent = indent
         self.task, self.hints, self.tests = [], [], []
+        self.needs = []             # exercises this region's tests also run ("Needs:"): blamed first
         self.stub = None            # list of code lines (indent stripped), or None: the default
         self.stub_kind = "host"
         self.header = []            # the marker lines from BEGIN up to (not including) the body marker
@@ -141,6 +152,12 @@ def parse_regions(text, path):
                     r.hints.append(rest)
                 elif field == "Tests":
                     r.tests += [t for t in re.split(r"[\s,]+", rest) if t]
+                elif field == "Needs":
+                    for n in [t for t in re.split(r"[\s,]+", rest) if t]:
+                        if not EXERCISE_ID_RE.match(n) or n == r.id:
+                            raise UsageError(f"{path}:{j + 1}: exercise {r.id}: 'Needs:' takes other exercise "
+                                             f"ids (NN.K), got '{n}'")
+                        r.needs.append(n)
                 elif field == "Stub":
                     if rest == "device":
                         r.stub_kind = "device"
@@ -158,7 +175,7 @@ def parse_regions(text, path):
                     r.tests += [t for t in re.split(r"[\s,]+", body) if t]
                 elif body.strip():
                     raise UsageError(f"{path}:{j + 1}: exercise {r.id}: a marker line must start with Task:, "
-                                     "Hint:, Tests: or Stub: (continuations with '//' and two spaces)")
+                                     "Hint:, Tests:, Needs: or Stub: (continuations with '//' and two spaces)")
             elif line.strip():
                 raise UsageError(f"{path}:{j + 1}: exercise {r.id}: code before '// --- solution ---'")
             r.header.append(line)
@@ -427,7 +444,8 @@ def cmd_list(args):
     source = source_of(args)
     lesson = f"{int(args.lesson):02d}" if args.lesson else None
     for r in find_regions(source, lesson).values():
-        note(f"{r.id}  {r.title:<44} {r.path}:{r.begin + 1}  tests: {' '.join(r.tests)}")
+        needs = f"  needs: {' '.join(r.needs)}" if r.needs else ""
+        note(f"{r.id}  {r.title:<44} {r.path}:{r.begin + 1}  tests: {' '.join(r.tests)}{needs}")
     return EXIT_PASS
 
 
@@ -453,13 +471,18 @@ def build_env(ws):
 
 
 def configure(ws, bd, extra):
-    if (bd / "CMakeCache.txt").exists() and (bd / "build.ninja").exists():
+    if (bd / "CMakeCache.txt").exists() and ((bd / "build.ninja").exists() or (bd / "Makefile").exists()):
         return
     cmd = ["cmake", "-S", str(ws), "-B", str(bd), "-DCMAKE_BUILD_TYPE=Release"]
     if shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
     if shutil.which("ccache"):
         cmd += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+        note(f"configuring {bd} (compiled through ccache: files another workspace built come from the cache)")
+    else:
+        note(f"configuring {bd}. NOTE: ccache is not installed, so this workspace compiles from scratch "
+             "(lessons 00 to this one, minutes on a small machine). Install ccache (apt install ccache) to "
+             "share one cache between workspaces: a class then compiles the common code once.")
     cmd += extra
     p = subprocess.run(cmd, capture_output=True, text=True, env=build_env(ws))
     (bd / "student-configure.log").parent.mkdir(parents=True, exist_ok=True)
@@ -501,17 +524,40 @@ def targets_for(ws, regions):
     return sorted(targets)
 
 
-def build(ws, bd, targets, jobs=None):
-    """Builds the targets, going on past errors. Returns (ok, log)."""
+PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")         # Ninja: [12/340] Building CXX object x.o
+MAKE_PROGRESS_RE = re.compile(r"^\[\s*(\d+)%\]\s*(.*)$")        # Make:  [ 45%] Building CXX object x.o
+
+
+def build(ws, bd, targets, jobs=None, log=None):
+    """Builds the targets, going on past errors, showing progress (Ninja's [done/total] or Make's [ n%], at
+    most one line every few seconds). Returns (ok, log)."""
+    log = log or note
     cmd = ["cmake", "--build", str(bd), "--target", *targets]
     if jobs:
         cmd += ["-j", str(jobs)]
     if (bd / "build.ninja").exists():
         cmd += ["--", "-k", "0"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=build_env(ws))
-    log = p.stdout + p.stderr
-    (bd / "student-build.log").write_text(log)
-    return p.returncode == 0, log
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=build_env(ws))
+    lines, last, last_shown, start = [], None, 0.0, time.monotonic()
+    for line in p.stdout:
+        lines.append(line)
+        m = PROGRESS_RE.match(line.strip())
+        mm = None if m else MAKE_PROGRESS_RE.match(line.strip())
+        if m or mm:
+            last = f"{m.group(1)}/{m.group(2)} steps" if m else f"{mm.group(1)}%"
+            t = time.monotonic()
+            if t - last_shown >= 5.0:  # a line every 5 s: enough to see it move, little enough to read
+                last_shown = t
+                what = (m.group(3) if m else mm.group(2)).split(" ")[-1]
+                log(f"  [{last}] {int(t - start)} s  {what[-70:]}")
+    rc = p.wait()
+    text = "".join(lines)
+    (bd / "student-build.log").write_text(text)
+    if rc == 0 and "no work to do" in text:
+        log("  build: up to date")
+    elif last is not None:
+        log(f"  build {'done' if rc == 0 else 'FAILED'}: {last} in {int(time.monotonic() - start)} s")
+    return rc == 0, text
 
 
 def list_tests(bd):
@@ -548,9 +594,39 @@ def first_message(text, exercise=None):
     return (lines[-1].strip() if lines else "")[:160]
 
 
+DETAIL_LINES = 40  # the most lines of one test's output a record keeps (the rest: run the test alone)
+
+
+def failure_detail(text):
+    """What a failing test said, whole: GoogleTest's failure blocks (file:line, the expression, the values),
+    or for another program (a lesson executable's run) the end of its output. At most DETAIL_LINES lines."""
+    lines = (text or "").rstrip().splitlines()
+    keep, inside = [], False
+    for l in lines:
+        if l.startswith("[ RUN      ]"):
+            inside = True
+            continue
+        if l.startswith(("[  FAILED  ]", "[       OK ]", "[  SKIPPED ]")):
+            inside = False
+            continue
+        if inside:
+            keep.append(l.rstrip())
+    if not any(l.strip() for l in keep):
+        keep = [l.rstrip() for l in lines if not l.startswith(("Note: Google Test filter", "[==========]",
+                                                               "[----------]"))][-DETAIL_LINES:]
+    if len(keep) > DETAIL_LINES:
+        keep = keep[:DETAIL_LINES - 1] + [f"... ({len(keep) - DETAIL_LINES + 1} more lines: run the test alone)"]
+    return "\n".join(keep)
+
+
+def run_one_command(bd, name):
+    """The command that runs one CTest test with its whole output (what a student types next)."""
+    return f"ctest --test-dir {bd} -R '^{cmake_regex_escape(name)}$' --output-on-failure"
+
+
 def run_tests(bd, names, jobs=None, timeout=600):
-    """Runs the named CTest tests. Returns {name: (status, message)} with status passed, failed, crashed,
-    skipped or not built."""
+    """Runs the named CTest tests. Returns {name: (status, message, output)} with status passed, failed,
+    crashed, skipped or not built; message is the telling line, output the whole failure (failure_detail)."""
     if not names:
         return {}
     junit = bd / "student-junit.xml"
@@ -559,6 +635,7 @@ def run_tests(bd, names, jobs=None, timeout=600):
     regex = "^(" + "|".join(cmake_regex_escape(n) for n in sorted(names)) + ")$"
     cmd = ["ctest", "--test-dir", str(bd), "-R", regex, "--output-junit", str(junit), "--timeout", str(timeout),
            "-j", str(jobs or os.cpu_count() or 2)]
+    note(f"running {len(names)} test(s) ...")
     p = subprocess.run(cmd, capture_output=True, text=True)
     (bd / "student-ctest.log").write_text(p.stdout + p.stderr)
     results = {}
@@ -569,21 +646,21 @@ def run_tests(bd, names, jobs=None, timeout=600):
             skipped = tc.find("skipped")
             failure = tc.find("failure")
             if status == "run" and failure is None:
-                results[name] = ("passed", "")
+                results[name] = ("passed", "", "")
             elif status in ("notrun", "disabled") or skipped is not None:
                 why = (skipped.get("message") if skipped is not None else "") or ""
                 if "Unable to find executable" in why or "Unable to find executable" in out:
-                    results[name] = ("not built", "its executable did not build")
+                    results[name] = ("not built", "its executable did not build", "")
                 else:
-                    results[name] = ("skipped", first_message(out) or why)
+                    results[name] = ("skipped", first_message(out) or why, "")
             else:
                 msg = (failure.get("message") if failure is not None else "") or ""
                 crashed = any(k in msg + out for k in ("SegFault", "Child aborted", "Subprocess aborted",
                                                         "Illegal", "Exception: ", "Timeout"))
                 results[name] = ("crashed" if crashed and "not written yet" not in out else "failed",
-                                 first_message(out) or msg)
+                                 first_message(out) or msg, failure_detail(out) or msg)
     for n in names:
-        results.setdefault(n, ("failed", "no result from ctest (see student-ctest.log)"))
+        results.setdefault(n, ("failed", "no result from ctest (see student-ctest.log)", ""))
     return results
 
 
@@ -611,7 +688,7 @@ def evaluate(ws, bd, regions, jobs=None, extra_cmake=(), log=note):
     targets = [t for t in targets if t not in unbuilt]
     log(f"building {' '.join(targets)} in {bd} ..." +
         (f" (not {' '.join(sorted(unbuilt))}: no GPU here)" if unbuilt else ""))
-    ok, build_log = build(ws, bd, targets, jobs)
+    ok, build_log = build(ws, bd, targets, jobs, log)
     if not ok:
         errors = [l for l in build_log.splitlines() if "error" in l.lower()][:12]
         log("the build failed (the exercises whose tests did not build fail); first errors:\n  " +
@@ -628,7 +705,8 @@ def evaluate(ws, bd, regions, jobs=None, extra_cmake=(), log=note):
     out = {}
     for r in regions:
         hits, missing = per[r.id]
-        rows = [{"name": n, "device": d, "status": res[n][0], "message": res[n][1]} for n, d in hits]
+        rows = [{"name": n, "device": d, "status": res[n][0], "message": res[n][1], "output": res[n][2]}
+                for n, d in hits]
         for pat in list(missing):
             suite = pat.split(".")[0].split("/")[-1]
             owners = {t for st, ts in suites.items() if fnmatch.fnmatchcase(st, suite) for t in ts}
@@ -654,6 +732,75 @@ def counts(rows):
 # ---- grade ------------------------------------------------------------------------------------------------
 
 
+BAD = ("failed", "crashed", "not built", "missing")
+STUB_MSG_RE = re.compile(r"not written yet: exercise (\d\d\.\d+)")
+
+
+def exercise_key(ex):
+    return (ex[:2], int(ex[3:]))
+
+
+def assign_blame(regions, results, written):
+    """Decides, for every exercise, whether its failing tests are its own fault.
+
+    regions: {id: Region} (tests, needs), results: {id: [test rows]}, written: {id: bool}. A test may be
+    listed by several exercises, and an exercise may need others (`Needs:`); a failing test is charged to
+    the exercises that can explain it: one whose stub message it printed (`not written yet: exercise
+    NN.K`), else the earlier written exercises, among those listing it or needed by them, that already
+    fail (the earliest first in the message). An
+    exercise whose failing tests are all charged elsewhere is "blocked by" those; one with a failing test
+    nothing earlier explains fails. Sets row["charged_to"] on every failing row; returns
+    {id: (verdict, [blockers])}."""
+    order = sorted(regions, key=exercise_key)
+    owners = {}
+    for ex in order:
+        for t in results.get(ex, []):
+            owners.setdefault(t["name"], set()).add(ex)
+
+    def candidates(name, ex):
+        c = set(owners.get(name, ())) | {ex}
+        for o in list(c):
+            c |= set(regions[o].needs) if o in regions else set()
+        return c
+
+    failing, out = set(), {}
+    for ex in order:
+        rows = results.get(ex, [])
+        bad = [t for t in rows if t["status"] in BAD]
+        if not written.get(ex, False):
+            failing.add(ex)
+            for t in bad:
+                t["charged_to"] = [ex]
+            out[ex] = ("not written", [])
+            continue
+        own, blockers = [], set()
+        for t in bad:
+            text = (t.get("message") or "") + "\n" + (t.get("output") or "")
+            why = {m for m in STUB_MSG_RE.findall(text) if m != ex}
+            # A stub is blamed only where its message shows (above): a test that never ran it is not its
+            # fault. A written exercise that fails is blamed for the tests it may have caused.
+            cands = candidates(t["name"], ex) - {ex}
+            why |= {c for c in cands if exercise_key(c) < exercise_key(ex) and c in failing and written.get(c)}
+            if why:
+                t["charged_to"] = sorted(why, key=exercise_key)
+                blockers |= why
+            else:
+                t["charged_to"] = [ex]
+                own.append(t)
+        if own:
+            failing.add(ex)
+            verdict = "build failed" if any(t["status"] == "not built" for t in own) else "failed"
+            out[ex] = (verdict, sorted(blockers, key=exercise_key))
+        elif bad:
+            names = sorted(blockers, key=exercise_key)
+            out[ex] = ("blocked by " + ", ".join(names), names)
+        elif any(t["status"] == "skipped" for t in rows):
+            out[ex] = ("incomplete", [])
+        else:
+            out[ex] = ("passed", [])
+    return out
+
+
 def grade_workspace(ws, lesson, source, bd, jobs=None, student=None, extra_cmake=()):
     """Grades one workspace. Returns the gradebook record (a dict) and the exit status."""
     state = json.loads((ws / STATE_FILE).read_text()) if (ws / STATE_FILE).exists() else {}
@@ -665,68 +812,91 @@ def grade_workspace(ws, lesson, source, bd, jobs=None, student=None, extra_cmake
     problems = [f"exercise {i}: markers not found in the workspace" for i in ref if i not in mine]
     results, build_ok = evaluate(ws, bd, list(ref.values()), jobs, extra_cmake)
     gpu = have_gpu()
-    record = {"tool": "tiny-vllm student.py", "version": 1, "student": student or ws.name, "workspace": str(ws),
-              "lesson": lesson, "graded_at": now(), "source_commit": git_commit(source) or state.get("source_commit"),
+    record = {"tool": "tiny-vllm student.py", "version": 2, "student": student or ws.name, "workspace": str(ws),
+              "build_dir": str(bd), "lesson": lesson, "graded_at": now(),
+              "source_commit": git_commit(source) or state.get("source_commit"),
               "gpu": gpu, "build_ok": build_ok, "problems": problems, "exercises": []}
+    written = {}
+    for ex, r in ref.items():
+        body = mine[ex].body if ex in mine else None
+        written[ex] = body is not None and _norm(body) != _norm(r.stub_lines())
+    verdicts = assign_blame(ref, results, written)
     worst = EXIT_PASS
     for ex, r in ref.items():
         rows = results[ex]
         c = counts(rows)
         body = mine[ex].body if ex in mine else None
-        written = body is not None and _norm(body) != _norm(r.stub_lines())
         revealed = ex in state.get("revealed", {})
         same_as_solution = body is not None and _norm(body) == _norm(r.body)
-        if c["failed"]:
-            # Failing only with other exercises' stub messages: this one may be right, its tests cannot tell yet.
-            bad = [t for t in rows if t["status"] not in ("passed", "skipped")]
-            others = sorted({m for t in bad for m in re.findall(r"not written yet: exercise (\d\d\.\d+)",
-                                                                 t["message"]) if m != ex})
-            blocked = others and all(re.search(r"not written yet: exercise (?!" + re.escape(ex) + r"\b)",
-                                               t["message"]) for t in bad)
-            verdict = "not written" if not written else (
-                "build failed" if any(t["status"] == "not built" for t in rows) else
-                f"blocked by {', '.join(others)}" if blocked else "failed")
-            worst = EXIT_FAIL
-        elif c["skipped"]:
-            verdict = "incomplete"
+        verdict, blockers = verdicts[ex]
+        if verdict == "incomplete":
             worst = max(worst, EXIT_INCOMPLETE) if worst != EXIT_FAIL else worst
-        else:
-            verdict = "passed"
+        elif verdict != "passed":
+            worst = EXIT_FAIL
         if revealed and verdict == "passed":
             verdict = "passed (revealed)"
         record["exercises"].append({
-            "id": ex, "title": r.title, "file": r.path, "verdict": verdict, "written": written,
-            "revealed": revealed, "identical_to_solution": same_as_solution, **c, "tests": rows})
+            "id": ex, "title": r.title, "file": r.path, "verdict": verdict, "blocked_by": blockers
+            if verdict.startswith("blocked") else [], "written": written[ex], "revealed": revealed,
+            "identical_to_solution": same_as_solution, **c, "tests": rows})
     record["verdict"] = {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_INCOMPLETE: "incomplete"}[worst]
     record["exit_code"] = worst
     return record, worst
 
 
 def print_grade(record, verbose=False):
+    """The grade table. Under an exercise that fails: each failing test it is charged with, its whole
+    GoogleTest message (the expression and the values), and the command that runs that one test; under
+    a blocked one, what blocks it. --verbose: every test that did not pass, messages uncut."""
     ex = record["exercises"]
+    bd = record.get("build_dir") or DEFAULT_BUILD
     note("")
     note(f"lesson {record['lesson']} grade for {record['student']}   (GPU: {record['gpu'] or 'none'})")
     note(f"{'exercise':<9} {'title':<42} {'passed':>6} {'failed':>6} {'skipped':>7}  verdict")
+    pad = " " * 11
     for e in ex:
         note(f"{e['id']:<9} {e['title'][:42]:<42} {e['passed']:>6} {e['failed']:>6} {e['skipped']:>7}  {e['verdict']}")
         if e["verdict"] == "not written" and not verbose:
             continue  # the verdict says it all; --verbose lists the tests
-        shown = [t for t in e["tests"] if t["status"] != "passed"
-                 and (verbose or t["status"] != "skipped" or e["verdict"] == "incomplete")]
-        for t in shown[:None if verbose else 3]:
-            note(f"{'':<11}{t['status']}: {t['name']}: {t['message']}")
-        if len(shown) > 3 and not verbose:
-            note(f"{'':<11}... and {len(shown) - 3} more (--verbose lists them)")
+        bad = [t for t in e["tests"] if t["status"] in BAD]
+        mine = [t for t in bad if t.get("charged_to", [e["id"]]) == [e["id"]]]
+        if e["verdict"].startswith("blocked") and not verbose:
+            for t in bad[:3]:
+                note(f"{pad}{t['status']}: {t['name']}: {t['message']}")
+            if len(bad) > 3:
+                note(f"{pad}... and {len(bad) - 3} more, all charged to {', '.join(e['blocked_by'])}")
+            continue
+        shown = (mine or bad) if not verbose else [t for t in e["tests"] if t["status"] != "passed"]
+        if not verbose and e["verdict"] != "incomplete":
+            shown = [t for t in shown if t["status"] != "skipped"]
+        limit = None if verbose else 3
+        for t in shown[:limit]:
+            note(f"{pad}{t['status']}: {t['name']}")
+            detail = t.get("output") or t.get("message") or ""
+            lines = detail.splitlines() if verbose else detail.splitlines()[:DETAIL_LINES // 2]
+            for l in lines:
+                note(f"{pad}  | {l}")
+            if len(detail.splitlines()) > len(lines):
+                note(f"{pad}  | ... (--verbose, or run it alone, shows the rest)")
+            if t["status"] in BAD and t["status"] not in ("missing", "not built"):
+                note(f"{pad}  run it alone: {run_one_command(bd, t['name'])}")
+            other = [c for c in t.get("charged_to", []) if c != e["id"]]
+            if other:
+                note(f"{pad}  (charged to {', '.join(other)})")
+        if limit and len(shown) > limit:
+            note(f"{pad}... and {len(shown) - limit} more (--verbose lists them)")
     for p in record.get("problems", []):
         note(f"  problem: {p}")
-    failed = [e["id"] for e in ex if e["failed"]]
+    failed = [e["id"] for e in ex if e["verdict"] not in ("passed", "passed (revealed)", "incomplete")]
     skipped = [e for e in ex if e["skipped"]]
     revealed = [e["id"] for e in ex if e["revealed"]]
     n_skip = sum(e["skipped"] for e in ex)
     tail_note = f"; revealed (no credit): {', '.join(revealed)}" if revealed else ""
     if failed:
         extra = f"; {n_skip} GPU test(s) could not run here" if n_skip else ""
-        note(f"FAIL: lesson {record['lesson']}: {len(failed)} of {len(ex)} exercise(s) fail: {', '.join(failed)}"
+        named = [e["id"] + ("" if e["verdict"] == "failed" else f" ({e['verdict']})") for e in ex
+                 if e["id"] in failed]
+        note(f"FAIL: lesson {record['lesson']}: {len(failed)} of {len(ex)} exercise(s) fail: {', '.join(named)}"
              f"{extra}{tail_note}")
     elif skipped:
         note(f"INCOMPLETE: lesson {record['lesson']}: no test failed, but {n_skip} GPU test(s) of "
@@ -734,6 +904,36 @@ def print_grade(record, verbose=False):
              f"grade again on a GPU machine{tail_note}")
     else:
         note(f"PASS: lesson {record['lesson']}: all {len(ex)} exercise(s) pass, every test ran{tail_note}")
+
+
+def csv_path(json_path, csv_arg=None):
+    """The CSV gradebook's path: --csv, else beside the JSON one (g.json -> g.csv), else none."""
+    if csv_arg:
+        return Path(csv_arg)
+    return Path(json_path).with_suffix(".csv") if json_path else None
+
+
+def write_csv(path, records):
+    """One row per submission: student, lesson, one column per exercise (its verdict: passed, passed
+    (revealed), failed, blocked by NN.K, not written, incomplete, build failed), the counts and the verdict.
+    Exercise columns are the union over the records (a class graded at different lessons leaves cells
+    empty)."""
+    ids = sorted({e["id"] for r in records for e in r.get("exercises", [])}, key=exercise_key)
+    kinds = ("passed", "failed", "blocked", "not written", "incomplete")
+
+    def kind(v):
+        return "passed" if v.startswith("passed") else "blocked" if v.startswith("blocked") else \
+            "failed" if v == "build failed" else v
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "lesson", *ids, *(k.replace(" ", "_") for k in kinds), "revealed", "verdict"])
+        for r in records:
+            by_id = {e["id"]: e for e in r.get("exercises", [])}
+            verdicts = [by_id[i]["verdict"] if i in by_id else "" for i in ids]
+            tally = [sum(1 for e in by_id.values() if kind(e["verdict"]) == k) for k in kinds]
+            revealed = sum(1 for e in by_id.values() if e.get("revealed"))
+            w.writerow([r.get("student"), r.get("lesson"), *verdicts, *tally, revealed, r.get("verdict")])
 
 
 def cmd_grade(args):
@@ -749,6 +949,10 @@ def cmd_grade(args):
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
         note(f"gradebook record: {args.json}")
+    cp = csv_path(args.json, args.csv)
+    if cp:
+        write_csv(cp, [record])
+        note(f"gradebook row (CSV): {cp}")
     return rc
 
 
@@ -756,7 +960,7 @@ def cmd_grade_all(args):
     subs = Path(args.submissions).resolve()
     source = source_of(args)
     scratch = Path(args.work_dir).resolve() if args.work_dir else Path(tempfile.mkdtemp(prefix="tvllm-grade-"))
-    book = {"tool": "tiny-vllm student.py", "version": 1, "graded_at": now(), "source_commit": git_commit(source),
+    book = {"tool": "tiny-vllm student.py", "version": 2, "graded_at": now(), "source_commit": git_commit(source),
             "gpu": have_gpu(), "submissions": []}
     worst = EXIT_PASS
     dirs = sorted(d for d in subs.iterdir() if d.is_dir())
@@ -782,7 +986,7 @@ def cmd_grade_all(args):
             if state:
                 (ws / STATE_FILE).write_text(json.dumps(state))
             record, rc = grade_workspace(ws, lesson, source, ws / DEFAULT_BUILD, args.jobs, d.name)
-            print_grade(record)
+            print_grade(record, args.verbose)
         except UsageError as e:
             note(f"error: {e}")
             record, rc = {"student": d.name, "lesson": lesson, "verdict": "error", "error": str(e),
@@ -798,6 +1002,10 @@ def cmd_grade_all(args):
     if args.json:
         Path(args.json).write_text(json.dumps(book, indent=2) + "\n")
         note(f"gradebook: {args.json}")
+    cp = csv_path(args.json, args.csv)
+    if cp:
+        write_csv(cp, book["submissions"])
+        note(f"gradebook (CSV, one row per student): {cp}")
     return worst
 
 
@@ -923,7 +1131,8 @@ def main(argv=None):
     p = sub.add_parser("grade", help="build and run a lesson's exercise tests; print the grade table")
     p.add_argument("--workspace", default=".")
     p.add_argument("--lesson")
-    p.add_argument("--json", help="write the gradebook record here")
+    p.add_argument("--json", help="write the gradebook record here (and its CSV row beside it, .csv)")
+    p.add_argument("--csv", help="write the CSV row here (default: beside --json)")
     p.add_argument("--build-dir", help=f"default: WORKSPACE/{DEFAULT_BUILD}")
     p.add_argument("--student", help="the name in the record (default: the workspace folder's name)")
     p.add_argument("--verbose", "-v", action="store_true", help="list every test that did not pass")
@@ -931,8 +1140,10 @@ def main(argv=None):
     p = sub.add_parser("grade-all", help="grade every workspace under a folder of submissions")
     p.add_argument("--submissions", required=True, help="one workspace per sub-folder (named after the student)")
     p.add_argument("--lesson", help="default: each workspace's own lesson")
-    p.add_argument("--json", help="write the gradebook here")
+    p.add_argument("--json", help="write the gradebook here (and the CSV beside it, .csv)")
+    p.add_argument("--csv", help="write the CSV gradebook here (default: beside --json)")
     p.add_argument("--work-dir", help="where the graded copies and their builds go (default: a temp dir)")
+    p.add_argument("--verbose", "-v", action="store_true", help="list every test that did not pass")
     common(p)
     p = sub.add_parser("check", help="CI/authors: each exercise's tests fail on its stub, pass on its solution")
     p.add_argument("--lesson", required=True)
