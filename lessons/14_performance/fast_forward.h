@@ -17,8 +17,9 @@
 //                           no `gate_up` buffer, no silu_mul kernel
 //
 // and the final norm is fused into the lm_head GEMV when the step wants every row's logits (a decode step).
-// Steps it does not handle (more than kFastForwardMaxTokens tokens, batch-invariant matmuls, the CPU) go to
-// forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool.
+// Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU) go
+// to forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool, and at a few
+// rows the measurements say cuBLAS still wins (fast_forward.cpp).
 #pragma once
 
 #include "model_weights.h"
@@ -26,7 +27,7 @@
 
 namespace tvllm {
 
-// Tokens per step up to which fast_forward() runs the fused GEMV path (the GEMV's row limit).
+// Tokens per step up to which fast_forward() runs the fused GEMV path: where it was measured to beat cuBLAS.
 int64_t fast_forward_max_tokens();
 
 // Whether fast_forward() can run the fused path for these weights at all (CUDA, packed, every matrix a shape

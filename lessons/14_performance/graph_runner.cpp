@@ -47,7 +47,7 @@ void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBack
   //   Contract: the tokens are the same bits as an eager run with the same pinned splits; a graph is captured
   //   at most once per DecodeGraphKey; stats_ counts replays, captures and eager steps; the backend's pinned
   //   splits are back to 0 (its own choice) when launch() returns, also when the step throws.
-  // Tests: GraphRunner14.KeyAndBucketRules GraphRunner14Gpu.GeneratorGraphsEqualEager
+  // Tests: GraphRunner14.OnTheCpuEveryStepRunsEagerly GraphRunner14Gpu.GeneratorGraphsEqualEager
   // Tests: GraphRunner14Gpu.EngineGraphsEqualEager GraphRunner14Gpu.OneGraphPerBatchSizeAndBucket
   // --- solution ---
   const bool graphable = ctx.device() == Device::CUDA && is_decode_step(step) && step.num_sequences() <= max_batch_;
