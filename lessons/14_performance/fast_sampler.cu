@@ -86,7 +86,13 @@ struct Workspace {
 };
 
 struct Shared {
-  u64 hist[kBuckets];  // 16 KiB: this block's histogram of one digit
+  // This block's histogram of one digit, as two 32-bit halves: shared-memory atomics are native for 32-bit
+  // words (a 64-bit add would be a compare-and-swap loop). Bucket b holds words[1][b] * 2^32 + words[0][b].
+  // The last block then reuses the space for the row's histogram, read back (`picked`).
+  union {
+    uint32_t words[2][kBuckets];  // [0]: low halves, [1]: high halves
+    u64 picked[kBuckets];
+  } hist;  // 16 KiB
   u64 warp_u64[kWarps];
   u64 pick_above, pick_in_bucket, pick_target, pick_base;
   int pick_bucket, pick_index;
@@ -122,14 +128,41 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
 }
 
 __device__ void zero_shared_hist(Shared& s) {
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.hist[b] = 0;
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.hist.words[0][b] = s.hist.words[1][b] = 0;
+}
+
+// Adds a measure below 2^42 to a bucket: the low word, then the high word with the carry out of the low one
+// (the old low word plus ours wrapped around 2^32). A count (below 2^32) is one atomic.
+__device__ __forceinline__ void add_to_bucket(Shared& s, uint32_t bucket, u64 measure) {
+  const uint32_t lo = static_cast<uint32_t>(measure);
+  const uint32_t old = atomicAdd(&s.hist.words[0][bucket], lo);
+  const uint32_t hi = static_cast<uint32_t>(measure >> 32) + (old + lo < old ? 1u : 0u);
+  if (hi != 0) atomicAdd(&s.hist.words[1][bucket], hi);
 }
 
 // Adds the block's nonzero buckets to the row's global histogram (integers: any order gives the same sums).
 __device__ void flush_hist(Shared& s, u64* global_hist) {
   __syncthreads();  // every token counted
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads)
-    if (s.hist[b] != 0) atomicAdd(global_hist + b, s.hist[b]);
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) {
+    const u64 v = (static_cast<u64>(s.hist.words[1][b]) << 32) + s.hist.words[0][b];
+    if (v != 0) atomicAdd(global_hist + b, v);
+  }
+}
+
+// Calls fn(i, x[i]) for this thread's tokens of [begin, end): first, first + stride, ... Loads kUnroll
+// values before using any, so that every thread has kUnroll loads in flight (one at a time would leave
+// the memory system mostly idle: the row would stream at a fraction of the bandwidth).
+template <int kStride, class Fn>
+__device__ __forceinline__ void for_each_token(const float* __restrict__ x, int first, int end, Fn&& fn) {
+  constexpr int kUnroll = 8;
+  for (int base = first; base < end; base += kUnroll * kStride) {
+    float v[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) v[j] = base + j * kStride < end ? __ldg(x + base + j * kStride) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      if (base + j * kStride < end) fn(base + j * kStride, v[j]);
+  }
 }
 
 // True in the row's last block to finish this pass (the same answer in all its threads). Every thread
@@ -158,7 +191,7 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   u64 mine = 0;
   for (int j = 0; j < per; ++j) {
     const u64 h = __ldcg(global_hist + first + j);  // from L2, where the atomics landed
-    s.hist[first + j] = h;
+    s.hist.picked[first + j] = h;
     global_hist[first + j] = 0;
     mine += h;
   }
@@ -173,7 +206,7 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   u64 acc = above + (total - incl);  // the measure of every bucket above this thread's
   if (acc < target && acc + mine >= target) {  // the crossing is in this thread's buckets: exactly one
     for (int b = first + per - 1; b >= first; --b) {
-      const u64 h = s.hist[b];
+      const u64 h = s.hist.picked[b];
       if (acc + h >= target) {
         s.pick_bucket = b;
         s.pick_above = acc;
@@ -242,13 +275,13 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
   if (top_k) zero_shared_hist(s);
   __syncthreads();
   u64 best = 0;  // below every real pair: the smallest key, -inf's, is 0x007fffff
-  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
-    const float v = greedy ? sanitize_logit(x[i]) : scaled_logit(x[i], row.temperature);
+  for_each_token<kThreads>(x, begin + static_cast<int>(threadIdx.x), end, [&](int i, float logit) {
+    const float v = greedy ? sanitize_logit(logit) : scaled_logit(logit, row.temperature);
     const uint32_t key = order_key(v);
     // The larger key wins; on equal keys the lower id (its complement is larger): argmax_cpu's rule.
     best = max(best, (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(i)));
-    if (top_k) atomicAdd(&s.hist[key >> 21], u64{1});
-  }
+    if (top_k) atomicAdd(&s.hist.words[0][key >> 21], 1u);
+  });
   best = warp_max_u64(best);
   if (threadIdx.x % kWarpSize == 0) atomicMax(&st->best, best);
   if (top_k) flush_hist(s, a.ws.hist + static_cast<int64_t>(r) * kBuckets);
@@ -312,14 +345,18 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
 
   zero_shared_hist(s);
   __syncthreads();
-  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
-    const float z = scaled_logit(x[i], row.temperature);
+  for_each_token<kThreads>(x, begin + static_cast<int>(threadIdx.x), end, [&](int, float logit) {
+    const float z = scaled_logit(logit, row.temperature);
     const uint32_t key = order_key(z);
     if (key >= lower && (key & decided) == prefix) {
-      const u64 measure = top_p ? token_mass(z, z_max) : 1u;
-      if (measure != 0) atomicAdd(&s.hist[(key >> shift) & digit_mask], measure);
+      if (!top_p) {
+        atomicAdd(&s.hist.words[0][(key >> shift) & digit_mask], 1u);
+      } else {
+        const u64 mass = token_mass(z, z_max);
+        if (mass != 0) add_to_bucket(s, (key >> shift) & digit_mask, mass);
+      }
     }
-  }
+  });
   u64* global_hist = a.ws.hist + static_cast<int64_t>(r) * kBuckets;
   flush_hist(s, global_hist);
   if (!is_last_block(st, a.chunks, s)) return;
@@ -329,10 +366,9 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
   if (threadIdx.x == 0) advance_row(st, row, mode, level, prefix, s);
 }
 
-// The kept mass of token i (0 if a threshold removed it), as lesson 09's draw computes it.
-__device__ __forceinline__ u64 kept_mass_of(const float* x, int i, float temperature, float z_max,
-                                            uint32_t threshold) {
-  const float z = scaled_logit(x[i], temperature);
+// The kept mass of a token (0 if a threshold removed it), as lesson 09's draw computes it.
+__device__ __forceinline__ u64 kept_mass_of(float logit, float temperature, float z_max, uint32_t threshold) {
+  const float z = scaled_logit(logit, temperature);
   return order_key(z) >= threshold ? token_mass(z, z_max) : 0;
 }
 
@@ -358,7 +394,8 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
     int lo, hi;
     segment_range(c, warp, &lo, &hi);
     u64 sum = 0;
-    for (int i = lo + lane; i < hi; i += kWarpSize) sum += kept_mass_of(x, i, t, z_max, threshold);
+    for_each_token<kWarpSize>(x, lo + lane, hi,
+                              [&](int, float logit) { sum += kept_mass_of(logit, t, z_max, threshold); });
 #pragma unroll
     for (int m = kWarpSize / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
     if (lane == 0) segments[c * kWarps + warp] = sum;
@@ -403,7 +440,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   const int piece = static_cast<int>(ceil_div(hi - lo, kThreads));
   const int p_lo = min(hi, lo + static_cast<int>(threadIdx.x) * piece), p_hi = min(hi, p_lo + piece);
   mine = 0;
-  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass_of(x, i, t, z_max, threshold);
+  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass_of(x[i], t, z_max, threshold);
   __syncthreads();  // s.pick_* read above by every thread before it is rewritten
   if (threadIdx.x == 0) s.pick_index = -1;
   u64 segment_mass = 0;
@@ -411,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   u64 cumulative = piece_incl - mine;
   if (cumulative <= u && u < piece_incl) {
     for (int i = p_lo; i < p_hi; ++i) {
-      cumulative += kept_mass_of(x, i, t, z_max, threshold);
+      cumulative += kept_mass_of(x[i], t, z_max, threshold);
       if (cumulative > u) {
         s.pick_index = i;
         break;
