@@ -79,6 +79,8 @@ struct RowState {
 };
 
 struct Workspace {
+  uint32_t* keys;    // [max_batch][key_stride]: the first pass's order_key of every scaled logit
+  int64_t key_stride;
   RowState* states;  // [max_batch]
   u64* hist;         // [max_batch][kBuckets], zeros between passes
   u64* segments;     // [max_batch][max_chunks * kWarps]: the draw pass's segment masses
@@ -152,13 +154,13 @@ __device__ void flush_hist(Shared& s, u64* global_hist) {
 // Calls fn(i, x[i]) for this thread's tokens of [begin, end): first, first + stride, ... Loads kUnroll
 // values before using any, so that every thread has kUnroll loads in flight (one at a time would leave
 // the memory system mostly idle: the row would stream at a fraction of the bandwidth).
-template <int kStride, class Fn>
-__device__ __forceinline__ void for_each_token(const float* __restrict__ x, int first, int end, Fn&& fn) {
+template <int kStride, class T, class Fn>
+__device__ __forceinline__ void for_each_token(const T* __restrict__ x, int first, int end, Fn&& fn) {
   constexpr int kUnroll = 8;
   for (int base = first; base < end; base += kUnroll * kStride) {
-    float v[kUnroll];
+    T v[kUnroll];
 #pragma unroll
-    for (int j = 0; j < kUnroll; ++j) v[j] = base + j * kStride < end ? __ldg(x + base + j * kStride) : 0.0f;
+    for (int j = 0; j < kUnroll; ++j) v[j] = base + j * kStride < end ? __ldg(x + base + j * kStride) : T{};
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j)
       if (base + j * kStride < end) fn(base + j * kStride, v[j]);
@@ -220,6 +222,12 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   __syncthreads();
 }
 
+// order_key inverted: the scaled logit a key was made from (-0 comes back as +0; token_mass treats the two
+// alike, and they have the same key). So the later passes need neither the logits nor the division.
+__device__ __forceinline__ float z_of_key(uint32_t key) {
+  return bits_f(key & 0x80000000u ? key & 0x7fffffffu : ~key);
+}
+
 // ---- the passes ---------------------------------------------------------------------------------------
 
 struct Launch {
@@ -268,6 +276,7 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
   const SamplingRow row = a.rows[r];
   const float* x = a.logits + static_cast<int64_t>(r) * a.row_stride;
   RowState* st = a.ws.states + r;
+  uint32_t* keys = a.ws.keys + static_cast<int64_t>(r) * a.ws.key_stride;
   const bool greedy = !(row.temperature > 0.0f);  // 0 (and, defensively, anything not positive)
   const bool top_k = !greedy && row.top_k > 0 && row.top_k < a.vocab;
   const int begin = c * a.chunk_len, end = min(a.vocab, begin + a.chunk_len);
@@ -280,6 +289,7 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
     const uint32_t key = order_key(v);
     // The larger key wins; on equal keys the lower id (its complement is larger): argmax_cpu's rule.
     best = max(best, (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(i)));
+    if (!greedy) keys[i] = key;  // the one division per token: later passes read the key
     if (top_k) atomicAdd(&s.hist.words[0][key >> 21], 1u);
   });
   best = warp_max_u64(best);
@@ -301,9 +311,7 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
     }
     return;
   }
-  const uint32_t max_key = static_cast<uint32_t>(row_best >> 32);
-  // order_key inverted: the largest scaled logit (-0 comes back as +0, which token_mass treats alike).
-  const float z_max = bits_f(max_key & 0x80000000u ? max_key & 0x7fffffffu : ~max_key);
+  const float z_max = z_of_key(static_cast<uint32_t>(row_best >> 32));  // the largest scaled logit
   if (top_k) {
     pick_bucket(a.ws.hist + static_cast<int64_t>(r) * kBuckets, kBuckets, static_cast<u64>(row.top_k), 0.0f, 0,
                 s);
@@ -333,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
   const int mode = st->mode;
   if (mode != kModeTopK && mode != kModeTopP) return;  // the whole row's blocks return: no counting
   const SamplingRow row = a.rows[r];
-  const float* x = a.logits + static_cast<int64_t>(r) * a.row_stride;
+  const uint32_t* keys = a.ws.keys + static_cast<int64_t>(r) * a.ws.key_stride;
   const int level = st->level;
   const uint32_t prefix = st->prefix, lower = st->lower;
   const float z_max = st->z_max;
@@ -345,14 +353,12 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
 
   zero_shared_hist(s);
   __syncthreads();
-  for_each_token<kThreads>(x, begin + static_cast<int>(threadIdx.x), end, [&](int, float logit) {
-    const float z = scaled_logit(logit, row.temperature);
-    const uint32_t key = order_key(z);
+  for_each_token<kThreads>(keys, begin + static_cast<int>(threadIdx.x), end, [&](int, uint32_t key) {
     if (key >= lower && (key & decided) == prefix) {
       if (!top_p) {
         atomicAdd(&s.hist.words[0][(key >> shift) & digit_mask], 1u);
       } else {
-        const u64 mass = token_mass(z, z_max);
+        const u64 mass = token_mass(z_of_key(key), z_max);
         if (mass != 0) add_to_bucket(s, (key >> shift) & digit_mask, mass);
       }
     }
@@ -367,9 +373,8 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
 }
 
 // The kept mass of a token (0 if a threshold removed it), as lesson 09's draw computes it.
-__device__ __forceinline__ u64 kept_mass_of(float logit, float temperature, float z_max, uint32_t threshold) {
-  const float z = scaled_logit(logit, temperature);
-  return order_key(z) >= threshold ? token_mass(z, z_max) : 0;
+__device__ __forceinline__ u64 kept_mass_of(uint32_t key, float z_max, uint32_t threshold) {
+  return key >= threshold ? token_mass(z_of_key(key), z_max) : 0;
 }
 
 __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
@@ -378,9 +383,9 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   RowState* st = a.ws.states + r;
   if (st->mode != kModeDraw) return;
   const SamplingRow row = a.rows[r];
-  const float* x = a.logits + static_cast<int64_t>(r) * a.row_stride;
+  const uint32_t* keys = a.ws.keys + static_cast<int64_t>(r) * a.ws.key_stride;
   const uint32_t threshold = st->threshold;
-  const float z_max = st->z_max, t = row.temperature;
+  const float z_max = st->z_max;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int segment_len = static_cast<int>(ceil_div(a.chunk_len, kWarps));
   u64* segments = a.ws.segments + static_cast<int64_t>(r) * a.ws.segment_stride;
@@ -394,8 +399,8 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
     int lo, hi;
     segment_range(c, warp, &lo, &hi);
     u64 sum = 0;
-    for_each_token<kWarpSize>(x, lo + lane, hi,
-                              [&](int, float logit) { sum += kept_mass_of(logit, t, z_max, threshold); });
+    for_each_token<kWarpSize>(keys, lo + lane, hi,
+                              [&](int, uint32_t key) { sum += kept_mass_of(key, z_max, threshold); });
 #pragma unroll
     for (int m = kWarpSize / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
     if (lane == 0) segments[c * kWarps + warp] = sum;
@@ -440,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   const int piece = static_cast<int>(ceil_div(hi - lo, kThreads));
   const int p_lo = min(hi, lo + static_cast<int>(threadIdx.x) * piece), p_hi = min(hi, p_lo + piece);
   mine = 0;
-  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass_of(x[i], t, z_max, threshold);
+  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass_of(keys[i], z_max, threshold);
   __syncthreads();  // s.pick_* read above by every thread before it is rewritten
   if (threadIdx.x == 0) s.pick_index = -1;
   u64 segment_mass = 0;
@@ -448,7 +453,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   u64 cumulative = piece_incl - mine;
   if (cumulative <= u && u < piece_incl) {
     for (int i = p_lo; i < p_hi; ++i) {
-      cumulative += kept_mass_of(x[i], t, z_max, threshold);
+      cumulative += kept_mass_of(keys[i], z_max, threshold);
       if (cumulative > u) {
         s.pick_index = i;
         break;
@@ -466,6 +471,14 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
 
 // ---- the host side ------------------------------------------------------------------------------------
 
+namespace {
+// The keys come first in the workspace; rounded up to 256 bytes so that what follows stays aligned.
+size_t keys_bytes(int max_batch, int64_t max_vocab) {
+  const size_t bytes = sizeof(uint32_t) * static_cast<size_t>(max_vocab) * static_cast<size_t>(max_batch);
+  return (bytes + 255) / 256 * 256;
+}
+}  // namespace
+
 FastSampler::FastSampler(int max_batch, int64_t max_vocab) : max_batch_(max_batch), max_vocab_(max_vocab) {
   TVLLM_REQUIRE(max_batch >= 1, "FastSampler: max_batch must be >= 1, got " + std::to_string(max_batch));
   TVLLM_REQUIRE(max_vocab >= 1 && max_vocab <= kMaxVocab,
@@ -476,16 +489,18 @@ FastSampler::FastSampler(int max_batch, int64_t max_vocab) : max_batch_(max_batc
   TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_pass, kThreads, 0));
   wave_blocks_ = std::max(1, sms * std::max(per_sm, 1));
   max_chunks_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wave_blocks_, max_vocab / kMinChunk)));
+  const size_t keys = keys_bytes(max_batch, max_vocab);
   const size_t states = sizeof(RowState) * static_cast<size_t>(max_batch);
   const size_t hist = sizeof(u64) * kBuckets * static_cast<size_t>(max_batch);
   const size_t segments = sizeof(u64) * static_cast<size_t>(max_chunks_) * kWarps * static_cast<size_t>(max_batch);
-  workspace_ = DeviceBuffer(states + hist + segments);
+  workspace_ = DeviceBuffer(keys + states + hist + segments);
   workspace_.fill_zero();  // the passes keep it zero between calls (counters, argmax slots, histograms)
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 int FastSampler::chunks_per_row(int batch, int64_t vocab) const {
-  const int64_t wanted = ceil_div(wave_blocks_, std::max(batch, 1));
+  // Rounded down: one more block per row than fits would add a second, almost empty wave to every pass.
+  const int64_t wanted = wave_blocks_ / std::max(batch, 1);
   const int64_t chunks = std::min<int64_t>({wanted, std::max<int64_t>(1, vocab / kMinChunk), max_chunks_});
   return static_cast<int>(std::max<int64_t>(1, chunks));
 }
@@ -505,6 +520,9 @@ void FastSampler::sample(const float* logits, int64_t row_stride, int64_t vocab,
   chunks = static_cast<int>(ceil_div(vocab, chunk_len));  // no empty chunk
   char* base = workspace_.as<char>();
   Workspace ws;
+  ws.keys = reinterpret_cast<uint32_t*>(base);
+  ws.key_stride = max_vocab_;
+  base += keys_bytes(max_batch_, max_vocab_);
   ws.states = reinterpret_cast<RowState*>(base);
   ws.hist = reinterpret_cast<u64*>(base + sizeof(RowState) * static_cast<size_t>(max_batch_));
   ws.segments = ws.hist + static_cast<size_t>(kBuckets) * static_cast<size_t>(max_batch_);
