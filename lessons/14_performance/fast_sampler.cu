@@ -4,8 +4,10 @@
 //
 //   grid (chunks, rows): block (c, r) reads tokens [c * chunk_len, (c + 1) * chunk_len) of row r.
 //
-//   first pass   every token: key = order_key(z); block max of (key, -id) -> one 64-bit atomicMax per
-//                block; top-k rows also count their keys by the top 11 bits (digit 0).
+//   first pass   every token: key = order_key(z), stored in the workspace (the later passes read the
+//                keys: no logits, no division; z_of_key gives z back for the masses); block max of
+//                (key, -id) -> one 64-bit atomicMax per warp; top-k rows also count their keys by the
+//                top 11 bits (digit 0).
 //   select pass  one digit of the radix select (bits 31..21, 20..10, 9..0): the block histograms the
 //                candidates (the tokens whose key agrees with the bits decided so far, and >= the top-k
 //                threshold for top-p) into 2048 buckets in shared memory, counting 1 (top-k) or the
@@ -23,6 +25,8 @@
 // on the same numbers: the largest key t whose measure(key >= t) reaches the target (lesson 09 takes 4
 // bits a pass, we take 11: the rule does not depend on the digit width), and the token whose interval
 // [mass before it, mass before it + its mass) in index order holds U.
+// One shortcut, also exact: when the count from the top reaches k exactly at a bucket, every key of that
+// bucket is among the k largest, so the bucket's lowest possible key keeps the same set as the k-th key.
 #include "fast_sampler.h"
 
 #include <cuda_runtime.h>
