@@ -4,8 +4,10 @@
 //
 //   grid (chunks, rows): block (c, r) reads tokens [c * chunk_len, (c + 1) * chunk_len) of row r.
 //
-//   first pass   every token: key = order_key(z); block max of (key, -id) -> one 64-bit atomicMax per
-//                block; top-k rows also count their keys by the top 11 bits (digit 0).
+//   first pass   every token: key = order_key(z), stored in the workspace (the later passes read the
+//                keys: no logits, no division; z_of_key gives z back for the masses); block max of
+//                (key, -id) -> one 64-bit atomicMax per warp; top-k rows also count their keys by the
+//                top 11 bits (digit 0).
 //   select pass  one digit of the radix select (bits 31..21, 20..10, 9..0): the block histograms the
 //                candidates (the tokens whose key agrees with the bits decided so far, and >= the top-k
 //                threshold for top-p) into 2048 buckets in shared memory, counting 1 (top-k) or the
@@ -23,6 +25,8 @@
 // on the same numbers: the largest key t whose measure(key >= t) reaches the target (lesson 09 takes 4
 // bits a pass, we take 11: the rule does not depend on the digit width), and the token whose interval
 // [mass before it, mass before it + its mass) in index order holds U.
+// One shortcut, also exact: when the count from the top reaches k exactly at a bucket, every key of that
+// bucket is among the k largest, so the bucket's lowest possible key keeps the same set as the k-th key.
 #include "fast_sampler.h"
 
 #include <cuda_runtime.h>
@@ -79,6 +83,8 @@ struct RowState {
 };
 
 struct Workspace {
+  uint32_t* keys;    // [max_batch][key_stride]: the first pass's order_key of every scaled logit
+  int64_t key_stride;
   RowState* states;  // [max_batch]
   u64* hist;         // [max_batch][kBuckets], zeros between passes
   u64* segments;     // [max_batch][max_chunks * kWarps]: the draw pass's segment masses
@@ -86,7 +92,13 @@ struct Workspace {
 };
 
 struct Shared {
-  u64 hist[kBuckets];  // 16 KiB: this block's histogram of one digit
+  // This block's histogram of one digit, as two 32-bit halves: shared-memory atomics are native for 32-bit
+  // words (a 64-bit add would be a compare-and-swap loop). Bucket b holds words[1][b] * 2^32 + words[0][b].
+  // The last block then reuses the space for the row's histogram, read back (`picked`).
+  union {
+    uint32_t words[2][kBuckets];  // [0]: low halves, [1]: high halves
+    u64 picked[kBuckets];
+  } hist;  // 16 KiB
   u64 warp_u64[kWarps];
   u64 pick_above, pick_in_bucket, pick_target, pick_base;
   int pick_bucket, pick_index;
@@ -122,14 +134,41 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
 }
 
 __device__ void zero_shared_hist(Shared& s) {
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.hist[b] = 0;
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.hist.words[0][b] = s.hist.words[1][b] = 0;
+}
+
+// Adds a measure below 2^42 to a bucket: the low word, then the high word with the carry out of the low one
+// (the old low word plus ours wrapped around 2^32). A count (below 2^32) is one atomic.
+__device__ __forceinline__ void add_to_bucket(Shared& s, uint32_t bucket, u64 measure) {
+  const uint32_t lo = static_cast<uint32_t>(measure);
+  const uint32_t old = atomicAdd(&s.hist.words[0][bucket], lo);
+  const uint32_t hi = static_cast<uint32_t>(measure >> 32) + (old + lo < old ? 1u : 0u);
+  if (hi != 0) atomicAdd(&s.hist.words[1][bucket], hi);
 }
 
 // Adds the block's nonzero buckets to the row's global histogram (integers: any order gives the same sums).
 __device__ void flush_hist(Shared& s, u64* global_hist) {
   __syncthreads();  // every token counted
-  for (int b = threadIdx.x; b < kBuckets; b += kThreads)
-    if (s.hist[b] != 0) atomicAdd(global_hist + b, s.hist[b]);
+  for (int b = threadIdx.x; b < kBuckets; b += kThreads) {
+    const u64 v = (static_cast<u64>(s.hist.words[1][b]) << 32) + s.hist.words[0][b];
+    if (v != 0) atomicAdd(global_hist + b, v);
+  }
+}
+
+// Calls fn(i, x[i]) for this thread's tokens of [begin, end): first, first + stride, ... Loads kUnroll
+// values before using any, so that every thread has kUnroll loads in flight (one at a time would leave
+// the memory system mostly idle: the row would stream at a fraction of the bandwidth).
+template <int kStride, class T, class Fn>
+__device__ __forceinline__ void for_each_token(const T* __restrict__ x, int first, int end, Fn&& fn) {
+  constexpr int kUnroll = 8;
+  for (int base = first; base < end; base += kUnroll * kStride) {
+    T v[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) v[j] = base + j * kStride < end ? __ldg(x + base + j * kStride) : T{};
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      if (base + j * kStride < end) fn(base + j * kStride, v[j]);
+  }
 }
 
 // True in the row's last block to finish this pass (the same answer in all its threads). Every thread
@@ -158,7 +197,7 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   u64 mine = 0;
   for (int j = 0; j < per; ++j) {
     const u64 h = __ldcg(global_hist + first + j);  // from L2, where the atomics landed
-    s.hist[first + j] = h;
+    s.hist.picked[first + j] = h;
     global_hist[first + j] = 0;
     mine += h;
   }
@@ -173,7 +212,7 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   u64 acc = above + (total - incl);  // the measure of every bucket above this thread's
   if (acc < target && acc + mine >= target) {  // the crossing is in this thread's buckets: exactly one
     for (int b = first + per - 1; b >= first; --b) {
-      const u64 h = s.hist[b];
+      const u64 h = s.hist.picked[b];
       if (acc + h >= target) {
         s.pick_bucket = b;
         s.pick_above = acc;
@@ -185,6 +224,12 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   }
   if (threadIdx.x == 0) s.pick_target = target;
   __syncthreads();
+}
+
+// order_key inverted: the scaled logit a key was made from (-0 comes back as +0; token_mass treats the two
+// alike, and they have the same key). So the later passes need neither the logits nor the division.
+__device__ __forceinline__ float z_of_key(uint32_t key) {
+  return bits_f(key & 0x80000000u ? key & 0x7fffffffu : ~key);
 }
 
 // ---- the passes ---------------------------------------------------------------------------------------
@@ -235,6 +280,7 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
   const SamplingRow row = a.rows[r];
   const float* x = a.logits + static_cast<int64_t>(r) * a.row_stride;
   RowState* st = a.ws.states + r;
+  uint32_t* keys = a.ws.keys + static_cast<int64_t>(r) * a.ws.key_stride;
   const bool greedy = !(row.temperature > 0.0f);  // 0 (and, defensively, anything not positive)
   const bool top_k = !greedy && row.top_k > 0 && row.top_k < a.vocab;
   const int begin = c * a.chunk_len, end = min(a.vocab, begin + a.chunk_len);
@@ -242,13 +288,14 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
   if (top_k) zero_shared_hist(s);
   __syncthreads();
   u64 best = 0;  // below every real pair: the smallest key, -inf's, is 0x007fffff
-  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
-    const float v = greedy ? sanitize_logit(x[i]) : scaled_logit(x[i], row.temperature);
+  for_each_token<kThreads>(x, begin + static_cast<int>(threadIdx.x), end, [&](int i, float logit) {
+    const float v = greedy ? sanitize_logit(logit) : scaled_logit(logit, row.temperature);
     const uint32_t key = order_key(v);
     // The larger key wins; on equal keys the lower id (its complement is larger): argmax_cpu's rule.
     best = max(best, (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(i)));
-    if (top_k) atomicAdd(&s.hist[key >> 21], u64{1});
-  }
+    if (!greedy) keys[i] = key;  // the one division per token: later passes read the key
+    if (top_k) atomicAdd(&s.hist.words[0][key >> 21], 1u);
+  });
   best = warp_max_u64(best);
   if (threadIdx.x % kWarpSize == 0) atomicMax(&st->best, best);
   if (top_k) flush_hist(s, a.ws.hist + static_cast<int64_t>(r) * kBuckets);
@@ -268,9 +315,7 @@ __global__ void __launch_bounds__(kThreads) first_pass(Launch a) {
     }
     return;
   }
-  const uint32_t max_key = static_cast<uint32_t>(row_best >> 32);
-  // order_key inverted: the largest scaled logit (-0 comes back as +0, which token_mass treats alike).
-  const float z_max = bits_f(max_key & 0x80000000u ? max_key & 0x7fffffffu : ~max_key);
+  const float z_max = z_of_key(static_cast<uint32_t>(row_best >> 32));  // the largest scaled logit
   if (top_k) {
     pick_bucket(a.ws.hist + static_cast<int64_t>(r) * kBuckets, kBuckets, static_cast<u64>(row.top_k), 0.0f, 0,
                 s);
@@ -300,7 +345,7 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
   const int mode = st->mode;
   if (mode != kModeTopK && mode != kModeTopP) return;  // the whole row's blocks return: no counting
   const SamplingRow row = a.rows[r];
-  const float* x = a.logits + static_cast<int64_t>(r) * a.row_stride;
+  const uint32_t* keys = a.ws.keys + static_cast<int64_t>(r) * a.ws.key_stride;
   const int level = st->level;
   const uint32_t prefix = st->prefix, lower = st->lower;
   const float z_max = st->z_max;
@@ -312,14 +357,16 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
 
   zero_shared_hist(s);
   __syncthreads();
-  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
-    const float z = scaled_logit(x[i], row.temperature);
-    const uint32_t key = order_key(z);
+  for_each_token<kThreads>(keys, begin + static_cast<int>(threadIdx.x), end, [&](int, uint32_t key) {
     if (key >= lower && (key & decided) == prefix) {
-      const u64 measure = top_p ? token_mass(z, z_max) : 1u;
-      if (measure != 0) atomicAdd(&s.hist[(key >> shift) & digit_mask], measure);
+      if (!top_p) {
+        atomicAdd(&s.hist.words[0][(key >> shift) & digit_mask], 1u);
+      } else {
+        const u64 mass = token_mass(z_of_key(key), z_max);
+        if (mass != 0) add_to_bucket(s, (key >> shift) & digit_mask, mass);
+      }
     }
-  }
+  });
   u64* global_hist = a.ws.hist + static_cast<int64_t>(r) * kBuckets;
   flush_hist(s, global_hist);
   if (!is_last_block(st, a.chunks, s)) return;
@@ -329,11 +376,9 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
   if (threadIdx.x == 0) advance_row(st, row, mode, level, prefix, s);
 }
 
-// The kept mass of token i (0 if a threshold removed it), as lesson 09's draw computes it.
-__device__ __forceinline__ u64 kept_mass_of(const float* x, int i, float temperature, float z_max,
-                                            uint32_t threshold) {
-  const float z = scaled_logit(x[i], temperature);
-  return order_key(z) >= threshold ? token_mass(z, z_max) : 0;
+// The kept mass of a token (0 if a threshold removed it), as lesson 09's draw computes it.
+__device__ __forceinline__ u64 kept_mass_of(uint32_t key, float z_max, uint32_t threshold) {
+  return key >= threshold ? token_mass(z_of_key(key), z_max) : 0;
 }
 
 __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
@@ -342,9 +387,9 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   RowState* st = a.ws.states + r;
   if (st->mode != kModeDraw) return;
   const SamplingRow row = a.rows[r];
-  const float* x = a.logits + static_cast<int64_t>(r) * a.row_stride;
+  const uint32_t* keys = a.ws.keys + static_cast<int64_t>(r) * a.ws.key_stride;
   const uint32_t threshold = st->threshold;
-  const float z_max = st->z_max, t = row.temperature;
+  const float z_max = st->z_max;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int segment_len = static_cast<int>(ceil_div(a.chunk_len, kWarps));
   u64* segments = a.ws.segments + static_cast<int64_t>(r) * a.ws.segment_stride;
@@ -358,7 +403,8 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
     int lo, hi;
     segment_range(c, warp, &lo, &hi);
     u64 sum = 0;
-    for (int i = lo + lane; i < hi; i += kWarpSize) sum += kept_mass_of(x, i, t, z_max, threshold);
+    for_each_token<kWarpSize>(keys, lo + lane, hi,
+                              [&](int, uint32_t key) { sum += kept_mass_of(key, z_max, threshold); });
 #pragma unroll
     for (int m = kWarpSize / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
     if (lane == 0) segments[c * kWarps + warp] = sum;
@@ -403,7 +449,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   const int piece = static_cast<int>(ceil_div(hi - lo, kThreads));
   const int p_lo = min(hi, lo + static_cast<int>(threadIdx.x) * piece), p_hi = min(hi, p_lo + piece);
   mine = 0;
-  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass_of(x, i, t, z_max, threshold);
+  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass_of(keys[i], z_max, threshold);
   __syncthreads();  // s.pick_* read above by every thread before it is rewritten
   if (threadIdx.x == 0) s.pick_index = -1;
   u64 segment_mass = 0;
@@ -411,7 +457,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
   u64 cumulative = piece_incl - mine;
   if (cumulative <= u && u < piece_incl) {
     for (int i = p_lo; i < p_hi; ++i) {
-      cumulative += kept_mass_of(x, i, t, z_max, threshold);
+      cumulative += kept_mass_of(keys[i], z_max, threshold);
       if (cumulative > u) {
         s.pick_index = i;
         break;
@@ -429,6 +475,14 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
 
 // ---- the host side ------------------------------------------------------------------------------------
 
+namespace {
+// The keys come first in the workspace; rounded up to 256 bytes so that what follows stays aligned.
+size_t keys_bytes(int max_batch, int64_t max_vocab) {
+  const size_t bytes = sizeof(uint32_t) * static_cast<size_t>(max_vocab) * static_cast<size_t>(max_batch);
+  return (bytes + 255) / 256 * 256;
+}
+}  // namespace
+
 FastSampler::FastSampler(int max_batch, int64_t max_vocab) : max_batch_(max_batch), max_vocab_(max_vocab) {
   TVLLM_REQUIRE(max_batch >= 1, "FastSampler: max_batch must be >= 1, got " + std::to_string(max_batch));
   TVLLM_REQUIRE(max_vocab >= 1 && max_vocab <= kMaxVocab,
@@ -439,16 +493,18 @@ FastSampler::FastSampler(int max_batch, int64_t max_vocab) : max_batch_(max_batc
   TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_pass, kThreads, 0));
   wave_blocks_ = std::max(1, sms * std::max(per_sm, 1));
   max_chunks_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wave_blocks_, max_vocab / kMinChunk)));
+  const size_t keys = keys_bytes(max_batch, max_vocab);
   const size_t states = sizeof(RowState) * static_cast<size_t>(max_batch);
   const size_t hist = sizeof(u64) * kBuckets * static_cast<size_t>(max_batch);
   const size_t segments = sizeof(u64) * static_cast<size_t>(max_chunks_) * kWarps * static_cast<size_t>(max_batch);
-  workspace_ = DeviceBuffer(states + hist + segments);
+  workspace_ = DeviceBuffer(keys + states + hist + segments);
   workspace_.fill_zero();  // the passes keep it zero between calls (counters, argmax slots, histograms)
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 int FastSampler::chunks_per_row(int batch, int64_t vocab) const {
-  const int64_t wanted = ceil_div(wave_blocks_, std::max(batch, 1));
+  // Rounded down: one more block per row than fits would add a second, almost empty wave to every pass.
+  const int64_t wanted = wave_blocks_ / std::max(batch, 1);
   const int64_t chunks = std::min<int64_t>({wanted, std::max<int64_t>(1, vocab / kMinChunk), max_chunks_});
   return static_cast<int>(std::max<int64_t>(1, chunks));
 }
@@ -468,6 +524,9 @@ void FastSampler::sample(const float* logits, int64_t row_stride, int64_t vocab,
   chunks = static_cast<int>(ceil_div(vocab, chunk_len));  // no empty chunk
   char* base = workspace_.as<char>();
   Workspace ws;
+  ws.keys = reinterpret_cast<uint32_t*>(base);
+  ws.key_stride = max_vocab_;
+  base += keys_bytes(max_batch_, max_vocab_);
   ws.states = reinterpret_cast<RowState*>(base);
   ws.hist = reinterpret_cast<u64*>(base + sizeof(RowState) * static_cast<size_t>(max_batch_));
   ws.segments = ws.hist + static_cast<size_t>(kBuckets) * static_cast<size_t>(max_batch_);

@@ -4,11 +4,14 @@
 // the same id as sample_cpu on every row) with many blocks per row and a radix select of 11 bits a pass:
 //
 //   pass      grid (chunks, rows), each block one chunk of its row       the row's last block to finish
-//   first     max key (argmax for greedy rows), top-k digit-1 counts     greedy id | z_max, top-k digit 1
+//   first     key of every z (stored), max key (argmax for greedy rows),  greedy id | z_max, top-k digit 1
+//             top-k digit-1 counts
 //   select x5 one more digit of top-k (counts) or top-p (masses)          picks the bucket, next digit
 //   draw      kept mass of each warp's contiguous segment                 total, U, segment, token
 //
-// Seven kernel launches whatever the rows ask (the rows' knobs live on the device, so the host cannot
+// The first pass divides by the temperature once per token and stores order_key(z); the key is z in an
+// order-preserving encoding, so the later passes read keys and never divide again. Seven kernel launches
+// whatever the rows ask (the rows' knobs live on the device, so the host cannot
 // skip passes; a pass with nothing to do for a row returns at once). Between passes the rows' state and
 // histograms live in a workspace allocated once in the constructor. Masses and counts are integers, so
 // the histograms are added with atomics in any order and still come out exact.
@@ -33,7 +36,8 @@ namespace tvllm {
 class FastSampler final : public TokenSampler {
  public:
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
-  // Allocates and zeroes the workspace (about 16 KiB per row) and synchronises once, here.
+  // Allocates and zeroes the workspace (4 bytes per logit of max_batch x max_vocab for the keys, plus about
+  // 17 KiB per row: 33 MB at 64 x 128256) and synchronises once, here.
   FastSampler(int max_batch, int64_t max_vocab);
 
   // Exactly GpuSampler::sample: logits device fp32, row b at logits + b * row_stride, vocab <= row_stride;
