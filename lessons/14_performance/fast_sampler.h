@@ -16,6 +16,15 @@
 // histograms live in a workspace allocated once in the constructor. Masses and counts are integers, so
 // the histograms are added with atomics in any order and still come out exact.
 //
+// Measured on the H200 (vocab 128256, bf16-rounded normal logits, eager back-to-back calls, µs per call;
+// lesson 09 in brackets):      greedy   temperature   top-k 50    top-p 0.9    top-k 50 + top-p 0.9
+//   batch  1                     29          33          34           40              50
+//                              (19)       (220)       (588)        (698)           (990)
+//   batch 64                     32          65          99          152             163
+//                              (20)       (229)       (620)        (726)          (1039)
+// About 25 µs of each figure is the seven launches themselves (greedy pays them too); top-p's cost is its
+// masses: an exponential per token in its first digit and again in the draw.
+//
 // Engine rules as GpuSampler: sample() allocates nothing, never synchronises, and can be captured in a
 // CUDA graph (the knobs come from the device `rows` array). Unlike GpuSampler, the workspace makes one
 // FastSampler usable by one stream at a time (as a cuBLAS handle's workspace): calls on two streams at
