@@ -183,8 +183,11 @@ int64_t OpenAiServer::shutdown(std::chrono::milliseconds grace) {
       idle_cv_.wait_for(lock, std::chrono::seconds(5), idle);
     }
   }
-  // Every client socket is shut down: no client, however slow (a byte a second, a request that never ends, a
-  // stream it does not read), keeps the process past grace + 5 s.
+  // The handlers are done, but a worker may still be writing a response (a whole completion is written after
+  // its handler returns): a moment for that, then every client socket is shut down. No client, however slow
+  // (a byte a second, a request that never ends, a stream it does not read), keeps the process past about
+  // grace + 10 s.
+  http_->wait_idle(std::chrono::seconds(5));
   http_->close_all();
   http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
