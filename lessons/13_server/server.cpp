@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <sstream>
 
@@ -316,8 +318,6 @@ void OpenAiServer::route() {
   http_->Patch(".*", fallback);
   http_->Delete(".*", fallback);
 
-  // Errors httplib answers itself (413 for a body over the limit, 400 for a malformed request line, ...) get an
-  // OpenAI body too.
   // Before the body is read: a Content-Length over the limit is refused now, without reading (or skipping) a
   // byte of it. httplib would read and drop all of it: 10^15 bytes announced would hold a worker for ever.
   const auto too_large = [this](Response& res) {
@@ -340,6 +340,8 @@ void OpenAiServer::route() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
+  // Errors httplib answers itself (400 for a malformed request line, ...) get an OpenAI body too, and so do the
+  // reads the connection layer failed on purpose (connections.h): past the byte limit (413), past the deadline.
   http_->set_error_handler(httplib::Server::HandlerWithResponse([this, too_large](const Request&, Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // one of ours
     if (current_connection().over_limit) {  // a chunked body (or endless headers) passed the limit as it came
