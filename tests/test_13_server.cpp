@@ -457,14 +457,21 @@ TEST(Server13Backpressure, FullQueueIs429) {
   ServerConfig sc;
   sc.max_waiting = 2;
   Harness h(sc, /*max_sequences=*/1);
-  std::atomic<bool> a_started{false};
+  std::atomic<bool> a_started{false}, a_done{false};
   std::thread a([&] {
     post_stream(h.port, "/v1/completions", completion("A", 300, {{"ignore_eos", true}}), [&](const Stream&) {
       a_started = true;
       return true;
     });
+    a_done = true;
   });
-  while (!a_started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Bounded: a server that refuses A (a stubbed exercise) must fail this test, not hang it.
+  for (const auto until = Clock::now() + std::chrono::seconds(60); !a_started && !a_done && Clock::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!a_started) {
+    a.join();
+    FAIL() << "request A never streamed";
+  }
   std::vector<std::thread> waiting;
   std::vector<Reply> bc(2);
   for (int i = 0; i < 2; ++i)
@@ -511,7 +518,7 @@ TEST_F(Server13, ClientDisconnectAbortsRequest) {
 // requests are refused, and everything is returned.
 TEST(Server13Shutdown, AbortsWhatOutlivesTheGrace) {
   Harness h;
-  std::atomic<bool> started{false};
+  std::atomic<bool> started{false}, done{false};
   Stream s;
   std::thread t([&] {
     s = post_stream(h.port, "/v1/completions", completion(ids_prompt(20, 9), 480, {{"ignore_eos", true}}),
@@ -519,8 +526,14 @@ TEST(Server13Shutdown, AbortsWhatOutlivesTheGrace) {
                       started = true;
                       return true;
                     });
+    done = true;
   });
-  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (const auto until = Clock::now() + std::chrono::seconds(60); !started && !done && Clock::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!started) {
+    t.join();
+    FAIL() << "the request never streamed: " << s.status << " " << s.body;
+  }
   EXPECT_EQ(h.server->shutdown(std::chrono::milliseconds(50)), 1);
   t.join();
   EXPECT_EQ(s.status, 200);

@@ -187,7 +187,7 @@ TEST(ServeCli13, BatchInvariantServeEqualsBatchInvariantGenerate) {
 TEST(ServeCli13, SigtermWithAStreamInFlightExitsZero) {
   ServeProcess s({"--shutdown-timeout", "0.2"});
   ASSERT_GT(s.port(), 0) << s.output();
-  std::atomic<bool> started{false};
+  std::atomic<bool> started{false}, done{false};
   Stream st;
   std::thread t([&] {
     st =
@@ -197,8 +197,15 @@ TEST(ServeCli13, SigtermWithAStreamInFlightExitsZero) {
                       started = true;
                       return true;
                     });
+    done = true;
   });
-  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       !started && !done && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!started) {
+    t.join();
+    FAIL() << "the request never streamed: " << st.status << " " << st.body;
+  }
   EXPECT_EQ(s.stop(SIGTERM), 0);
   t.join();
   EXPECT_TRUE(st.done);

@@ -363,6 +363,7 @@ void HttpServer::worker_loop() {
       std::lock_guard<std::mutex> lock(mutex_);
       busy_.erase(c->fd);
     }
+    idle_cv_.notify_all();
     finish(std::move(c), keep);
   }
 }
@@ -385,6 +386,11 @@ void HttpServer::finish(std::unique_ptr<Conn> c, bool keep) {
     c->deadline = Clock::now() + std::chrono::seconds(2);
   }
   to_poller(std::move(c));
+}
+
+bool HttpServer::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return idle_cv_.wait_for(lock, timeout, [&] { return busy_.empty() && ready_.empty(); });
 }
 
 void HttpServer::close_all() {

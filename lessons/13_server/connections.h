@@ -68,6 +68,9 @@ class HttpServer : public httplib::Server {
   void raise_backlog(int backlog);
   // Starts the poller and the workers; call before listen_after_bind().
   void start_connections();
+  // Waits until no worker holds a connection and none is queued for one (the responses are written), at most
+  // `timeout`. True if it got there.
+  bool wait_idle(std::chrono::milliseconds timeout);
   // Shuts every open client connection down (blocked reads and writes return at once); new ones are refused.
   void close_all();
   // After stop() and the listen thread's return: stops the poller and joins the workers.
@@ -97,7 +100,7 @@ class HttpServer : public httplib::Server {
   std::vector<std::unique_ptr<Conn>> incoming_;  // for the poller
   std::deque<std::unique_ptr<Conn>> ready_;      // for the workers
   std::unordered_map<int, bool> busy_;           // sockets a worker holds (close_all shuts them down)
-  std::condition_variable ready_cv_;
+  std::condition_variable ready_cv_, idle_cv_;
   std::thread poller_;
   std::vector<std::thread> workers_;
 };

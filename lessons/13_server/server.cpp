@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <sstream>
 
@@ -183,8 +185,11 @@ int64_t OpenAiServer::shutdown(std::chrono::milliseconds grace) {
       idle_cv_.wait_for(lock, std::chrono::seconds(5), idle);
     }
   }
-  // Every client socket is shut down: no client, however slow (a byte a second, a request that never ends, a
-  // stream it does not read), keeps the process past grace + 5 s.
+  // The handlers are done, but a worker may still be writing a response (a whole completion is written after
+  // its handler returns): a moment for that, then every client socket is shut down. No client, however slow
+  // (a byte a second, a request that never ends, a stream it does not read), keeps the process past about
+  // grace + 10 s.
+  http_->wait_idle(std::chrono::seconds(5));
   http_->close_all();
   http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
@@ -313,8 +318,6 @@ void OpenAiServer::route() {
   http_->Patch(".*", fallback);
   http_->Delete(".*", fallback);
 
-  // Errors httplib answers itself (413 for a body over the limit, 400 for a malformed request line, ...) get an
-  // OpenAI body too.
   // Before the body is read: a Content-Length over the limit is refused now, without reading (or skipping) a
   // byte of it. httplib would read and drop all of it: 10^15 bytes announced would hold a worker for ever.
   const auto too_large = [this](Response& res) {
@@ -337,6 +340,8 @@ void OpenAiServer::route() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
+  // Errors httplib answers itself (400 for a malformed request line, ...) get an OpenAI body too, and so do the
+  // reads the connection layer failed on purpose (connections.h): past the byte limit (413), past the deadline.
   http_->set_error_handler(httplib::Server::HandlerWithResponse([this, too_large](const Request&, Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // one of ours
     if (current_connection().over_limit) {  // a chunked body (or endless headers) passed the limit as it came

@@ -17,7 +17,11 @@
 // admitted requests by max_sequences + max_waiting; one more is answered 429 at once (an OpenAI client retries
 // with backoff), never queued without bound.
 // Shutdown (shutdown(), the serve command's SIGINT/SIGTERM): new requests get 503, in-flight ones may finish
-// within the grace period, the rest are aborted (their KV returns to the pool), then the threads stop.
+// within the grace period, the rest are aborted (their KV returns to the pool), every client connection is
+// closed (no client keeps the process alive), then the threads stop.
+// Connections (connections.h): a request must arrive whole within read_timeout_s, its bytes count against
+// max_body_bytes whatever the framing, at most max_connections are open; a request still arriving holds no
+// HTTP worker.
 #pragma once
 
 #include <atomic>
@@ -105,8 +109,9 @@ class OpenAiServer {
   bool running() const { return running_; }
 
   // Stops accepting (new generation requests: 503), lets in-flight requests finish for up to `grace`, aborts
-  // the rest (streams end with an error event, non-streaming requests get 503), then stops the HTTP and engine
-  // threads. Idempotent. Returns the number of requests it had to abort.
+  // the rest (streams end with an error event, non-streaming requests get 503), gives the workers up to 5 s to
+  // write, shuts every client socket down, then stops the HTTP and engine threads: it returns within about
+  // grace + 10 s whatever the clients do. Idempotent. Returns the number of requests it had to abort.
   int64_t shutdown(std::chrono::milliseconds grace);
 
   ServerStats stats() const;

@@ -6,10 +6,10 @@
 //                       [--prompt-len P] [--duration-limit S] [--model NAME] [--api-key KEY] [--output text|json]
 //
 // serve: lesson 13's OpenAI-compatible server over the engine (lessons 11-12). It warms the engine up (a dummy
-//   request through each code path), then prints "listening on http://HOST:PORT" once it accepts connections (--port 0: any free port, the line says which),
-// one line per finished request on stderr (unless --quiet), and on SIGINT/SIGTERM stops accepting (503), lets
-// in-flight requests finish for --shutdown-timeout seconds, aborts the rest and exits 0. A second signal exits at
-// once (130).
+// request through each code path), then prints "listening on http://HOST:PORT" once it accepts connections
+// (--port 0: any free port, the line says which), one line per finished request on stderr (unless --quiet), and
+// on SIGINT/SIGTERM stops accepting (503), lets in-flight requests finish for --shutdown-timeout seconds, aborts
+// the rest, closes every connection and exits 0. A second signal exits at once (130).
 // bench serve: lesson 13's load generator against a running server on this machine (loopback only).
 #include <unistd.h>
 
