@@ -226,7 +226,8 @@ void add_serve_commands(CLI::App& app) {
     g_exit_code = 0;
   });
 
-  // `bench` may already exist (lesson 14's bench decode / throughput): serve joins it.
+  // `bench` exists when the engine is built (main.cpp: `bench throughput`, lessons 11-12); serve joins it, and
+  // lesson 14's `bench latency` comes after.
   CLI::App* bench = nullptr;
   try {
     bench = app.get_subcommand("bench");
