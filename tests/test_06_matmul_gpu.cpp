@@ -210,8 +210,8 @@ TEST_P(Matmul06Kernel, RunsOnTheHandlesStream) {
 }
 
 TEST_P(Matmul06Kernel, GraphCaptureReplaysEqualToEager) {
-  // What lesson 14 will do with a whole forward step: capture the launches on a stream into a CUDA
-  // graph, then replay it. A capture fails if the call allocates, synchronises or touches the legacy
+  // What lesson 14's graph runner does with a whole decode step: capture the launches on a stream into a
+  // CUDA graph, then replay it. A capture fails if the call allocates, synchronises or touches the legacy
   // default stream; the replay must write the same bits as the eager call.
   TVLLM_REQUIRE_GPU();
   CudaStream stream;

@@ -326,7 +326,8 @@ TEST(KvCacheGpu, GraphOfADecodeStepReplaysTheEagerStep) {
   const cudaStream_t stream = gen.context().stream();
   // A graph keeps its launch shapes, the decode split count among them; decode_splits() may pick another count
   // when a context crosses a multiple of kMinKeysPerSplit, and the eager step would then sum in another order.
-  // So every decode step here (generate's too) uses the same 3 splits (lesson 14 captures per shape bucket).
+  // So every decode step here (generate's too) uses the same 3 splits (lesson 14's graph runner pins the count
+  // per context bucket, a power of two, through AttentionBackend::pin_decode_splits).
   gen.attention().force_decode_splits(3);
   // What plain generation produces for these two prompts: the ids the steps below must reproduce.
   const std::vector<GenerateResult> greedy = gen.generate({p0, p1}, [] {

@@ -1,5 +1,5 @@
 // The subcommands of `tiny-vllm`. Each lives in its own file and registers itself on the app;
-// later lessons add theirs (tokenize, generate, serve, bench, make-model) the same way.
+// the lessons add theirs (tokenize and detokenize, generate, chat, bench, serve) the same way.
 #pragma once
 
 #include <CLI/CLI.hpp>
