@@ -26,6 +26,7 @@
 #include "model_dir.h"
 #include "model_weights.h"
 #include "server.h"
+#include "server/bundled_model.h"
 #include "server/http_client.h"
 #include "tokenizer.h"
 
@@ -37,17 +38,6 @@ using namespace tvllm::testing_http;
 using Clock = std::chrono::steady_clock;
 
 const char* const kModel = "tiny-llama3";
-
-struct Model {
-  ModelDir dir = ModelDir::open(TVLLM_TINY_MODEL_DIR);
-  Tokenizer tok = Tokenizer::from_file(std::string(TVLLM_TINY_MODEL_DIR) + "/tokenizer.json");
-  std::optional<ChatTemplate> chat = ChatTemplate::from_model_dir(TVLLM_TINY_MODEL_DIR);
-  ModelWeights weights = ModelWeights::bind(dir, Device::CPU);
-};
-Model& model() {
-  static Model m;
-  return m;
-}
 
 struct Harness {
   explicit Harness(ServerConfig sc = {}) {

@@ -19,6 +19,7 @@
 #include "model_dir.h"
 #include "model_weights.h"
 #include "server.h"
+#include "server/bundled_model.h"
 #include "server/http_client.h"
 #include "tokenizer.h"
 
@@ -31,18 +32,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kContext = 512;
 const char* const kModel = "tiny-llama3";
-
-// The bundled model, loaded once for the whole suite.
-struct Model {
-  ModelDir dir = ModelDir::open(TVLLM_TINY_MODEL_DIR);
-  Tokenizer tok = Tokenizer::from_file(std::string(TVLLM_TINY_MODEL_DIR) + "/tokenizer.json");
-  std::optional<ChatTemplate> chat = ChatTemplate::from_model_dir(TVLLM_TINY_MODEL_DIR);
-  ModelWeights weights = ModelWeights::bind(dir, Device::CPU);
-};
-Model& model() {
-  static Model m;
-  return m;
-}
 
 // An engine and a server in front of it.
 struct Harness {

@@ -22,53 +22,17 @@
 #include "common/random.h"
 #include "fast_sampler.h"
 #include "sampling.h"
+#include "testing/sampling_batch.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-SamplingRow row_of(float temperature, int top_k, float top_p, uint64_t seed, uint64_t step) {
-  SamplingParams p;
-  p.temperature = temperature;
-  p.top_k = top_k;
-  p.top_p = top_p;
-  p.seed = seed;
-  return make_sampling_row(p, step);
-}
-
-std::string describe(const SamplingRow& r) {
-  return "T=" + std::to_string(r.temperature) + " k=" + std::to_string(r.top_k) + " p=" + std::to_string(r.top_p) +
-         " seed=" + std::to_string(r.seed) + " step=" + std::to_string(r.step);
-}
-
-// A batch on the device: logits [batch, stride], rows [batch], ids [batch] (poisoned with -1).
-struct DeviceBatch {
-  DeviceBatch(const std::vector<float>& logits, const std::vector<SamplingRow>& rows)
-      : logits_d(std::max<size_t>(1, logits.size()) * sizeof(float)),
-        rows_d(std::max<size_t>(1, rows.size()) * sizeof(SamplingRow)),
-        ids_d(std::max<size_t>(1, rows.size()) * sizeof(int32_t)),
-        batch(static_cast<int>(rows.size())) {
-    logits_d.copy_from_host(logits.data(), logits.size() * sizeof(float));
-    rows_d.copy_from_host(rows.data(), rows.size() * sizeof(SamplingRow));
-    poison();
-  }
-  void poison() {
-    TVLLM_CUDA_CHECK(cudaMemset(ids_d.data(), 0xFF, ids_d.bytes()));
-    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  std::vector<int32_t> ids() const {
-    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<int32_t> out(static_cast<size_t>(batch));
-    ids_d.copy_to_host(out.data(), out.size() * sizeof(int32_t));
-    return out;
-  }
-  const float* logits() const { return logits_d.as<float>(); }
-  const SamplingRow* rows() const { return rows_d.as<SamplingRow>(); }
-  int32_t* out() const { return ids_d.as<int32_t>(); }
-
-  DeviceBuffer logits_d, rows_d, ids_d;
-  int batch;
-};
+using testing::describe;
+using testing::DeviceBatch;
+using testing::expect_same_ids;
+using testing::row_of;
+using testing::sample_on_cpu;
 
 std::vector<int32_t> sample_fast(const FastSampler& sampler, const std::vector<float>& logits, int64_t stride,
                                  int64_t vocab, const std::vector<SamplingRow>& rows) {
@@ -85,52 +49,12 @@ std::vector<int32_t> sample_lesson09(const std::vector<float>& logits, int64_t s
   return d.ids();
 }
 
-std::vector<int32_t> sample_on_cpu(const std::vector<float>& logits, int64_t stride, int64_t vocab,
-                                   const std::vector<SamplingRow>& rows) {
-  std::vector<int32_t> ids;
-  for (size_t b = 0; b < rows.size(); ++b)
-    ids.push_back(sample_cpu(logits.data() + b * static_cast<size_t>(stride), vocab, rows[b]));
-  return ids;
-}
-
-// Counts the rows where the fast sampler and the oracle differ; reports the first few.
-void expect_same_ids(const std::vector<int32_t>& fast, const std::vector<int32_t>& oracle,
-                     const std::vector<SamplingRow>& rows, const std::string& what) {
-  ASSERT_EQ(fast.size(), oracle.size());
-  int mismatches = 0;
-  std::string first;
-  for (size_t b = 0; b < fast.size(); ++b) {
-    if (fast[b] == oracle[b]) continue;
-    if (++mismatches <= 5)
-      first += "\n  row " + std::to_string(b) + " (" + describe(rows[b]) + "): fast " + std::to_string(fast[b]) +
-               " oracle " + std::to_string(oracle[b]);
-  }
-  EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << fast.size() << " rows differ" << first;
-}
-
-// Logits shaped like a model's, at several scales: normal with a row-specific spread (tiny to huge), half
-// of the rows rounded to bf16 (ties everywhere, as a bf16 lm_head gives them), some with strong favourites.
+// Logits at several scales, tiny to huge (the spread of row `seed`).
 std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
   static const float kScales[] = {1e-3f, 0.5f, 2.0f, 6.0f, 40.0f};
-  const float spread = kScales[seed % 5] * (0.5f + rng.uniform());
-  std::vector<float> row = random_normal(static_cast<size_t>(vocab), seed * 31 + 7, spread);
-  if (seed % 2 == 0)
-    for (float& x : row) x = bf16_to_f32(f32_to_bf16(x));
-  if (seed % 3 == 0)
-    for (int j = 0; j < 5; ++j) row[static_cast<size_t>(rng.below(vocab))] += 4.0f * spread;
-  return row;
+  return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
-
-SamplingRow random_row_params(Rng& rng, int64_t vocab) {
-  static const float kTemps[] = {0.0f, 0.05f, 0.5f, 0.8f, 1.0f, 1.0f, 1.7f, 5.0f};
-  static const float kTopP[] = {1.0f, 1.0f, 0.999f, 0.95f, 0.9f, 0.5f, 0.1f, 1e-6f};
-  const int64_t ks[] = {0, 0, 1, 2, 7, 50, 1000, vocab - 1, vocab, vocab + 3};
-  const float t = kTemps[rng.below(8)];
-  const int k = static_cast<int>(std::max<int64_t>(0, ks[rng.below(10)]));
-  const float p = kTopP[rng.below(8)];
-  return row_of(t, k, p, rng.next_u64(), rng.next_u64());
-}
+using testing::random_row_params;
 
 TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
   TVLLM_REQUIRE_GPU();
