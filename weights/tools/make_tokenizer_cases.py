@@ -21,6 +21,11 @@ Llama-architecture checkpoint ships:
                      the Metaspace decoder instead of the normalizer (transformers' legacy=False conversion)
   sp_unk_split       the same merges without byte fallback: Metaspace(prepend_scheme "always", split true), an
                      unknown character becomes <unk> (fuse_unk false)
+  qwen2_style        byte-level BPE as Qwen2 / Qwen2.5 / Qwen3 ship it: normalizer NFC, Split(Qwen2's regex: one
+                     digit per piece) + ByteLevel(use_regex false), ByteLevel post-processor (no BOS) and decoder,
+                     continuing_subword_prefix / end_of_word_suffix "", and Qwen3's added tokens (Qwen2.5's 22,
+                     <|endoftext|> <|im_start|> <|im_end|> ... <|file_sep|>, plus <tool_response>
+                     </tool_response> <think> </think>), special or not as in the real file
 and the bundled weights/tiny-llama3/tokenizer.json (cases only; the file itself is make_tiny_model.py's).
 
 For every fixture, <name>.cases.json holds, for a few hundred texts (scripts, emoji, whitespace, CRLF, digits,
@@ -47,6 +52,21 @@ LLAMA3_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's pre-tokenizer: Llama 3's regex with \p{N} instead of \p{N}{1,3} (every digit a piece of its own).
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen3's added tokens in id order (Qwen2.5's are the first 22), with their "special" flag.
+QWEN_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+]
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
     "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -85,6 +105,26 @@ def llama3_style(texts: list[str]) -> Tokenizer:
                                       special_tokens=[(bos, tok.token_to_id(bos))]),
     ])
     return tok
+
+
+def qwen2_style(texts: list[str]) -> str:
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=1000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    for content, special in QWEN_ADDED:  # one at a time: ids follow the model's, in this order
+        tok.add_tokens([AddedToken(content, special=special, normalized=False)])
+    t = json.loads(tok.to_str())
+    # As Qwen's file has them (our loader accepts "" as "none").
+    t["model"]["continuing_subword_prefix"] = ""
+    t["model"]["end_of_word_suffix"] = ""
+    return json.dumps(t, ensure_ascii=False, indent=2)
 
 
 def gpt2_model(texts: list[str]) -> Tokenizer:
@@ -261,6 +301,24 @@ HAND = [
     ("markdown", "# Title\n\n- item *one*\n- item **two**\n\n```cpp\nint x = 0;\n```\n> quote"),
     ("html", "<div class=\"a\">x &amp; y &lt;z&gt;</div><br/>"),
     ("sentencepiece_chars", "▁ ▁▁ a▁b ▁x"),
+    # Texts that NFC changes (Qwen2's normalizer): decomposed accents compose, marks reorder canonically,
+    # conjoining Hangul jamo become syllables, singletons map to their canonical twins, composition
+    # exclusions stay decomposed, compatibility characters (NFKC's business) stay.
+    ("nfc_combining", "e\u0301 a\u0300 o\u0302 u\u0308 n\u0303 c\u0327 A\u030a Cafe\u0301 cre\u0300me bru\u0302le\u0301e"),
+    ("nfc_reorder", "a\u0302\u0323 a\u0323\u0302 q\u0307\u0323 x\u0301\u0316 e\u0323\u0302\u0301"),
+    ("nfc_hangul_jamo", "\u1100\u1161 \u1100\u1161\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af \uac00\u11a8 \u1100\u1100\u1161"),
+    ("nfc_singletons", "\u212b \u2126 \u212a K \u0340\u0341 \u1fee x\u2000y \u2001 \u0374 \u037e \u0387"),
+    ("nfc_exclusions", "\u0958 \u0915\u093c \u2adc \ufb1d \u05d9\u05b4 \u0f43 \u0344"),
+    ("nfc_vietnamese", "Tie\u0302\u0301ng Vie\u0323\u0302t ngu\u031bo\u031b\u0300i Ti\u1ebfng Vi\u1ec7t"),
+    ("nfc_greek", "\u03b1\u0313\u0301 \u1f00\u0301 \u0391\u0345 \u03c9\u0342\u0345 \u03b9\u0308\u0301"),
+    ("nfc_compatibility_kept", "\ufb01 x\u00b2 \u2460 \uff76 \u3300 \u2163 \u00bd \u1e9b\u0323"),
+    ("nfc_starts_with_mark", "\u0301abc \u0308"),
+    ("nfc_mark_alone", "\u0301"),
+    ("nfc_long_mark_run", "a" + "\u0301\u0300\u0302\u0323\u0316" * 10 + " o\u0308"),
+    ("nfc_marks_by_special", "<|im_end|>\u0301x e<|im_start|>\u0301 o<|endoftext|>\u0308"),
+    ("nfc_mixed", "Zoe\u0308 Dvor\u030ca\u0301k Stras\u0073e \u1100\u1161\u11a8 \u212bngstr\u00f6m"),
+    ("qwen_added", "<|im_start|>assistant\n<think>\nhmm\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>"
+                   "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|><|vision_start|><|image_pad|><|vision_end|>"),
     ("byte_lookalikes", "<0x41> <0xE2><0x82><0xAC> Ġhello Ċ"),
 ]
 
@@ -379,6 +437,7 @@ def main() -> None:
     for name, make in (("llama2_style", llama2_style), ("llama2_metaspace", llama2_metaspace),
                        ("sp_unk_split", sp_unk_split)):
         fixtures[name] = json.dumps(make(base), ensure_ascii=False, indent=2)
+    fixtures["qwen2_style"] = qwen2_style(corpus)  # last: the seeds of the fixtures above stay as they were
 
     texts = all_texts(corpus)
     for seed, (name, text) in enumerate(fixtures.items()):
