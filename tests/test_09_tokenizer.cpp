@@ -142,6 +142,7 @@ TEST(TokenizerCases, Llama2Metaspace) { check_fixture("llama2_metaspace"); }
 TEST(TokenizerCases, SentencePieceUnkSplit) { check_fixture("sp_unk_split"); }
 TEST(TokenizerCases, Gpt2Digits) { check_fixture("gpt2_digits"); }
 TEST(TokenizerCases, Qwen2Style) { check_fixture("qwen2_style"); }
+TEST(TokenizerCases, MistralV03Style) { check_fixture("mistral_v0_3_style"); }
 
 TEST(TokenizerDecode, Llama3Style) { check_fixture_decodes("llama3_style"); }
 TEST(TokenizerDecode, Gpt2Style) { check_fixture_decodes("gpt2_style"); }
@@ -151,6 +152,30 @@ TEST(TokenizerDecode, Llama2Metaspace) { check_fixture_decodes("llama2_metaspace
 TEST(TokenizerDecode, SentencePieceUnkSplit) { check_fixture_decodes("sp_unk_split"); }
 TEST(TokenizerDecode, Gpt2Digits) { check_fixture_decodes("gpt2_digits"); }
 TEST(TokenizerDecode, Qwen2Style) { check_fixture_decodes("qwen2_style"); }
+TEST(TokenizerDecode, MistralV03Style) { check_fixture_decodes("mistral_v0_3_style"); }
+
+// Mistral v0.3's layout: [INST] / [/INST] are special tokens matched before the pre-tokenizer, which puts a
+// "▁" in front of the text's first word only (prepend_scheme "first"); unknown characters fall back to bytes.
+TEST(TokenizerMistral, ControlTokensAndByteFallback) {
+  const Tokenizer tok = Tokenizer::from_file(fixtures_dir() / "mistral_v0_3_style.tokenizer.json");
+  EXPECT_EQ(tok.token_to_id("[INST]"), std::optional<int32_t>(3));
+  EXPECT_EQ(tok.token_to_id("[/INST]"), std::optional<int32_t>(4));
+  EXPECT_EQ(tok.token_to_id("<0x00>"), std::optional<int32_t>(3 + 7 + 16));  // after the 23 control tokens
+  EXPECT_TRUE(tok.is_special(3));
+  const std::vector<int32_t> ids = tok.encode("<s>[INST] hi[/INST]");
+  ASSERT_GE(ids.size(), 4u);
+  EXPECT_EQ(ids.front(), 1);
+  EXPECT_EQ(ids[1], 3);
+  EXPECT_EQ(ids.back(), 4);
+  // " hi" after [INST]: its own space becomes "▁", no second one is prepended (not the text's start).
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + 2, ids.end() - 1), tok.encode("hi"));
+  // A character the vocabulary lacks: its UTF-8 bytes as <0xNN> tokens, and back.
+  const std::vector<int32_t> snow = tok.encode("\u2603");  // ☃: "▁" then 3 bytes
+  ASSERT_EQ(snow.size(), 4u);
+  EXPECT_EQ(snow[1], *tok.token_to_id("<0xE2>"));
+  EXPECT_EQ(tok.decode(snow), "\u2603");
+  EXPECT_EQ(tok.decode(ids, /*skip_special_tokens=*/true), "hi");
+}
 
 // Qwen2's tokenizer: the NFC normalizer and the regex that cuts every digit alone, seen directly.
 TEST(TokenizerQwen2, NfcAndSingleDigits) {

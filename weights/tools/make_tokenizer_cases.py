@@ -21,6 +21,10 @@ Llama-architecture checkpoint ships:
                      the Metaspace decoder instead of the normalizer (transformers' legacy=False conversion)
   sp_unk_split       the same merges without byte fallback: Metaspace(prepend_scheme "always", split true), an
                      unknown character becomes <unk> (fuse_unk false)
+  mistral_v0_3_style SentencePiece-style BPE as Mistral-7B-v0.3 lays it out: <unk> <s> </s>, then [INST] [/INST]
+                     [TOOL_CALLS] ... [control_N] as special added tokens, then the <0xNN> byte tokens;
+                     Metaspace(prepend_scheme "first", split false), byte_fallback, the Llama 2 decoder.
+                     (Mistral v0.1/v0.2's tokenizer.json is llama2_style's layout: Prepend + Replace normalizer.)
   qwen2_style        byte-level BPE as Qwen2 / Qwen2.5 / Qwen3 ship it: normalizer NFC, Split(Qwen2's regex: one
                      digit per piece) + ByteLevel(use_regex false), ByteLevel post-processor (no BOS) and decoder,
                      continuing_subword_prefix / end_of_word_suffix "", and Qwen3's added tokens (Qwen2.5's 22,
@@ -146,21 +150,24 @@ def as_string_merges(tok_json: dict) -> dict:
     return tok_json
 
 
-def sentencepiece_base(texts: list[str]) -> dict:
-    """A Llama 2-shaped BPE model as JSON: <unk> <s> </s>, the 256 <0xNN> byte tokens, then the trained
-    pieces (words start with "▁"), with the merges of the training run."""
+def sentencepiece_base(texts: list[str], controls: tuple[str, ...] = ()) -> dict:
+    """A Llama 2-shaped BPE model as JSON: <unk> <s> </s>, the `controls` (Mistral v0.3's [INST] ...), the
+    256 <0xNN> byte tokens, then the trained pieces (words start with "▁"), with the merges of the training
+    run."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
     tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=700, show_progress=False))
     trained = json.loads(tok.to_str())["model"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for c in controls:
+        vocab[c] = len(vocab)
     for b in range(256):
-        vocab[f"<0x{b:02X}>"] = 3 + b
+        vocab[f"<0x{b:02X}>"] = len(vocab)
     for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
         if piece not in vocab:
             vocab[piece] = len(vocab)
     specials = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                 "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>")]
+                 "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>", *controls)]
     return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": specials,
         "normalizer": None, "pre_tokenizer": None,
@@ -198,6 +205,22 @@ def llama2_metaspace(base: dict) -> dict:
     t = json.loads(json.dumps(base))
     t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
     t["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    return t
+
+
+# Mistral-7B-v0.3's control tokens (ids 3..): the tool tokens, then [control_8] ... (the real file has them up
+# to [control_768]; a few are enough to test that they are matched whole and skipped when decoding).
+MISTRAL_V0_3_CONTROLS = ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                         "[TOOL_RESULTS]", "[/TOOL_RESULTS]", *(f"[control_{i}]" for i in range(8, 24)))
+
+
+def mistral_v0_3_style(texts: list[str]) -> dict:
+    """Mistral-7B-v0.3's layout: SentencePiece BPE with byte fallback, [INST] / [/INST] as special control
+    tokens matched before anything else, the Metaspace pre-tokenizer with prepend_scheme "first" (a "▁" in
+    front of the text's first word only, not after every control token), the Llama 2 decoder."""
+    t = sentencepiece_base(texts, MISTRAL_V0_3_CONTROLS)
+    t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    t["decoder"] = SP_DECODER
     return t
 
 
@@ -293,6 +316,9 @@ HAND = [
                     "<|start_header_id|>assistant<|end_header_id|>\n\n"),
     ("chat_llama2", "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHello! [/INST] Hi there. </s><s>[INST] Bye [/INST]"),
     ("chatml", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"),
+    ("chat_mistral_v0_3", "<s>[INST] Be brief.\n\nWhat is 2+2?[/INST] 4</s>[INST] And 3+3?[/INST]"),
+    ("chat_mistral_v0_2", "<s> [INST] What is 2+2? [/INST] 4</s> [INST] And 3+3? [/INST]"),
+    ("mistral_controls", "[TOOL_CALLS] [AVAILABLE_TOOLS][{}][/AVAILABLE_TOOLS]x[control_8] [control_9][INST]"),
     ("repeated_char", "a" * 300),
     ("repeated_space", " " * 200 + "x"),
     ("repeated_emoji", "😀" * 200),
@@ -438,6 +464,7 @@ def main() -> None:
                        ("sp_unk_split", sp_unk_split)):
         fixtures[name] = json.dumps(make(base), ensure_ascii=False, indent=2)
     fixtures["qwen2_style"] = qwen2_style(corpus)  # last: the seeds of the fixtures above stay as they were
+    fixtures["mistral_v0_3_style"] = json.dumps(mistral_v0_3_style(corpus), ensure_ascii=False, indent=2)
 
     texts = all_texts(corpus)
     for seed, (name, text) in enumerate(fixtures.items()):
