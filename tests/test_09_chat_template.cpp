@@ -57,19 +57,22 @@ TEST(ChatTemplate, EveryFixtureCaseRendersExactlyAsTransformers) {
     const std::string today = c["today"].is_null() ? "" : c["today"].get<std::string>();
     const bool agp = c["add_generation_prompt"].get<bool>();
     const bool thinking = c.value("enable_thinking", true);  // absent: the template's default
-    const std::string label = c["template"].get<std::string>() + " / " + c["conversation"].get<std::string>() +
-                              (agp ? "" : " (no generation prompt)") + (thinking ? "" : " (enable_thinking false)");
+    const std::string label = c["template"].get<std::string>() + " / " +
+                              c["conversation"].get<std::string>() + (agp ? "" : " (no generation prompt)") +
+                              (thinking ? "" : " (enable_thinking false)");
     if (c.contains("error")) {  // the template itself raised
       EXPECT_THROW(tmpl.render(messages, agp, today, thinking), InputError) << label;
       ++errors;
     } else {
-      EXPECT_EQ(visible(tmpl.render(messages, agp, today, thinking)), visible(c["rendered"].get<std::string>()))
+      EXPECT_EQ(visible(tmpl.render(messages, agp, today, thinking)),
+                visible(c["rendered"].get<std::string>()))
           << label;
     }
     ++checked;
   }
   EXPECT_GE(checked, 250);
-  EXPECT_GE(errors, 10);  // Llama 2's and Mistral's "roles must alternate", Mistral's "only user and assistant"
+  EXPECT_GE(errors,
+            10);  // Llama 2's and Mistral's "roles must alternate", Mistral's "only user and assistant"
 }
 
 TEST(ChatTemplate, BundledTemplateMatchesTheReferenceChatPrompt) {
@@ -139,15 +142,19 @@ TEST(ChatTemplate, Qwen3ThinkingAndHistory) {
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
   EXPECT_EQ(t.render(one, false, {}, false), "<|im_start|>user\nHi<|im_end|>\n");  // no prompt, no block
   // Reasoning before the last user query is dropped; after it, kept (and trimmed of newlines).
-  const std::vector<ChatMessage> history = {{"user", "a"}, {"assistant", "<think>\nr1\n</think>\n\nA1"},
-                                            {"user", "b"}, {"assistant", "<think>\n\nr2\n</think>\nA2"}};
-  EXPECT_EQ(t.render(history, false),
-            "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nb<|im_end|>\n"
-            "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
+  const std::vector<ChatMessage> history = {{"user", "a"},
+                                            {"assistant", "<think>\nr1\n</think>\n\nA1"},
+                                            {"user", "b"},
+                                            {"assistant", "<think>\n\nr2\n</think>\nA2"}};
+  EXPECT_EQ(
+      t.render(history, false),
+      "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nb<|im_end|>\n"
+      "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
 }
 
 TEST(ChatTemplate, MistralVariantsReadFromTheTemplate) {
-  const std::vector<ChatMessage> conv = {{"system", "S"}, {"user", "u1"}, {"assistant", " a1 "}, {"user", "u2"}};
+  const std::vector<ChatMessage> conv = {
+      {"system", "S"}, {"user", "u1"}, {"assistant", " a1 "}, {"user", "u2"}};
   const ChatTemplate v2 = *ChatTemplate::from_model_dir(cases_dir() / "mistral_v0_2");
   EXPECT_EQ(v2.family(), ChatFamily::Mistral);
   EXPECT_EQ(v2.render(conv), "<s> [INST] S\n\nu1 [/INST]  a1 </s> [INST] u2 [/INST]");

@@ -1,4 +1,5 @@
-// Lesson 09: chat templates recognised by family and rendered with code (chat_template.h; README.md, section 13).
+// Lesson 09: chat templates recognised by family and rendered with code (chat_template.h; the chapter:
+// README.md, section 13).
 #include "chat_template.h"
 
 #include <ctime>
@@ -204,7 +205,8 @@ ChatTemplate ChatTemplate::recognise(std::string_view jinja, std::string bos_tok
   // enable_thinking. Other reasoning templates (QwQ, DeepSeek-R1 distills, Qwen3-2507) rewrite differently:
   // no family of ours renders them exactly.
   if (has(jinja, "<|im_start|>") && has(jinja, "<think>") && has(jinja, "last_query_index") &&
-      has(jinja, "reasoning_content") && has(jinja, "enable_thinking is defined and enable_thinking is false")) {
+      has(jinja, "reasoning_content") &&
+      has(jinja, "enable_thinking is defined and enable_thinking is false")) {
     t.family_ = ChatFamily::Qwen3;
     return t;
   }
@@ -358,7 +360,8 @@ void ChatTemplate::read_mistral(std::string_view jinja, const std::string& what)
 // ---- rendering ---------------------------------------------------------------------------------------------
 
 // Mistral: "<s>[INST] user[/INST] answer</s>" with the literals read_mistral() found. Roles must alternate
-// user/assistant after an optional first system message; add_generation_prompt changes nothing ([/INST] asks).
+// user/assistant after an optional first system message; add_generation_prompt changes nothing (the
+// [/INST] already asks for the answer).
 void ChatTemplate::render_mistral(const std::vector<ChatMessage>& messages, std::string& out) const {
   size_t first = 0;
   const bool has_system = system_place_ != SystemPlace::Nowhere && messages[0].role == "system";
@@ -366,9 +369,10 @@ void ChatTemplate::render_mistral(const std::vector<ChatMessage>& messages, std:
   for (size_t i = first; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if ((role == "user") != ((i - first) % 2 == 0) || role == "system")
-      throw InputError("chat template: after the optional system message, conversation roles must alternate "
-                       "user/assistant/user/assistant/... (the Mistral template refuses message " +
-                       std::to_string(i) + ", role " + role + ")");
+      throw InputError(
+          "chat template: after the optional system message, conversation roles must alternate "
+          "user/assistant/user/assistant/... (the Mistral template refuses message " +
+          std::to_string(i) + ", role " + role + ")");
   }
   if (prints_bos_) out += bos_;
   for (size_t i = first; i < messages.size(); ++i) {
@@ -376,8 +380,8 @@ void ChatTemplate::render_mistral(const std::vector<ChatMessage>& messages, std:
     if (m.role == "user") {
       // v0.3 folds the system message into the conversation's LAST message only when that is a user turn
       // (a conversation that ends with an answer loses it); v0.1/v0.2 into the first user turn.
-      const bool with_system = has_system && (system_place_ == SystemPlace::FirstTurn ? i == first
-                                                                                       : i + 1 == messages.size());
+      const bool with_system =
+          has_system && (system_place_ == SystemPlace::FirstTurn ? i == first : i + 1 == messages.size());
       out += inst_open_ + (with_system ? messages[0].content + "\n\n" : "") + m.content + inst_close_;
     } else {
       out += answer_prefix_ + (trims_answer_ ? python_strip(m.content) : m.content) + eos_ + answer_suffix_;
@@ -414,11 +418,12 @@ void ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages, bool a
     std::string_view content = m.content, reasoning;
     constexpr std::string_view kEnd = "</think>", kStart = "<think>";
     if (const size_t end = content.find(kEnd); end != std::string_view::npos) {
-      reasoning = rstrip_newlines(content.substr(0, end));                        // before the first </think>
+      reasoning = rstrip_newlines(content.substr(0, end));  // before the first </think>
       if (const size_t start = reasoning.rfind(kStart); start != std::string_view::npos)
-        reasoning = reasoning.substr(start + kStart.size());                       // after the last <think>
+        reasoning = reasoning.substr(start + kStart.size());  // after the last <think>
       reasoning = lstrip_newlines(reasoning);
-      content = lstrip_newlines(content.substr(content.rfind(kEnd) + kEnd.size()));  // after the last </think>
+      content =
+          lstrip_newlines(content.substr(content.rfind(kEnd) + kEnd.size()));  // after the last </think>
     }
     out += "<|im_start|>assistant\n";
     if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {

@@ -8,8 +8,8 @@
 // chat_template.jinja), and transformers' apply_chat_template runs it. We do not interpret Jinja: we
 // recognise which FAMILY a template belongs to from fingerprints in its text, and render that family with
 // plain code, byte for byte what apply_chat_template(messages, tokenize=False, add_generation_prompt=...)
-// renders (tests/data/chat_templates: the real templates run through transformers). CHAT_TEMPLATES.md is the
-// chapter.
+// renders (tests/data/chat_templates: the real templates run through transformers). README.md, section 13,
+// is the chapter.
 //
 //   llama3    "<|start_header_id|>" + "<|eot_id|>": Llama 3 Instruct, the bundled model's template.
 //             bos_token, then each message as a header and its content trimmed (Python's str.strip).

@@ -39,6 +39,7 @@ std::array<std::string, 256> build_byte_table() {
   // Hint: why bother: a vocabulary is a JSON object of strings, and every byte must be writable as one.
   // Tests: TokenizerBytes.* TokenizerCases.Llama3Style TokenizerCases.Gpt2* TokenizerDecode.Llama3Style
   // Tests: TokenizerDecode.Gpt2* TokenizerBundled.* TokenizerStream.* lesson09_tokenizer_sampling.cpu
+  // Tests: TokenizerCases.Qwen2Style TokenizerDecode.Qwen2Style TokenizerQwen2.NfcAndSingleDigits
   // --- solution ---
   auto printable = [](int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
   uint32_t next = 256;
@@ -252,9 +253,9 @@ std::string nfc(std::string_view s) {
   // one. With an explicit length every byte is read. STABLE: the composition Unicode fixed forever (the
   // normalization stability policy), which is what every NFC implementation, Rust's included, produces.
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
-                   &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) throw InputError(std::string("NFC normalization failed (utf8proc: ") + utf8proc_errmsg(n) + ")");
   std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);

@@ -28,8 +28,8 @@ using nlohmann::json;
 constexpr int64_t kMaxId = 16 * 1024 * 1024;
 // Where to go when this tokenizer cannot be read (the command line takes ids instead of text).
 const char kWayOut[] =
-    "lesson 09 reads the BPE tokenizers of Llama 3, Llama 2, TinyLlama, Mistral, Qwen2/2.5/3, SmolLM2 and GPT-2; "
-    "for another model, give the prompt as token ids (--prompt-ids)";
+    "lesson 09 reads the BPE tokenizers of Llama 3, Llama 2, TinyLlama, Mistral, Qwen2/2.5/3, SmolLM2 and "
+    "GPT-2; for another model, give the prompt as token ids (--prompt-ids)";
 
 class Reader {
  public:
@@ -155,8 +155,9 @@ void read_normalizer(const Reader& r, const json& n, const std::string& path, No
   } else if (type == "NFC") {
     out.steps.push_back({NormalizerStep::Kind::NFC, "", ""});
   } else {
-    r.unsupported(path + ".type", type, "NFC, Prepend, Replace, a Sequence of them, or null",
-                  type.rfind("NF", 0) == 0 ? "of the Unicode normalization forms only NFC (Qwen2's) is read" : "");
+    r.unsupported(
+        path + ".type", type, "NFC, Prepend, Replace, a Sequence of them, or null",
+        type.rfind("NF", 0) == 0 ? "of the Unicode normalization forms only NFC (Qwen2's) is read" : "");
   }
 }
 
