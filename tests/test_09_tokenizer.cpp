@@ -143,6 +143,7 @@ TEST(TokenizerCases, SentencePieceUnkSplit) { check_fixture("sp_unk_split"); }
 TEST(TokenizerCases, Gpt2Digits) { check_fixture("gpt2_digits"); }
 TEST(TokenizerCases, Qwen2Style) { check_fixture("qwen2_style"); }
 TEST(TokenizerCases, MistralV03Style) { check_fixture("mistral_v0_3_style"); }
+TEST(TokenizerCases, NemoStyle) { check_fixture("nemo_style"); }
 
 TEST(TokenizerDecode, Llama3Style) { check_fixture_decodes("llama3_style"); }
 TEST(TokenizerDecode, Gpt2Style) { check_fixture_decodes("gpt2_style"); }
@@ -153,6 +154,21 @@ TEST(TokenizerDecode, SentencePieceUnkSplit) { check_fixture_decodes("sp_unk_spl
 TEST(TokenizerDecode, Gpt2Digits) { check_fixture_decodes("gpt2_digits"); }
 TEST(TokenizerDecode, Qwen2Style) { check_fixture_decodes("qwen2_style"); }
 TEST(TokenizerDecode, MistralV03Style) { check_fixture_decodes("mistral_v0_3_style"); }
+TEST(TokenizerDecode, NemoStyle) { check_fixture_decodes("nemo_style"); }
+
+// Mistral NeMo's regex cuts a camel-case word where the case changes ("HTTP" + "Server"): BPE never merges
+// across, so the ids are those of the two halves. Its control tokens come first; <s> is the BOS.
+TEST(TokenizerMistral, NemoSplitsCamelCase) {
+  const Tokenizer tok = Tokenizer::from_file(fixtures_dir() / "nemo_style.tokenizer.json");
+  std::vector<int32_t> halves = tok.encode("HTTP");
+  const std::vector<int32_t> server = tok.encode("Server");
+  halves.insert(halves.end(), server.begin(), server.end());
+  EXPECT_EQ(tok.encode("HTTPServer"), halves);
+  EXPECT_EQ(tok.token_to_id("<s>"), std::optional<int32_t>(1));
+  EXPECT_EQ(tok.token_to_id("[INST]"), std::optional<int32_t>(3));
+  EXPECT_EQ(tok.encode("hi", true).front(), 1);
+  EXPECT_EQ(tok.encode("2024").size(), 4u);  // one digit per piece
+}
 
 // Mistral v0.3's layout: [INST] / [/INST] are special tokens matched before the pre-tokenizer, which puts a
 // "▁" in front of the text's first word only (prepend_scheme "first"); unknown characters fall back to bytes.

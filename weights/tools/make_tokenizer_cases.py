@@ -25,6 +25,9 @@ Llama-architecture checkpoint ships:
                      [TOOL_CALLS] ... [control_N] as special added tokens, then the <0xNN> byte tokens;
                      Metaspace(prepend_scheme "first", split false), byte_fallback, the Llama 2 decoder.
                      (Mistral v0.1/v0.2's tokenizer.json is llama2_style's layout: Prepend + Replace normalizer.)
+  nemo_style         byte-level BPE as Mistral NeMo's tekken-derived tokenizer.json has it: Split(its regex:
+                     upper/lower-case runs, marks as letters, one digit per piece) + ByteLevel, control tokens
+                     <unk> <s> </s> [INST] ... <SPECIAL_N> at the first ids, TemplateProcessing with <s>
   qwen2_style        byte-level BPE as Qwen2 / Qwen2.5 / Qwen3 ship it: normalizer NFC, Split(Qwen2's regex: one
                      digit per piece) + ByteLevel(use_regex false), ByteLevel post-processor (no BOS) and decoder,
                      continuing_subword_prefix / end_of_word_suffix "", and Qwen3's added tokens (Qwen2.5's 22,
@@ -61,6 +64,18 @@ QWEN2_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral NeMo's (tekken-derived) pre-tokenizer: a word is an optional non-letter, then upper-case letters and
+# lower-case ones in either order (so "HTTPServer" is "HTTP" + "Server"), marks count as letters; one digit per
+# piece; punctuation may swallow a following "/".
+NEMO_SPLIT_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Its first ids: control tokens (the real file has 1000, up to <SPECIAL_999>).
+NEMO_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                 "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "<pad>", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+                 *(f"<SPECIAL_{i}>" for i in range(14, 24))]
 # Qwen3's added tokens in id order (Qwen2.5's are the first 22), with their "special" flag.
 QWEN_ADDED = [
     ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
@@ -129,6 +144,22 @@ def qwen2_style(texts: list[str]) -> str:
     t["model"]["continuing_subword_prefix"] = ""
     t["model"]["end_of_word_suffix"] = ""
     return json.dumps(t, ensure_ascii=False, indent=2)
+
+
+def nemo_style(texts: list[str]) -> str:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(NEMO_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=1100, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=[AddedToken(s, special=True, normalized=False) for s in NEMO_SPECIALS]))
+    bos = "<s>"
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok.to_str(pretty=True)
 
 
 def gpt2_model(texts: list[str]) -> Tokenizer:
@@ -318,6 +349,8 @@ HAND = [
     ("chatml", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"),
     ("chat_mistral_v0_3", "<s>[INST] Be brief.\n\nWhat is 2+2?[/INST] 4</s>[INST] And 3+3?[/INST]"),
     ("chat_mistral_v0_2", "<s> [INST] What is 2+2? [/INST] 4</s> [INST] And 3+3? [/INST]"),
+    ("camel_case", "HTTPServer XMLHttpRequest iPhone McDonald's ÉCOLE École getHTTPResponseCode ABCdef"),
+    ("slash_paths", "a/b //c ./d.e/f/ https://x.y/z/?q=1 C:\\Windows\\System32"),
     ("mistral_controls", "[TOOL_CALLS] [AVAILABLE_TOOLS][{}][/AVAILABLE_TOOLS]x[control_8] [control_9][INST]"),
     ("repeated_char", "a" * 300),
     ("repeated_space", " " * 200 + "x"),
@@ -465,6 +498,7 @@ def main() -> None:
         fixtures[name] = json.dumps(make(base), ensure_ascii=False, indent=2)
     fixtures["qwen2_style"] = qwen2_style(corpus)  # last: the seeds of the fixtures above stay as they were
     fixtures["mistral_v0_3_style"] = json.dumps(mistral_v0_3_style(corpus), ensure_ascii=False, indent=2)
+    fixtures["nemo_style"] = nemo_style(corpus)
 
     texts = all_texts(corpus)
     for seed, (name, text) in enumerate(fixtures.items()):
