@@ -213,6 +213,24 @@ TEST(ChatTemplate, UnknownTemplatesAreRefusedNamingTheWayOut) {
   }
 }
 
+// From a model directory, the refusal names the file the template came from.
+TEST(ChatTemplate, UnknownTemplateErrorNamesTheFile) {
+  testing::TempDir dir;
+  {
+    std::ofstream out(dir / "tokenizer_config.json");
+    out << R"({"eos_token": "</s>", "chat_template": )"
+        << R"("{% for m in messages %}<|user|>\n{{ m.content }}{% endfor %}"})";
+  }
+  try {
+    (void)ChatTemplate::from_model_dir(dir.path());
+    ADD_FAILURE() << "a Zephyr template was accepted";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find((dir / "tokenizer_config.json").string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--prompt-ids"), std::string::npos) << msg;
+  }
+}
+
 TEST(ChatTemplate, TokenizerConfigForms) {
   // No template at all: nullopt (generation without --chat still works).
   EXPECT_FALSE(ChatTemplate::from_tokenizer_config(R"({"bos_token": "<s>"})", "t").has_value());
