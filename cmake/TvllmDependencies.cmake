@@ -188,6 +188,9 @@ endif()
 # also looks in <prefix>/lib/pkgconfig of every CMAKE_PREFIX_PATH entry (the .deps/ staging of tests/gpu_pass.sh).
 # No download fallback: PCRE2's own build is large; the configure names the package to install instead.
 tvllm_dependency(PCRE2 DEBIAN libpcre2-dev PKGCONFIG libpcre2-8)
+# Lesson 09: Unicode normalization (NFC, Qwen2's tokenizer.json normalizer) -> PkgConfig::UTF8PROC. utf8proc is
+# the small C library Julia and PostgreSQL use; its tables follow the Unicode standard, so we carry none.
+tvllm_dependency(UTF8PROC DEBIAN libutf8proc-dev PKGCONFIG libutf8proc)
 # Lesson 13: the HTTP server's HTTP/1.1 parsing and sockets -> PkgConfig::HTTPLIB (Debian builds it as a shared
 # library; the GPU machine gets it through .deps/, with LD_LIBRARY_PATH).
 tvllm_dependency(HTTPLIB DEBIAN libcpp-httplib-dev PKGCONFIG cpp-httplib)

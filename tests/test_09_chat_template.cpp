@@ -56,19 +56,23 @@ TEST(ChatTemplate, EveryFixtureCaseRendersExactlyAsTransformers) {
         messages_of(data["conversations"][c["conversation"].get<std::string>()]);
     const std::string today = c["today"].is_null() ? "" : c["today"].get<std::string>();
     const bool agp = c["add_generation_prompt"].get<bool>();
+    const bool thinking = c.value("enable_thinking", true);  // absent: the template's default
     const std::string label = c["template"].get<std::string>() + " / " +
-                              c["conversation"].get<std::string>() + (agp ? "" : " (no generation prompt)");
+                              c["conversation"].get<std::string>() + (agp ? "" : " (no generation prompt)") +
+                              (thinking ? "" : " (enable_thinking false)");
     if (c.contains("error")) {  // the template itself raised
-      EXPECT_THROW(tmpl.render(messages, agp, today), InputError) << label;
+      EXPECT_THROW(tmpl.render(messages, agp, today, thinking), InputError) << label;
       ++errors;
     } else {
-      EXPECT_EQ(visible(tmpl.render(messages, agp, today)), visible(c["rendered"].get<std::string>()))
+      EXPECT_EQ(visible(tmpl.render(messages, agp, today, thinking)),
+                visible(c["rendered"].get<std::string>()))
           << label;
     }
     ++checked;
   }
-  EXPECT_GE(checked, 100);
-  EXPECT_GE(errors, 1);  // Llama 2's "roles must alternate"
+  EXPECT_GE(checked, 250);
+  EXPECT_GE(errors,
+            10);  // Llama 2's and Mistral's "roles must alternate", Mistral's "only user and assistant"
 }
 
 TEST(ChatTemplate, BundledTemplateMatchesTheReferenceChatPrompt) {
@@ -128,6 +132,42 @@ TEST(ChatTemplate, ChatMLDefaultSystemPrompt) {
   EXPECT_EQ(ChatTemplate::from_model_dir(cases_dir() / "chatml")->default_system_prompt(), "");
 }
 
+TEST(ChatTemplate, Qwen3ThinkingAndHistory) {
+  const ChatTemplate t = *ChatTemplate::from_model_dir(cases_dir() / "qwen3");
+  EXPECT_EQ(t.family(), ChatFamily::Qwen3);
+  EXPECT_EQ(t.default_system_prompt(), "");  // unlike Qwen2.5, no default system prompt
+  const std::vector<ChatMessage> one = {{"user", "Hi"}};
+  EXPECT_EQ(t.render(one), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.render(one, true, {}, /*enable_thinking=*/false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(t.render(one, false, {}, false), "<|im_start|>user\nHi<|im_end|>\n");  // no prompt, no block
+  // Reasoning before the last user query is dropped; after it, kept (and trimmed of newlines).
+  const std::vector<ChatMessage> history = {{"user", "a"},
+                                            {"assistant", "<think>\nr1\n</think>\n\nA1"},
+                                            {"user", "b"},
+                                            {"assistant", "<think>\n\nr2\n</think>\nA2"}};
+  EXPECT_EQ(
+      t.render(history, false),
+      "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nb<|im_end|>\n"
+      "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
+}
+
+TEST(ChatTemplate, MistralVariantsReadFromTheTemplate) {
+  const std::vector<ChatMessage> conv = {
+      {"system", "S"}, {"user", "u1"}, {"assistant", " a1 "}, {"user", "u2"}};
+  const ChatTemplate v2 = *ChatTemplate::from_model_dir(cases_dir() / "mistral_v0_2");
+  EXPECT_EQ(v2.family(), ChatFamily::Mistral);
+  EXPECT_EQ(v2.render(conv), "<s> [INST] S\n\nu1 [/INST]  a1 </s> [INST] u2 [/INST]");
+  const ChatTemplate v3 = *ChatTemplate::from_model_dir(cases_dir() / "mistral_v0_3");
+  EXPECT_EQ(v3.render(conv), "<s>[INST] u1[/INST] a1</s>[INST] S\n\nu2[/INST]");
+  EXPECT_NE(v3.describe().find("last user turn"), std::string::npos) << v3.describe();
+  const ChatTemplate v1 = *ChatTemplate::from_model_dir(cases_dir() / "mistral_v0_1_release");
+  EXPECT_EQ(v1.render({{"user", "u1"}, {"assistant", "a1"}}), "<s>[INST] u1 [/INST]a1</s> ");
+  EXPECT_THROW(v1.render(conv), InputError);  // that template has no system message
+  EXPECT_THROW(v3.render({{"user", "a"}, {"user", "b"}}), InputError);
+  EXPECT_THROW(v2.render({{"assistant", "a"}}), InputError);
+}
+
 TEST(ChatTemplate, PythonStripRemovesWhatStrIsspaceAccepts) {
   EXPECT_EQ(python_strip(" \t\n\r\v\f x \x1c\x1d\x1e\x1f"), "x");
   EXPECT_EQ(python_strip("\u3000\u00a0\u0085\u2028\u2029\u202f\u205f\u1680\u2000\u200ax y\u3000"), "x y");
@@ -143,7 +183,7 @@ TEST(ChatTemplate, UnknownTemplatesAreRefusedNamingTheWayOut) {
       // Zephyr / TinyLlama
       "{% for message in messages %}{% if message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + "
       "eos_token }}{% endif %}{% endfor %}",
-      // Mistral: [INST] without <<SYS>>
+      // [INST] without <<SYS>> but none of Mistral's forms (no role check, no space before the answer)
       "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
       "message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + eos_token}}{% endif %}{% endfor "
       "%}",
@@ -155,6 +195,9 @@ TEST(ChatTemplate, UnknownTemplatesAreRefusedNamingTheWayOut) {
       "'<|im_end|>\n' }}"
       "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n\n</think>\n\n' }}{% "
       "endif %}",
+      // Mistral-like, with a role check, but [INST] in an unknown spelling
+      "{{ bos_token }}{% if x %}{{ raise_exception('roles must alternate') }}{% endif %}{{ '[INST]' + "
+      "message['content'] + '[/INST]' }}{{ ' ' + message['content'] + eos_token }}",
       "",
   };
   for (const char* t : unknown) {
@@ -167,6 +210,24 @@ TEST(ChatTemplate, UnknownTemplatesAreRefusedNamingTheWayOut) {
       EXPECT_NE(msg.find("--prompt-ids"), std::string::npos) << msg;
       EXPECT_NE(msg.find("without --chat"), std::string::npos) << msg;
     }
+  }
+}
+
+// From a model directory, the refusal names the file the template came from.
+TEST(ChatTemplate, UnknownTemplateErrorNamesTheFile) {
+  testing::TempDir dir;
+  {
+    std::ofstream out(dir / "tokenizer_config.json");
+    out << R"({"eos_token": "</s>", "chat_template": )"
+        << R"("{% for m in messages %}<|user|>\n{{ m.content }}{% endfor %}"})";
+  }
+  try {
+    (void)ChatTemplate::from_model_dir(dir.path());
+    ADD_FAILURE() << "a Zephyr template was accepted";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find((dir / "tokenizer_config.json").string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--prompt-ids"), std::string::npos) << msg;
   }
 }
 

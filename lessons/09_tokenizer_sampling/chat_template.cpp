@@ -1,4 +1,5 @@
-// Lesson 09: chat templates recognised by family and rendered with code (chat_template.h, CHAT_TEMPLATES.md).
+// Lesson 09: chat templates recognised by family and rendered with code (chat_template.h; the chapter:
+// README.md, section 13).
 #include "chat_template.h"
 
 #include <ctime>
@@ -18,9 +19,9 @@ bool has(std::string_view text, std::string_view needle) {
 
 // What every refusal says: the two ways to generate without a chat template.
 constexpr const char* kWayOut =
-    "tiny-vllm renders the llama3, llama3.1, llama2 and chatml families (lessons/09_tokenizer_sampling/"
-    "CHAT_TEMPLATES.md); for this model, render the conversation yourself and pass token ids (--prompt-ids), "
-    "or use a plain --prompt without --chat";
+    "tiny-vllm renders the llama3, llama3.1, llama2, chatml, qwen3 and mistral families "
+    "(lessons/09_tokenizer_sampling/README.md, section 13); for this model, render the conversation yourself "
+    "and pass token ids (--prompt-ids), or use a plain --prompt without --chat";
 
 // A Jinja string literal's body starting at text[i] (just after its opening quote), unescaped, and whether it
 // ended at an unescaped `quote` (false: the text ran out first).
@@ -120,6 +121,16 @@ bool python_isspace(uint32_t cp) {
          cp == 0x205F || cp == 0x3000;
 }
 
+// Python's str.strip('\n') family, which Qwen3's template applies to reasoning and answers.
+std::string_view lstrip_newlines(std::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+std::string_view rstrip_newlines(std::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
 std::string token_string(const nlohmann::json& value, const std::string& what, const char* key) {
   if (value.is_null()) return "";
   if (value.is_string()) return value.get<std::string>();
@@ -149,6 +160,10 @@ std::string_view chat_family_name(ChatFamily family) {
       return "llama2";
     case ChatFamily::ChatML:
       return "chatml";
+    case ChatFamily::Qwen3:
+      return "qwen3";
+    case ChatFamily::Mistral:
+      return "mistral";
   }
   return "?";
 }
@@ -186,7 +201,15 @@ ChatTemplate ChatTemplate::recognise(std::string_view jinja, std::string bos_tok
   ChatTemplate t;
   t.bos_ = std::move(bos_token);
   t.eos_ = std::move(eos_token);
-  // Reasoning templates rewrite the history (<think> blocks): no family of ours renders them exactly.
+  // Qwen3's hybrid-thinking template: ChatML that rewrites the <think> blocks of the history and reads
+  // enable_thinking. Other reasoning templates (QwQ, DeepSeek-R1 distills, Qwen3-2507) rewrite differently:
+  // no family of ours renders them exactly.
+  if (has(jinja, "<|im_start|>") && has(jinja, "<think>") && has(jinja, "last_query_index") &&
+      has(jinja, "reasoning_content") &&
+      has(jinja, "enable_thinking is defined and enable_thinking is false")) {
+    t.family_ = ChatFamily::Qwen3;
+    return t;
+  }
   if (has(jinja, "<think>"))
     throw InputError(what + ": a reasoning chat template (it handles <think> blocks) is not supported; " +
                      kWayOut);
@@ -208,6 +231,9 @@ ChatTemplate ChatTemplate::recognise(std::string_view jinja, std::string bos_tok
     }
   } else if (has(jinja, "[INST]") && has(jinja, "<<SYS>>")) {
     t.family_ = ChatFamily::Llama2;
+  } else if (has(jinja, "[INST]") && has(jinja, "[/INST]")) {
+    t.family_ = ChatFamily::Mistral;
+    t.read_mistral(jinja, what);
   } else if (has(jinja, "<|im_start|>") && has(jinja, "<|im_end|>")) {
     t.family_ = ChatFamily::ChatML;
     t.default_system_ = find_default_system_prompt(jinja);
@@ -275,14 +301,145 @@ std::string ChatTemplate::describe() const {
     case ChatFamily::ChatML:
       if (!default_system_.empty()) s += " (default system prompt: \"" + default_system_ + "\")";
       break;
+    case ChatFamily::Qwen3:
+      s += " (ChatML, <think> blocks, enable_thinking)";
+      break;
+    case ChatFamily::Mistral:
+      s += " (\"" + inst_open_ + "..." + inst_close_ + "\", system message " +
+           (system_place_ == SystemPlace::FirstTurn  ? "in the first user turn"
+            : system_place_ == SystemPlace::LastTurn ? "in the last user turn"
+                                                     : "refused") +
+           (trims_answer_ ? ", answers trimmed" : "") + ")";
+      break;
   }
   return s;
 }
 
+// Mistral's [INST] templates differ in a few literals; each is read from the template, with quotes made
+// alike ("[INST] " and '[INST] ' are one literal). A template whose literals are none of the known forms is
+// refused: a guess would render a prompt the model was never trained on.
+void ChatTemplate::read_mistral(std::string_view jinja, const std::string& what) {
+  std::string j(jinja);
+  for (char& c : j)
+    if (c == '"') c = '\'';
+  const auto refuse = [&](const std::string& part) {
+    throw InputError(what + ": a Mistral-style [INST] template whose " + part +
+                     " is none of the forms of Mistral-7B-Instruct v0.1-v0.3; " + kWayOut);
+  };
+  const auto one_of = [&](const char* a, const char* b, const std::string& part) -> std::string {
+    const bool ha = has(j, a), hb = has(j, b);
+    if (ha == hb) refuse(part);
+    std::string lit(ha ? a : b);
+    return lit.substr(1, lit.size() - 2);  // without the quotes
+  };
+  inst_open_ = one_of("' [INST] '", "'[INST] '", "[INST] literal");
+  inst_close_ = one_of("' [/INST]'", "'[/INST]'", "[/INST] literal");
+  if (!has(j, "must alternate")) refuse("role check (\"roles must alternate\")");
+  prints_bos_ = has(j, "bos_token");
+  if (has(j, "loop.last and system_message is defined"))
+    system_place_ = SystemPlace::LastTurn;  // v0.3
+  else if (has(j, "loop.first and system_message is defined"))
+    system_place_ = SystemPlace::FirstTurn;  // v0.1 / v0.2 since 2024
+  else if (!has(j, "system"))
+    system_place_ = SystemPlace::Nowhere;  // v0.1 as released: a system message is refused
+  else
+    refuse("system message handling");
+  if (has(j, "' ' + message['content']|trim + eos_token")) {
+    answer_prefix_ = " ";
+    trims_answer_ = true;  // v0.3
+  } else if (has(j, "message['content'] + eos_token + ' '")) {
+    answer_suffix_ = " ";  // v0.1 as released
+    if (has(j, "' ' + message['content'] + eos_token + ' '")) refuse("answer");
+  } else if (has(j, "' ' + message['content'] + eos_token")) {
+    answer_prefix_ = " ";  // v0.1 / v0.2 since 2024
+  } else {
+    refuse("answer");
+  }
+}
+
 // ---- rendering ---------------------------------------------------------------------------------------------
 
+// Mistral: "<s>[INST] user[/INST] answer</s>" with the literals read_mistral() found. Roles must alternate
+// user/assistant after an optional first system message; add_generation_prompt changes nothing (the
+// [/INST] already asks for the answer).
+void ChatTemplate::render_mistral(const std::vector<ChatMessage>& messages, std::string& out) const {
+  size_t first = 0;
+  const bool has_system = system_place_ != SystemPlace::Nowhere && messages[0].role == "system";
+  if (has_system) first = 1;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if ((role == "user") != ((i - first) % 2 == 0) || role == "system")
+      throw InputError(
+          "chat template: after the optional system message, conversation roles must alternate "
+          "user/assistant/user/assistant/... (the Mistral template refuses message " +
+          std::to_string(i) + ", role " + role + ")");
+  }
+  if (prints_bos_) out += bos_;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      // v0.3 folds the system message into the conversation's LAST message only when that is a user turn
+      // (a conversation that ends with an answer loses it); v0.1/v0.2 into the first user turn.
+      const bool with_system =
+          has_system && (system_place_ == SystemPlace::FirstTurn ? i == first : i + 1 == messages.size());
+      out += inst_open_ + (with_system ? messages[0].content + "\n\n" : "") + m.content + inst_close_;
+    } else {
+      out += answer_prefix_ + (trims_answer_ ? python_strip(m.content) : m.content) + eos_ + answer_suffix_;
+    }
+  }
+}
+
+// Qwen3: ChatML, where an assistant turn's "<think>reasoning</think>answer" is taken apart (the template's
+// content.split('</think>')) and printed back only after the last user query.
+void ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                bool enable_thinking, std::string& out) {
+  const auto chatml = [&](const std::string& role, std::string_view content) {
+    out.append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
+  };
+  if (messages[0].role == "system") chatml("system", messages[0].content);
+  // The last user message that is not a tool response wrapped as one (none: the last message).
+  size_t last_query = messages.size() - 1;
+  for (size_t k = messages.size(); k-- > 0;) {
+    const std::string& c = messages[k].content;
+    const bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                               c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+    if (messages[k].role == "user" && !tool_response) {
+      last_query = k;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      chatml(m.role, m.content);
+      continue;
+    }
+    if (m.role != "assistant") continue;  // the first system message: printed above
+    std::string_view content = m.content, reasoning;
+    constexpr std::string_view kEnd = "</think>", kStart = "<think>";
+    if (const size_t end = content.find(kEnd); end != std::string_view::npos) {
+      reasoning = rstrip_newlines(content.substr(0, end));  // before the first </think>
+      if (const size_t start = reasoning.rfind(kStart); start != std::string_view::npos)
+        reasoning = reasoning.substr(start + kStart.size());  // after the last <think>
+      reasoning = lstrip_newlines(reasoning);
+      content =
+          lstrip_newlines(content.substr(content.rfind(kEnd) + kEnd.size()));  // after the last </think>
+    }
+    out += "<|im_start|>assistant\n";
+    if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+      out.append("<think>\n").append(lstrip_newlines(rstrip_newlines(reasoning))).append("\n</think>\n\n");
+      content = lstrip_newlines(content);
+    }
+    out.append(content).append("<|im_end|>\n");
+  }
+  if (add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (!enable_thinking) out += "<think>\n\n</think>\n\n";
+  }
+}
+
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                 std::string_view today) const {
+                                 std::string_view today, bool enable_thinking) const {
   if (messages.empty()) throw InputError("chat template: the conversation has no message");
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
@@ -361,6 +518,14 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       for (const ChatMessage& m : messages)
         out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      break;
+
+    case ChatFamily::Qwen3:
+      render_qwen3(messages, add_generation_prompt, enable_thinking, out);
+      break;
+
+    case ChatFamily::Mistral:
+      render_mistral(messages, out);
       break;
   }
   return out;

@@ -8,8 +8,8 @@
 // chat_template.jinja), and transformers' apply_chat_template runs it. We do not interpret Jinja: we
 // recognise which FAMILY a template belongs to from fingerprints in its text, and render that family with
 // plain code, byte for byte what apply_chat_template(messages, tokenize=False, add_generation_prompt=...)
-// renders (tests/data/chat_templates: the real templates run through transformers). CHAT_TEMPLATES.md is the
-// chapter.
+// renders (tests/data/chat_templates: the real templates run through transformers). README.md, section 13,
+// is the chapter.
 //
 //   llama3    "<|start_header_id|>" + "<|eot_id|>": Llama 3 Instruct, the bundled model's template.
 //             bos_token, then each message as a header and its content trimmed (Python's str.strip).
@@ -21,9 +21,15 @@
 //             user/assistant; add_generation_prompt changes nothing.
 //   chatml    "<|im_start|>": SmolLM2, Qwen2.5, Hermes. "<|im_start|>role\ncontent<|im_end|>\n", content
 //             as is; a default system prompt when the template has one and the conversation has none.
-// Anything else (Mistral's [INST] without <<SYS>>, Zephyr's <|user|>, Gemma, reasoning templates with
-// <think>) is refused with an InputError naming the ways out: token ids (--prompt-ids) or a plain prompt
-// without --chat.
+//   qwen3     ChatML + "<think>" + "enable_thinking" + "last_query_index": Qwen3's hybrid thinking models.
+//             No default system prompt; an answer after the last user query shows its reasoning as
+//             "<think>\n...\n</think>\n\n", earlier answers lose theirs; enable_thinking=false appends an
+//             empty think block to the generation prompt.
+//   mistral   "[INST]" without "<<SYS>>": Mistral-7B-Instruct v0.1-v0.3. "<s>[INST] user [/INST] answer</s>";
+//             the spaces around [INST]/[/INST], where a system message goes (the first user turn, the last,
+//             or nowhere) and how an answer is printed are read from the template's literals.
+// Anything else (Zephyr's <|user|>, Gemma, other reasoning templates with <think>) is refused with an
+// InputError naming the ways out: token ids (--prompt-ids) or a plain prompt without --chat.
 //
 // BOS: the llama families render bos_token themselves, so the string is encoded WITHOUT the tokenizer's
 // post-processor (Tokenizer::encode(text, add_special_tokens=false), as apply_chat_template(tokenize=True)
@@ -43,8 +49,9 @@ struct ChatMessage {
   std::string content;  // UTF-8
 };
 
-enum class ChatFamily { Llama3, Llama31, Llama2, ChatML };
-std::string_view chat_family_name(ChatFamily family);  // "llama3", "llama3.1", "llama2", "chatml"
+enum class ChatFamily { Llama3, Llama31, Llama2, ChatML, Qwen3, Mistral };
+// "llama3", "llama3.1", "llama2", "chatml", "qwen3", "mistral"
+std::string_view chat_family_name(ChatFamily family);
 
 class ChatTemplate {
  public:
@@ -66,10 +73,11 @@ class ChatTemplate {
 
   // apply_chat_template(messages, tokenize=False, add_generation_prompt=...). `today` is what the template's
   // strftime_now("%d %b %Y") returns (llama3.1 templates that print today's date); empty:
-  // today_date_string(). InputError for no message, a role other than system/user/assistant, content that is
-  // not UTF-8, and what the template itself refuses (Llama 2: roles that do not alternate).
+  // today_date_string(). enable_thinking: the template variable of that name (qwen3; the others ignore it,
+  // as their templates do). InputError for no message, a role other than system/user/assistant, content that
+  // is not UTF-8, and what the template itself refuses (Llama 2, Mistral: roles that do not alternate).
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
-                     std::string_view today = {}) const;
+                     std::string_view today = {}, bool enable_thinking = true) const;
 
   ChatFamily family() const { return family_; }
   const std::string& bos_token() const { return bos_; }
@@ -82,12 +90,22 @@ class ChatTemplate {
  private:
   ChatFamily family_ = ChatFamily::Llama3;
   std::string bos_, eos_;
-  bool prints_bos_ = true;      // llama3: the template prints bos_token
+  bool prints_bos_ = true;      // llama3, mistral: the template prints bos_token
   bool trims_ = true;           // llama3: content | trim
   std::string knowledge_date_;  // llama3.1: "December 2023"
   std::string fixed_date_;   // llama3.1: the template's own date ("26 Jul 2024"), when it has no strftime_now
   bool uses_today_ = false;  // llama3.1: strftime_now
   std::string default_system_;  // chatml
+  // mistral: "[INST] " or " [INST] ", "[/INST]" or " [/INST]"; where the system message goes; an answer is
+  // answer_prefix + content (trimmed or not) + eos + answer_suffix.
+  enum class SystemPlace { Nowhere, FirstTurn, LastTurn };
+  std::string inst_open_, inst_close_, answer_prefix_, answer_suffix_;
+  SystemPlace system_place_ = SystemPlace::Nowhere;
+  bool trims_answer_ = false;
+  void read_mistral(std::string_view jinja, const std::string& what);
+  void render_mistral(const std::vector<ChatMessage>& messages, std::string& out) const;
+  static void render_qwen3(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                           bool enable_thinking, std::string& out);
 };
 
 // Today's local date as transformers' strftime_now("%d %b %Y") prints it: "05 Mar 2025".

@@ -118,6 +118,7 @@ void DecodeStream::feed(size_t k, std::string piece, std::string& out) {
       // Hint: finish() (flush below) turns whatever still waits into U+FFFD.
       // Tests: TokenizerStream.* TokenizerDecode.Llama3Style TokenizerDecode.Gpt2* TokenizerCases.Llama3Style
       // Tests: TokenizerCases.Gpt2* TokenizerBundled.* lesson09_tokenizer_sampling.cpu
+      // Tests: TokenizerCases.Qwen2Style TokenizerDecode.Qwen2Style
       // --- solution ---
       byte_level_bytes(piece, st.bytes);
       const size_t ready = st.bytes.size() - utf8_incomplete_tail(st.bytes);

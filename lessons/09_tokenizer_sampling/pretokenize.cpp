@@ -1,15 +1,17 @@
 // Everything that happens to the text before the BPE model sees it:
 //   added tokens      found first, whole (AddedTokenMatcher)
-//   normalizer        Llama 2: Prepend("▁") + Replace(" " -> "▁")
+//   normalizer        Llama 2: Prepend("▁") + Replace(" " -> "▁"); Qwen2: NFC (utf8proc)
 //   pre-tokenizer     cut the text into "words" that BPE never merges across:
 //                       Split      a regex (Llama 3's), every match and every gap a piece
 //                       ByteLevel  bytes -> printable characters (optionally GPT-2's regex first)
 //                       Metaspace  " " -> "▁", a "▁" in front, optionally a cut before every "▁"
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,6 +39,7 @@ std::array<std::string, 256> build_byte_table() {
   // Hint: why bother: a vocabulary is a JSON object of strings, and every byte must be writable as one.
   // Tests: TokenizerBytes.* TokenizerCases.Llama3Style TokenizerCases.Gpt2* TokenizerDecode.Llama3Style
   // Tests: TokenizerDecode.Gpt2* TokenizerBundled.* TokenizerStream.* lesson09_tokenizer_sampling.cpu
+  // Tests: TokenizerCases.Qwen2Style TokenizerDecode.Qwen2Style TokenizerQwen2.NfcAndSingleDigits
   // --- solution ---
   auto printable = [](int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
   uint32_t next = 256;
@@ -244,9 +247,26 @@ std::vector<Segment> AddedTokenMatcher::split(std::string_view text) const {
 
 // ---- normalizer --------------------------------------------------------------------------------------------
 
+std::string nfc(std::string_view s) {
+  if (s.empty()) return {};
+  // The flags of utf8proc_NFC(), which we cannot call: it stops at the first NUL byte, and a text may hold
+  // one. With an explicit length every byte is read. STABLE: the composition Unicode fixed forever (the
+  // normalization stability policy), which is what every NFC implementation, Rust's included, produces.
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) throw InputError(std::string("NFC normalization failed (utf8proc: ") + utf8proc_errmsg(n) + ")");
+  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return result;
+}
+
 std::string Normalizer::apply(std::string s) const {
   for (const NormalizerStep& step : steps) {
-    if (step.kind == NormalizerStep::Kind::Prepend) {
+    if (step.kind == NormalizerStep::Kind::NFC) {
+      s = nfc(s);
+    } else if (step.kind == NormalizerStep::Kind::Prepend) {
       if (!s.empty()) s.insert(0, step.text);  // HF prepends nothing to an empty string
     } else {
       std::string out;

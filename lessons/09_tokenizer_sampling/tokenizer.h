@@ -3,13 +3,14 @@
 //
 //   text ──► added tokens ──► normalizer ──► pre-tokenizer ──► BPE model ──► (post-processor) ──► ids
 //            (split out        (Llama 2:      (regex split,     (merges by     (BOS, when asked)
-//             first, whole)     "▁" for " ")   byte mapping)     rank)
+//             first, whole)     "▁" for " ";   byte mapping)     rank)
+//                               Qwen2: NFC)
 //
 //   ids ──► tokens ──► decoder (ByteLevel: chars -> bytes; SentencePiece: "▁" -> " ", <0xNN> -> bytes) ──► text
 //
 // Two flavours are supported (README.md, "Two flavours"):
-//   byte-level BPE     Llama 3, GPT-2, SmolLM2: every byte has a token; pre-tokenizer Split(regex) and/or
-//                      ByteLevel; decoder ByteLevel
+//   byte-level BPE     Llama 3, Qwen2/2.5/3, GPT-2, SmolLM2: every byte has a token; pre-tokenizer
+//                      Split(regex) and/or ByteLevel; decoder ByteLevel; Qwen's normalizer NFC first
 //   SentencePiece BPE  Llama 2, TinyLlama, Mistral: words start with "▁" (normalizer Prepend + Replace, or
 //                      pre-tokenizer Metaspace), byte_fallback <0xNN> tokens, <unk>
 // Anything else in a tokenizer.json is refused with an InputError naming the field (never silently ignored).

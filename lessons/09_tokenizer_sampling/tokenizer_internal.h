@@ -1,7 +1,8 @@
 // The pieces of a loaded tokenizer, one struct per tokenizer.json section. tokenizer_json.cpp fills them
 // (and validates), the other files run them:
 //   utf8.cpp          UTF-8 helpers: code points, Unicode whitespace, lossy decoding as Rust does it
-//   pretokenize.cpp   added-token matching, normalizers, pre-tokenizers (PCRE2 regex, ByteLevel, Metaspace)
+//   pretokenize.cpp   added-token matching, normalizers (NFC with utf8proc), pre-tokenizers (PCRE2 regex,
+//                     ByteLevel, Metaspace)
 //   bpe.cpp           the BPE model: initial symbols, the merge loop, the cache
 //   decode.cpp        decoders as a stream (decode() and IncrementalDecoder share it)
 //   tokenizer.cpp     the encode pipeline that strings them together
@@ -77,10 +78,14 @@ class AddedTokenMatcher {
 // ---- normalizer (pretokenize.cpp) --------------------------------------------------------------------------
 
 struct NormalizerStep {
-  enum class Kind { Prepend, Replace } kind;
+  // NFC: Unicode canonical composition (Qwen2's normalizer), done by utf8proc: "e" + U+0301 -> "é".
+  enum class Kind { Prepend, Replace, NFC } kind;
   std::string text;         // Prepend: what to put in front; Replace: the pattern
   std::string replacement;  // Replace: what replaces it
 };
+
+// Unicode Normalization Form C of valid UTF-8 (utf8proc: decompose canonically, order the marks, compose).
+std::string nfc(std::string_view s);
 
 struct Normalizer {
   std::vector<NormalizerStep> steps;  // empty: no normalizer

@@ -28,8 +28,8 @@ using nlohmann::json;
 constexpr int64_t kMaxId = 16 * 1024 * 1024;
 // Where to go when this tokenizer cannot be read (the command line takes ids instead of text).
 const char kWayOut[] =
-    "lesson 09 reads the BPE tokenizers of Llama 3, Llama 2, TinyLlama, SmolLM2 and GPT-2; for another "
-    "model, give the prompt as token ids (--prompt-ids)";
+    "lesson 09 reads the BPE tokenizers of Llama 3, Llama 2, TinyLlama, Mistral, Qwen2/2.5/3, SmolLM2 and "
+    "GPT-2; for another model, give the prompt as token ids (--prompt-ids)";
 
 class Reader {
  public:
@@ -152,9 +152,12 @@ void read_normalizer(const Reader& r, const json& n, const std::string& path, No
     if (is_regex) r.fail(path + ".pattern", "a Regex pattern in a Replace normalizer is not supported (String is)");
     if (p.empty()) r.fail(path + ".pattern", "must not be empty");
     out.steps.push_back({NormalizerStep::Kind::Replace, std::move(p), r.string(n, path, "content")});
+  } else if (type == "NFC") {
+    out.steps.push_back({NormalizerStep::Kind::NFC, "", ""});
   } else {
-    r.unsupported(path + ".type", type, "Prepend, Replace, a Sequence of them, or null",
-                  type.rfind("NF", 0) == 0 ? "Unicode normalization needs tables this course does not carry" : "");
+    r.unsupported(
+        path + ".type", type, "NFC, Prepend, Replace, a Sequence of them, or null",
+        type.rfind("NF", 0) == 0 ? "of the Unicode normalization forms only NFC (Qwen2's) is read" : "");
   }
 }
 
@@ -422,6 +425,9 @@ std::string describe(const Tokenizer::Impl& impl) {
   }
   if (byte_level) s += split ? ", byte-level (Split regex + ByteLevel)" : ", byte-level (GPT-2 regex)";
   if (metaspace) s += ", Metaspace";
+  const bool nfc = std::any_of(impl.normalizer.steps.begin(), impl.normalizer.steps.end(),
+                               [](const NormalizerStep& st) { return st.kind == NormalizerStep::Kind::NFC; });
+  if (nfc) s += ", NFC";
   if (!impl.normalizer.steps.empty()) s += ", normalizer " + std::to_string(impl.normalizer.steps.size()) + " steps";
   if (impl.model.byte_fallback) s += ", byte_fallback";
   if (impl.model.ignore_merges) s += ", ignore_merges";

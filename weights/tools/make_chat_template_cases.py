@@ -18,6 +18,13 @@ template's family and renders it with code. This script is its oracle. It writes
       chatml        plain ChatML (<|im_start|>role\\ncontent<|im_end|>\\n), no default system prompt
       smollm2       SmolLM2-Instruct's ChatML with its default system prompt
       qwen2_5       Qwen2.5-Instruct's ChatML with tools branch and its default system prompt
+      qwen3         Qwen3's (hybrid thinking): ChatML, no default system prompt, <think> blocks kept after the
+                    last user query and dropped before it, enable_thinking (cases with False as well)
+      mistral_v0_1_release  Mistral-7B-Instruct-v0.1's first template (no system message)
+      mistral_v0_2  Mistral-7B-Instruct-v0.1/v0.2's current one (system folded into the first user turn)
+      mistral_v0_3  Mistral-7B-Instruct-v0.3's (system folded into the last user turn, answers trimmed)
+  The templates are written from the published tokenizer_config.json files as exactly as we could (no network
+  here to fetch them): a fixture is what the C++ side is checked against, whatever its source.
   cases.json                     for every template (these and the bundled weights/tiny-llama3 one) and
                                  every conversation below: the string of
                                  tokenizer.apply_chat_template(messages, tokenize=False,
@@ -237,6 +244,230 @@ QWEN2_5 = """{%- if tools %}
 """
 
 
+# Qwen3's template (Qwen3-0.6B ... Qwen3-32B, the hybrid thinking models), written from the published
+# tokenizer_config.json: no default system prompt; an assistant turn after the last user query keeps its
+# reasoning in <think>...</think> (an empty block when it has none and is the last message), earlier ones
+# lose it; enable_thinking=false adds an empty think block to the generation prompt.
+QWEN3 = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+# Mistral-7B-Instruct-v0.1's template as first released: no system message at all, "[INST] " without a space
+# in front, an answer followed by eos_token and a space.
+MISTRAL_V0_1_RELEASE = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
+# Mistral-7B-Instruct-v0.1 / v0.2's current template (the 2024 update): an optional system message folded
+# into the FIRST user turn, " [INST] " with a space in front (their tokenizer has [INST] as plain text).
+MISTRAL_V0_2 = """{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+# Mistral-7B-Instruct-v0.3's (control tokens [INST] [/INST], no spaces around them): the system message goes
+# into the LAST user turn, and only when that turn is the conversation's last message; answers are trimmed.
+MISTRAL_V0_3 = """{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\\n\\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS] {"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+
 def added_token(content: str) -> dict:
     return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": False, "rstrip": False,
             "single_word": False}
@@ -251,7 +482,13 @@ FIXTURES = {
     "chatml": ({"bos_token": None, "eos_token": "<|im_end|>"}, CHATML, "chatml"),
     "smollm2": ({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, SMOLLM2, "chatml"),
     "qwen2_5": ({"bos_token": None, "eos_token": "<|im_end|>"}, QWEN2_5, "chatml"),
+    "qwen3": ({"bos_token": None, "eos_token": "<|im_end|>"}, QWEN3, "qwen3"),
+    "mistral_v0_1_release": ({"bos_token": "<s>", "eos_token": "</s>"}, MISTRAL_V0_1_RELEASE, "mistral"),
+    "mistral_v0_2": ({"bos_token": "<s>", "eos_token": "</s>"}, MISTRAL_V0_2, "mistral"),
+    "mistral_v0_3": ({"bos_token": "<s>", "eos_token": "</s>"}, MISTRAL_V0_3, "mistral"),
 }
+# Templates that read enable_thinking: their cases are also rendered with enable_thinking=False.
+THINKING_TEMPLATES = ("qwen3",)
 
 SYSTEM = "You are a helpful assistant who knows about baking."
 CONVERSATIONS = {
@@ -284,7 +521,25 @@ CONVERSATIONS = {
     "assistant_last": [{"role": "user", "content": "Finish this: bread is"},
                        {"role": "assistant", "content": "made of flour"}],
 }
-NO_GENERATION_PROMPT = ("user_only", "multi_turn", "assistant_last")  # also rendered with add_generation_prompt=False
+CONVERSATIONS.update({
+    # Reasoning in the history (Qwen3 drops it from turns before the last user query, keeps it after).
+    "thinking_history": [{"role": "user", "content": "What is 2+2?"},
+                         {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"},
+                         {"role": "user", "content": "And 3+3?"}],
+    "thinking_last": [{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": "Knead how long?"},
+                      {"role": "assistant", "content": "<think>\n\nTen minutes is usual.\n\n</think>\n\n\nAbout ten minutes."}],
+    "thinking_odd_tags": [{"role": "user", "content": "x"},
+                          {"role": "assistant", "content": "no opening tag</think>  answer </think>\nlast"},
+                          {"role": "user", "content": "y"},
+                          {"role": "assistant", "content": "<think>a<think>b</think>c"}],
+    "system_in_the_middle": [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be terse."},
+                             {"role": "user", "content": "Hello?"}],
+    "system_user_answered": [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": "One tip?"},
+                             {"role": "assistant", "content": " Use steam. "}],
+})
+NO_GENERATION_PROMPT = ("user_only", "multi_turn", "assistant_last", "thinking_last")  # also rendered with add_generation_prompt=False
 
 
 def token_content(value) -> str | None:
@@ -303,9 +558,11 @@ def make_tokenizer(config: dict):
     return PreTrainedTokenizerFast(**kwargs)
 
 
-def render(tok, messages, add_generation_prompt: bool):
+def render(tok, messages, add_generation_prompt: bool, enable_thinking: bool | None = None):
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     try:
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt), None
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                       **kwargs), None
     except Exception as e:  # the template raised (Llama 2: roles must alternate)
         return None, str(e)
 
@@ -339,14 +596,18 @@ def main() -> int:
         tok = make_tokenizer(config)
         uses_today = "strftime_now" in config["chat_template"]
         for conv_name, messages in CONVERSATIONS.items():
-            for agp in (True, False) if conv_name in NO_GENERATION_PROMPT else (True,):
+            thinking = (None, False) if t["name"] in THINKING_TEMPLATES else (None,)
+            for agp, think in [(a, k) for a in ((True, False) if conv_name in NO_GENERATION_PROMPT else (True,))
+                               for k in thinking]:
                 before = datetime.now().strftime("%d %b %Y")
-                rendered, error = render(tok, messages, agp)
+                rendered, error = render(tok, messages, agp, think)
                 after = datetime.now().strftime("%d %b %Y")
                 if before != after:
                     raise SystemExit("error: the date changed while rendering; run again")
                 case = {"template": t["name"], "conversation": conv_name, "add_generation_prompt": agp,
                         "today": before if uses_today else None}
+                if think is not None:
+                    case["enable_thinking"] = think
                 if error is not None:
                     case["error"] = error
                 else:

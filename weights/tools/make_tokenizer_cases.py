@@ -21,6 +21,18 @@ Llama-architecture checkpoint ships:
                      the Metaspace decoder instead of the normalizer (transformers' legacy=False conversion)
   sp_unk_split       the same merges without byte fallback: Metaspace(prepend_scheme "always", split true), an
                      unknown character becomes <unk> (fuse_unk false)
+  mistral_v0_3_style SentencePiece-style BPE as Mistral-7B-v0.3 lays it out: <unk> <s> </s>, then [INST] [/INST]
+                     [TOOL_CALLS] ... [control_N] as special added tokens, then the <0xNN> byte tokens;
+                     Metaspace(prepend_scheme "first", split false), byte_fallback, the Llama 2 decoder.
+                     (Mistral v0.1/v0.2's tokenizer.json is llama2_style's layout: Prepend + Replace normalizer.)
+  nemo_style         byte-level BPE as Mistral NeMo's tekken-derived tokenizer.json has it: Split(its regex:
+                     upper/lower-case runs, marks as letters, one digit per piece) + ByteLevel, control tokens
+                     <unk> <s> </s> [INST] ... <SPECIAL_N> at the first ids, TemplateProcessing with <s>
+  qwen2_style        byte-level BPE as Qwen2 / Qwen2.5 / Qwen3 ship it: normalizer NFC, Split(Qwen2's regex: one
+                     digit per piece) + ByteLevel(use_regex false), ByteLevel post-processor (no BOS) and decoder,
+                     continuing_subword_prefix / end_of_word_suffix "", and Qwen3's added tokens (Qwen2.5's 22,
+                     <|endoftext|> <|im_start|> <|im_end|> ... <|file_sep|>, plus <tool_response>
+                     </tool_response> <think> </think>), special or not as in the real file
 and the bundled weights/tiny-llama3/tokenizer.json (cases only; the file itself is make_tiny_model.py's).
 
 For every fixture, <name>.cases.json holds, for a few hundred texts (scripts, emoji, whitespace, CRLF, digits,
@@ -47,6 +59,33 @@ LLAMA3_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's pre-tokenizer: Llama 3's regex with \p{N} instead of \p{N}{1,3} (every digit a piece of its own).
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Mistral NeMo's (tekken-derived) pre-tokenizer: a word is an optional non-letter, then upper-case letters and
+# lower-case ones in either order (so "HTTPServer" is "HTTP" + "Server"), marks count as letters; one digit per
+# piece; punctuation may swallow a following "/".
+NEMO_SPLIT_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Its first ids: control tokens (the real file has 1000, up to <SPECIAL_999>).
+NEMO_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                 "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "<pad>", "[PREFIX]", "[MIDDLE]", "[SUFFIX]",
+                 *(f"<SPECIAL_{i}>" for i in range(14, 24))]
+# Qwen3's added tokens in id order (Qwen2.5's are the first 22), with their "special" flag.
+QWEN_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+]
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
     "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -87,6 +126,42 @@ def llama3_style(texts: list[str]) -> Tokenizer:
     return tok
 
 
+def qwen2_style(texts: list[str]) -> str:
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=1000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    for content, special in QWEN_ADDED:  # one at a time: ids follow the model's, in this order
+        tok.add_tokens([AddedToken(content, special=special, normalized=False)])
+    t = json.loads(tok.to_str())
+    # As Qwen's file has them (our loader accepts "" as "none").
+    t["model"]["continuing_subword_prefix"] = ""
+    t["model"]["end_of_word_suffix"] = ""
+    return json.dumps(t, ensure_ascii=False, indent=2)
+
+
+def nemo_style(texts: list[str]) -> str:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(NEMO_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+        vocab_size=1100, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        special_tokens=[AddedToken(s, special=True, normalized=False) for s in NEMO_SPECIALS]))
+    bos = "<s>"
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
+    return tok.to_str(pretty=True)
+
+
 def gpt2_model(texts: list[str]) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -106,21 +181,24 @@ def as_string_merges(tok_json: dict) -> dict:
     return tok_json
 
 
-def sentencepiece_base(texts: list[str]) -> dict:
-    """A Llama 2-shaped BPE model as JSON: <unk> <s> </s>, the 256 <0xNN> byte tokens, then the trained
-    pieces (words start with "▁"), with the merges of the training run."""
+def sentencepiece_base(texts: list[str], controls: tuple[str, ...] = ()) -> dict:
+    """A Llama 2-shaped BPE model as JSON: <unk> <s> </s>, the `controls` (Mistral v0.3's [INST] ...), the
+    256 <0xNN> byte tokens, then the trained pieces (words start with "▁"), with the merges of the training
+    run."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
     tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=700, show_progress=False))
     trained = json.loads(tok.to_str())["model"]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for c in controls:
+        vocab[c] = len(vocab)
     for b in range(256):
-        vocab[f"<0x{b:02X}>"] = 3 + b
+        vocab[f"<0x{b:02X}>"] = len(vocab)
     for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
         if piece not in vocab:
             vocab[piece] = len(vocab)
     specials = [{"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                 "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>")]
+                 "normalized": False, "special": True} for s in ("<unk>", "<s>", "</s>", *controls)]
     return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": specials,
         "normalizer": None, "pre_tokenizer": None,
@@ -158,6 +236,22 @@ def llama2_metaspace(base: dict) -> dict:
     t = json.loads(json.dumps(base))
     t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
     t["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    return t
+
+
+# Mistral-7B-v0.3's control tokens (ids 3..): the tool tokens, then [control_8] ... (the real file has them up
+# to [control_768]; a few are enough to test that they are matched whole and skipped when decoding).
+MISTRAL_V0_3_CONTROLS = ("[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                         "[TOOL_RESULTS]", "[/TOOL_RESULTS]", *(f"[control_{i}]" for i in range(8, 24)))
+
+
+def mistral_v0_3_style(texts: list[str]) -> dict:
+    """Mistral-7B-v0.3's layout: SentencePiece BPE with byte fallback, [INST] / [/INST] as special control
+    tokens matched before anything else, the Metaspace pre-tokenizer with prepend_scheme "first" (a "▁" in
+    front of the text's first word only, not after every control token), the Llama 2 decoder."""
+    t = sentencepiece_base(texts, MISTRAL_V0_3_CONTROLS)
+    t["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    t["decoder"] = SP_DECODER
     return t
 
 
@@ -253,6 +347,11 @@ HAND = [
                     "<|start_header_id|>assistant<|end_header_id|>\n\n"),
     ("chat_llama2", "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHello! [/INST] Hi there. </s><s>[INST] Bye [/INST]"),
     ("chatml", "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"),
+    ("chat_mistral_v0_3", "<s>[INST] Be brief.\n\nWhat is 2+2?[/INST] 4</s>[INST] And 3+3?[/INST]"),
+    ("chat_mistral_v0_2", "<s> [INST] What is 2+2? [/INST] 4</s> [INST] And 3+3? [/INST]"),
+    ("camel_case", "HTTPServer XMLHttpRequest iPhone McDonald's ÉCOLE École getHTTPResponseCode ABCdef"),
+    ("slash_paths", "a/b //c ./d.e/f/ https://x.y/z/?q=1 C:\\Windows\\System32"),
+    ("mistral_controls", "[TOOL_CALLS] [AVAILABLE_TOOLS][{}][/AVAILABLE_TOOLS]x[control_8] [control_9][INST]"),
     ("repeated_char", "a" * 300),
     ("repeated_space", " " * 200 + "x"),
     ("repeated_emoji", "😀" * 200),
@@ -261,6 +360,24 @@ HAND = [
     ("markdown", "# Title\n\n- item *one*\n- item **two**\n\n```cpp\nint x = 0;\n```\n> quote"),
     ("html", "<div class=\"a\">x &amp; y &lt;z&gt;</div><br/>"),
     ("sentencepiece_chars", "▁ ▁▁ a▁b ▁x"),
+    # Texts that NFC changes (Qwen2's normalizer): decomposed accents compose, marks reorder canonically,
+    # conjoining Hangul jamo become syllables, singletons map to their canonical twins, composition
+    # exclusions stay decomposed, compatibility characters (NFKC's business) stay.
+    ("nfc_combining", "e\u0301 a\u0300 o\u0302 u\u0308 n\u0303 c\u0327 A\u030a Cafe\u0301 cre\u0300me bru\u0302le\u0301e"),
+    ("nfc_reorder", "a\u0302\u0323 a\u0323\u0302 q\u0307\u0323 x\u0301\u0316 e\u0323\u0302\u0301"),
+    ("nfc_hangul_jamo", "\u1100\u1161 \u1100\u1161\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af \uac00\u11a8 \u1100\u1100\u1161"),
+    ("nfc_singletons", "\u212b \u2126 \u212a K \u0340\u0341 \u1fee x\u2000y \u2001 \u0374 \u037e \u0387"),
+    ("nfc_exclusions", "\u0958 \u0915\u093c \u2adc \ufb1d \u05d9\u05b4 \u0f43 \u0344"),
+    ("nfc_vietnamese", "Tie\u0302\u0301ng Vie\u0323\u0302t ngu\u031bo\u031b\u0300i Ti\u1ebfng Vi\u1ec7t"),
+    ("nfc_greek", "\u03b1\u0313\u0301 \u1f00\u0301 \u0391\u0345 \u03c9\u0342\u0345 \u03b9\u0308\u0301"),
+    ("nfc_compatibility_kept", "\ufb01 x\u00b2 \u2460 \uff76 \u3300 \u2163 \u00bd \u1e9b\u0323"),
+    ("nfc_starts_with_mark", "\u0301abc \u0308"),
+    ("nfc_mark_alone", "\u0301"),
+    ("nfc_long_mark_run", "a" + "\u0301\u0300\u0302\u0323\u0316" * 10 + " o\u0308"),
+    ("nfc_marks_by_special", "<|im_end|>\u0301x e<|im_start|>\u0301 o<|endoftext|>\u0308"),
+    ("nfc_mixed", "Zoe\u0308 Dvor\u030ca\u0301k Stras\u0073e \u1100\u1161\u11a8 \u212bngstr\u00f6m"),
+    ("qwen_added", "<|im_start|>assistant\n<think>\nhmm\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>"
+                   "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|><|vision_start|><|image_pad|><|vision_end|>"),
     ("byte_lookalikes", "<0x41> <0xE2><0x82><0xAC> Ġhello Ċ"),
 ]
 
@@ -379,6 +496,9 @@ def main() -> None:
     for name, make in (("llama2_style", llama2_style), ("llama2_metaspace", llama2_metaspace),
                        ("sp_unk_split", sp_unk_split)):
         fixtures[name] = json.dumps(make(base), ensure_ascii=False, indent=2)
+    fixtures["qwen2_style"] = qwen2_style(corpus)  # last: the seeds of the fixtures above stay as they were
+    fixtures["mistral_v0_3_style"] = json.dumps(mistral_v0_3_style(corpus), ensure_ascii=False, indent=2)
+    fixtures["nemo_style"] = nemo_style(corpus)
 
     texts = all_texts(corpus)
     for seed, (name, text) in enumerate(fixtures.items()):
