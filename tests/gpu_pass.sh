@@ -22,8 +22,7 @@
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
 #
 # Dependencies the machine lacks (CLI11, ..., utf8proc: tests/stage-extra-deps.sh) can travel in .deps/ (see the
-# README's GPU section); the
-# configure never tries to install packages here (-DTVLLM_INSTALL_DEPS=OFF).
+# README's GPU section); the configure never tries to install packages here (-DTVLLM_INSTALL_DEPS=OFF).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
