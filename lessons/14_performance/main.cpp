@@ -4,8 +4,8 @@
 //
 //   1. the GEMVs on the model's own weight matrices (every distinct [N, K], M = 1, 5 and 16 rows):
 //        cuda  --kernel's version and the three fused kernels vs their fp32 CPU references (gemv_cpu.cpp)
-//        cpu   the fused references vs the lessons' ops composed (rmsnorm, bf16 rounding, linear, silu_mul,
-//              the residual add): what "the fused kernel computes the same thing" means, on the host
+//        cpu   the references themselves: rmsnorm_gemv_cpu vs lesson 04's rmsnorm + lesson 06's linear, and
+//              gemv_cpu vs linear on every decode matrix, each within a bound derived per output
 //   2. (cuda) the fast path against lesson 10's readable loop on the reference sequences:
 //        greedy == Hugging Face generate (where the reference margins are clear, lesson 10's rule)
 //        teacher-forced top-1 through the fast path (lesson 10's forced_agreement)
@@ -171,6 +171,30 @@ void check_fused_references_cpu(Report& report, const ModelWeights& w) {
                                " x its bound 2^-8 sum|x w|" + (bad ? ", " + std::to_string(bad) + " over" : "");
     std::printf("rmsnorm_gemv_cpu vs rmsnorm_cpu + linear (%s): %s\n", name.c_str(), detail.c_str());
     report.add_check("cpu: rmsnorm_gemv == rmsnorm + linear (" + name + ")", bad == 0, detail);
+  }
+  // gemv_cpu (double sums) against lesson 06's linear (fp32 sums) on every decode matrix: the same products in
+  // another precision, so within K * 2^-24 * sum|x w| (each fp32 addition rounds by at most 2^-24 of a partial
+  // sum no larger than sum|x w|).
+  for (const auto& [name, weight] : decode_matrices(w)) {
+    const int64_t N = weight.shape[0], K = weight.shape[1];
+    const Tensor x = random_rows(2, K, 1.0, 11);
+    const Tensor w_f32 = Tensor::copy_of(weight, Device::CPU, DType::F32);
+    Tensor a = Tensor::empty({2, N}, DType::F32, Device::CPU), b = Tensor::empty({2, N}, DType::F32, Device::CPU);
+    gemv_cpu(a.view(), x.view(), w_f32.view());
+    linear(b.view(), x.view(), w_f32.view());
+    int64_t bad = 0;
+    for (int64_t m = 0; m < 2; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double abs_sum = 0.0;
+        for (int64_t k = 0; k < K; ++k)
+          abs_sum += std::fabs(static_cast<double>(x.view().ptr<const float>()[m * K + k]) *
+                               w_f32.view().ptr<const float>()[n * K + k]);
+        const double diff = std::fabs(static_cast<double>(a.view().ptr<const float>()[m * N + n]) -
+                                      b.view().ptr<const float>()[m * N + n]);
+        bad += diff > static_cast<double>(K) * std::ldexp(abs_sum, -24) + 1e-30;
+      }
+    report.add_check("cpu: gemv_cpu == linear (" + name + ")", bad == 0,
+                     std::to_string(bad) + " of " + std::to_string(2 * N) + " outputs outside K 2^-24 sum|x w|");
   }
 }
 
