@@ -120,7 +120,7 @@ class OpenAiServer {
   Engine& engine() { return engine_; }
 
  private:
-  struct Flight;  // one admitted request (server.cpp)
+  struct Flight;  // one admitted request (server_internal.h)
 
   void engine_loop();
   void route();
