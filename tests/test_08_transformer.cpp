@@ -416,6 +416,36 @@ TEST(TransformerValidation, FamilyExtrasAreRefusedAtBinding) {
   for (float x : values(e.run({{0, 5, 15, 7}}))) ASSERT_TRUE(std::isfinite(x));
 }
 
+// The tiny models transformers wrote (weights/tools/make_family_models.py, tests/data/models/): their
+// config.json reads into the right flags, their tensors match what the config implies, and binding refuses
+// them naming the steps the forward lacks — until it computes them and the greedy ids can be compared.
+TEST(TransformerValidation, TransformersWrittenFamilyModelsOpenAndAreRefusedAtBinding) {
+  struct Case {
+    const char* dir;
+    bool qkv_bias, o_bias, mlp_bias, qk_norm;
+    int64_t window, head_dim;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"qwen2", true, false, false, false, 0, 8, "q/k/v biases"},
+      {"qwen3", false, false, false, true, 0, 12, "per-head q/k RMSNorm"},
+      {"mistral", false, false, false, false, 5, 12, "sliding_window 5"},
+      {"llama_bias", true, true, true, false, 0, 8, "MLP biases (mlp_bias)"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.dir);
+    const ModelDir model = ModelDir::open(testing::test_data_dir() / "models" / k.dir);
+    const ModelConfig& c = model.config;
+    EXPECT_EQ(c.qkv_bias, k.qkv_bias);
+    EXPECT_EQ(c.o_bias, k.o_bias);
+    EXPECT_EQ(c.mlp_bias, k.mlp_bias);
+    EXPECT_EQ(c.qk_norm, k.qk_norm);
+    EXPECT_EQ(c.sliding_window, k.window);
+    EXPECT_EQ(c.head_dim, k.head_dim);
+    expect_input_error([&] { ModelWeights::bind(model, Device::CPU); }, {k.needle, "not implement"});
+  }
+}
+
 TEST(TransformerValidation, ExpectedTensorsFollowTheConfig) {
   SyntheticLlama s;
   TempDir tmp;
