@@ -215,22 +215,142 @@ TEST(ModelConfig, RejectsUnsupportedRope) {
 
 TEST(ModelConfig, RejectsOtherArchitectures) {
   json j = tiny();
-  j["model_type"] = "mistral";
-  expect_rejected(j, "model_type is \"mistral\"");
+  j["model_type"] = "gemma2";
+  expect_rejected(j, "model_type is \"gemma2\"");
   j = tiny();
   j["architectures"] = json::array({"MistralForCausalLM"});
-  expect_rejected(j, "expected \"LlamaForCausalLM\"");
+  expect_rejected(j, "expected \"LlamaForCausalLM\" for model_type \"llama\"");
   j["architectures"] = "LlamaForCausalLM";
   expect_rejected(j, "architectures must be an array of strings");
   j = tiny();
   j["hidden_act"] = "gelu";
   expect_rejected(j, "hidden_act must be \"silu\"");
   j = tiny();
-  j["attention_bias"] = true;
-  expect_rejected(j, "attention_bias is true");
+  j["attention_bias"] = "yes";
+  expect_rejected(j, "attention_bias must be true or false");
   j = tiny();
   j["mlp_bias"] = "no";
   expect_rejected(j, "mlp_bias must be true or false");
+  j = tiny();
+  j["num_local_experts"] = 8;  // Mixtral
+  expect_rejected(j, "num_local_experts is 8: mixture-of-experts");
+  j = tiny();
+  j["num_experts"] = 60;  // Qwen2-MoE
+  expect_rejected(j, "num_experts is 60");
+  j = tiny();
+  j["rope_scaling"] = json::parse(R"({"rope_type": "yarn", "factor": 4.0})");
+  expect_rejected(j, "rope_scaling.rope_type \"yarn\"");
+}
+
+// Qwen2.5-0.5B-Instruct's config.json (as published by Qwen on Hugging Face).
+json qwen2_5_0_5b() {
+  return json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Qwen3-0.6B's config.json.
+json qwen3_0_6b() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Mistral-7B-v0.1's config.json (the release with a 4096-position sliding window).
+json mistral_7b_v0_1() {
+  return json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000})");
+}
+
+TEST(ModelConfig, ParsesQwen2AsBiasedQkv) {
+  ModelConfig c = parse_model_config(qwen2_5_0_5b());
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_EQ(c.head_dim, 64);  // 896 / 14
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);  // Qwen2Attention: o_proj has bias=False
+  EXPECT_FALSE(c.mlp_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.sliding_window, 0);  // sliding_window is there, but use_sliding_window is false
+  EXPECT_TRUE(c.has_family_extras());
+  json j = qwen2_5_0_5b();
+  j["use_sliding_window"] = true;
+  expect_rejected(j, "use_sliding_window is true");
+  j["architectures"] = json::array({"LlamaForCausalLM"});
+  expect_rejected(j, "expected \"Qwen2ForCausalLM\" for model_type \"qwen2\"");
+}
+
+TEST(ModelConfig, ParsesQwen3AsQkNormWithExplicitHeadDim) {
+  ModelConfig c = parse_model_config(qwen3_0_6b());
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.q_dim(), 2048);  // q is wider than the residual stream (1024)
+  EXPECT_EQ(c.kv_dim(), 1024);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_scaling.rope_type, "default");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.sliding_window, 0);
+  json j = qwen3_0_6b();
+  j["attention_bias"] = true;  // Qwen3Attention: bias=config.attention_bias on q, k, v and o
+  c = parse_model_config(j);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.o_bias);
+  j = qwen3_0_6b();
+  j["use_sliding_window"] = true;
+  expect_rejected(j, "use_sliding_window is true");
+}
+
+TEST(ModelConfig, ParsesMistralSlidingWindow) {
+  ModelConfig c = parse_model_config(mistral_7b_v0_1());
+  EXPECT_EQ(c.model_type, "mistral");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias || c.qk_norm);
+  EXPECT_TRUE(c.has_family_extras());
+  json j = mistral_7b_v0_1();
+  j["sliding_window"] = nullptr;  // Mistral 7B v0.2 / v0.3: no window
+  c = parse_model_config(j);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_FALSE(c.has_family_extras());  // then it is exactly a Llama
+  j["head_dim"] = 160;  // Mistral NeMo: explicit head_dim, q_dim 5120 != hidden 4096
+  EXPECT_EQ(parse_model_config(j).q_dim(), 5120);
+  j["sliding_window"] = 0;
+  expect_rejected(j, "sliding_window must be a positive integer");
+  j["sliding_window"] = "4096";
+  expect_rejected(j, "sliding_window must be a positive integer");
+}
+
+TEST(ModelConfig, ParsesLlamaBiases) {
+  json j = tiny();
+  EXPECT_FALSE(parse_model_config(j).has_family_extras());
+  j["attention_bias"] = true;  // LlamaAttention: bias=config.attention_bias on q, k, v and o
+  ModelConfig c = parse_model_config(j);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.o_bias);
+  EXPECT_FALSE(c.mlp_bias);
+  j["attention_bias"] = false;
+  j["mlp_bias"] = true;  // LlamaMLP: bias=config.mlp_bias on gate, up and down
+  c = parse_model_config(j);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_TRUE(c.mlp_bias);
+  EXPECT_TRUE(c.has_family_extras());
 }
 
 TEST(ModelConfig, RejectsBadTokenIds) {

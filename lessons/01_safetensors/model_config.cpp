@@ -101,26 +101,41 @@ ModelConfig parse_model_config(const json& j) {
   if (!j.is_object()) throw InputError(kWhere + "must be a JSON object, got " + json_snippet(j));
   ModelConfig c;
 
-  // What kind of model: we implement the Llama architecture only. Mistral, Qwen2, Gemma... differ in
-  // details (sliding windows, biases, norms) that would silently give wrong answers.
+  // What kind of model: the Llama architecture and the families that differ from it only in a few places
+  // recorded as data below (biases, q/k norms, a sliding window). Gemma, Phi, MoE models... differ in ways
+  // that would silently give wrong answers, so they are refused by name.
   const json* mt = optional_field(j, "model_type");
   if (!mt) throw InputError(kWhere + "missing required field \"model_type\" (expected \"llama\")");
   if (!mt->is_string()) throw InputError(kWhere + "model_type must be a string, got " + json_snippet(*mt));
   c.model_type = mt->get<std::string>();
-  if (c.model_type != "llama")
+  const char* want_arch = c.model_type == "llama"     ? "LlamaForCausalLM"
+                          : c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                          : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
+                          : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                      : nullptr;
+  if (!want_arch)
     throw InputError(kWhere + "model_type is \"" + c.model_type +
-                     "\": tiny-vllm runs Llama-architecture models (model_type \"llama\") only");
+                     "\": tiny-vllm runs model_type \"llama\", \"qwen2\", \"qwen3\" and \"mistral\" only");
   if (const json* arch = optional_field(j, "architectures")) {
     bool ok = arch->is_array();
     bool causal_lm = false;
     if (ok)
       for (const json& a : *arch) {
         if (!a.is_string()) ok = false;
-        else if (a.get_ref<const std::string&>() == "LlamaForCausalLM") causal_lm = true;
+        else if (a.get_ref<const std::string&>() == want_arch) causal_lm = true;
       }
     if (!ok) throw InputError(kWhere + "architectures must be an array of strings, got " + json_snippet(*arch));
     if (!causal_lm)
-      throw InputError(kWhere + "architectures is " + json_snippet(*arch) + ": expected \"LlamaForCausalLM\"");
+      throw InputError(kWhere + "architectures is " + json_snippet(*arch) + ": expected \"" + want_arch +
+                       "\" for model_type \"" + c.model_type + "\"");
+  }
+  // Mixture-of-experts configs (Qwen2-MoE, Mixtral, Qwen3-MoE) route each token through chosen experts.
+  for (const char* moe : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size"}) {
+    if (const json* m = optional_field(j, moe)) {
+      if (!(m->is_number_integer() && m->get<int64_t>() == 0))
+        throw InputError(kWhere + moe + " is " + json_snippet(*m) +
+                         ": mixture-of-experts models are not supported (dense models only)");
+    }
   }
 
   c.vocab_size = required_positive_int(j, "vocab_size");
@@ -158,12 +173,31 @@ ModelConfig parse_model_config(const json& j) {
     if (!act->is_string() || act->get<std::string>() != "silu")
       throw InputError(kWhere + "hidden_act must be \"silu\" for a Llama model, got " + json_snippet(*act));
   }
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (const json* b = optional_field(j, bias)) {
-      if (!b->is_boolean()) throw InputError(kWhere + bias + " must be true or false, got " + json_snippet(*b));
-      if (b->get<bool>())
-        throw InputError(kWhere + std::string(bias) + " is true: tiny-vllm implements Llama without biases");
-    }
+  auto flag = [&](const char* name) {
+    const json* b = optional_field(j, name);
+    if (!b) return false;
+    if (!b->is_boolean()) throw InputError(kWhere + name + " must be true or false, got " + json_snippet(*b));
+    return b->get<bool>();
+  };
+  // Biases. Llama: attention_bias puts a bias on q, k, v and o (LlamaAttention: bias=config.attention_bias on
+  // all four projections), mlp_bias on gate, up and down. Qwen2 has q/k/v biases always and none on o
+  // (Qwen2Attention: bias=True for q/k/v, bias=False for o_proj). Qwen3 follows Llama's attention_bias.
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;
+  } else if (c.model_type != "mistral") {
+    c.qkv_bias = c.o_bias = flag("attention_bias");
+  }
+  if (c.model_type == "llama") c.mlp_bias = flag("mlp_bias");
+  // Qwen3: RMSNorm over each head's head_dim of q and k, before RoPE (Qwen3Attention.q_norm / k_norm).
+  c.qk_norm = c.model_type == "qwen3";
+  // Sliding window. Qwen2/Qwen3 carry sliding_window but use it only with use_sliding_window true (false in
+  // every released checkpoint); Mistral uses sliding_window whenever it is a number.
+  if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+    if (flag("use_sliding_window"))
+      throw InputError(kWhere + "use_sliding_window is true: tiny-vllm does not implement Qwen's per-layer "
+                       "sliding window (every released checkpoint sets it false)");
+  } else if (c.model_type == "mistral") {
+    if (const json* sw = optional_field(j, "sliding_window")) c.sliding_window = positive_int(*sw, "sliding_window");
   }
 
   // HF LlamaConfig's default when absent.

@@ -18,7 +18,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type;               // "llama"
+  std::string model_type;               // "llama", "qwen2", "qwen3" or "mistral": the differences are the data below
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;              // the residual stream width
   int64_t intermediate_size = 0;        // the MLP width
@@ -34,6 +34,18 @@ struct ModelConfig {
   int64_t bos_token_id = -1;            // -1: none
   std::vector<int64_t> eos_token_ids;   // config.json may hold one id or a list
   std::string torch_dtype;              // "bfloat16", informative
+
+  // Where the Llama-like families differ, as data (issue 18), never as a family switch in the forward:
+  bool qkv_bias = false;                // q_proj/k_proj/v_proj carry a bias (Qwen2; Llama attention_bias)
+  bool o_bias = false;                  // o_proj carries a bias (Llama / Qwen3 attention_bias only)
+  bool mlp_bias = false;                // gate/up/down_proj carry a bias (Llama mlp_bias)
+  bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE (Qwen3 q_norm / k_norm)
+  int64_t sliding_window = 0;           // a position attends to the last W positions only; 0 = no window
+
+  // True when the model needs something beyond plain Llama (bias, q/k norm, a window that can bite).
+  bool has_family_extras() const {
+    return qkv_bias || o_bias || mlp_bias || qk_norm || sliding_window > 0;
+  }
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }    // width of q_proj's output
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }   // width of k_proj's / v_proj's
