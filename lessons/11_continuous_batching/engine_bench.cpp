@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <unordered_map>
 
 #include "common/errors.h"
 #include "common/random.h"
@@ -66,10 +67,11 @@ ThroughputResult run_throughput(Engine& engine, const std::vector<ThroughputRequ
   };
   const auto B = static_cast<size_t>(static_batch > 0 ? static_batch : static_cast<int64_t>(requests.size()));
   int64_t done = 0, delivered = 0, complete = 0;
+  std::unordered_map<int64_t, size_t> index_of;  // engine request id -> workload index (ids need not start at 0)
   for (size_t first = 0; first < requests.size(); first += B) {
     for (size_t i = first; i < std::min(requests.size(), first + B); ++i) {
       params.max_tokens = requests[i].output_len;
-      engine.submit(requests[i].prompt, params, events.sink());
+      index_of[engine.submit(requests[i].prompt, params, events.sink())] = i;
     }
     while (engine.has_work()) {
       engine.step();
@@ -78,7 +80,7 @@ ThroughputResult run_throughput(Engine& engine, const std::vector<ThroughputRequ
           ++delivered;
         } else {
           ++done;
-          const int64_t want = requests.at(static_cast<size_t>(e->request_id - before.requests_submitted)).output_len;
+          const int64_t want = requests.at(index_of.at(e->request_id)).output_len;
           if (e->reason == FinishReason::Length && e->usage.completion_tokens == want) ++complete;
         }
       }

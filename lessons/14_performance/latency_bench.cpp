@@ -28,10 +28,35 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+std::vector<LatencyVariant> progression_variants() {
+  return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
+          {"+ CUDA graphs", FastPathOptions{false, true, false, 64}},
+          {"+ fused GEMV decode", FastPathOptions{true, true, false, 64}},
+          {"+ fast sampler (the default fast path)", FastPathOptions{true, true, true, 64}}};
+}
+
+namespace {
+
+// Bytes of every weight a forward reads, from the bound views (device_bytes is the CUDA allocation only; on the
+// CPU the views point into the mapped files, as stored).
+double weight_bytes(const ModelWeights& w) {
+  double bytes = static_cast<double>(w.final_norm.nbytes());
+  for (const LayerWeights& L : w.layers) {
+    bytes += static_cast<double>(L.input_norm.nbytes() + L.post_norm.nbytes() + L.wo.nbytes() + L.w_down.nbytes());
+    bytes += L.packed() ? static_cast<double>(L.wqkv.nbytes() + L.w_gate_up.nbytes())
+                        : static_cast<double>(L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.w_gate.nbytes() +
+                                              L.w_up.nbytes());
+  }
+  return bytes;
+}
+
+}  // namespace
+
 double decode_bytes_per_step(const ModelWeights& w, int64_t batch, double mean_context) {
-  double weights = static_cast<double>(w.device_bytes);
+  // The lm_head is read whole; the embedding table only for the rows gathered, unless it IS the lm_head.
   const double row = static_cast<double>(w.embed.shape[1]) * static_cast<double>(dtype_size(w.embed.dtype));
-  if (!w.tied) weights -= static_cast<double>(w.embed.nbytes()) - static_cast<double>(batch) * row;
+  double weights = weight_bytes(w) + static_cast<double>(w.lm_head.nbytes());
+  if (!w.tied) weights += static_cast<double>(batch) * row;
   const AttentionShape shape = AttentionShape::from_config(w.config);
   const double kv_per_token = static_cast<double>(KvCache::bytes_for(shape, w.config.num_hidden_layers, 1, 1, w.device));
   return weights + static_cast<double>(batch) * mean_context * kv_per_token;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fast_path.h"
 #include "model_weights.h"
@@ -37,6 +38,15 @@ struct PrefillLatency {
   int64_t tokens = 0;
   double ms = 0.0, tok_s = 0.0, tflops = 0.0;
 };
+
+// The chapter's progression, one technique at a time: lesson 10 as it is (nullopt), then + CUDA graphs, + the
+// fused GEMV decode, + the fast sampler (the default fast path). Used by `bench latency --compare` and the lesson
+// executable's --bench.
+struct LatencyVariant {
+  std::string name;
+  std::optional<FastPathOptions> fast;
+};
+std::vector<LatencyVariant> progression_variants();
 
 // `fast`: the fast path to install (nullopt: lesson 10's Generator as it is). iters >= 1 timed runs after one
 // warm-up run (which captures the graphs the timed runs replay). copy_gbs: the ceiling (0: no percentage).

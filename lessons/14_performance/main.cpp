@@ -336,16 +336,11 @@ void bench_progression(const ModelWeights& w, const Ceilings& ceilings) {
               "bytes = weights + KV read per step; copy bandwidth %.0f GB/s -> batch 1 at most %.0f tok/s\n",
               ceilings.copy_gbs, ceilings.copy_gbs * 1e9 / decode_bytes_per_step(w, 1, 0.0));
   std::printf("  %-44s %6s %8s %10s %10s %8s\n", "variant", "batch", "context", "ms/step", "tok/s", "% copy");
-  const std::vector<std::pair<std::string, std::optional<FastPathOptions>>> variants = {
-      {"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
-      {"+ CUDA graphs", FastPathOptions{false, true, false, 64}},
-      {"+ fused GEMV decode", FastPathOptions{true, true, false, 64}},
-      {"+ fast sampler (the default fast path)", FastPathOptions{true, true, true, 64}}};
   for (int64_t B : {int64_t{1}, int64_t{8}})
     for (int64_t ctx : {int64_t{128}, std::min<int64_t>(4096, c.max_position_embeddings - 65)})
-      for (const auto& [name, fast] : variants) {
-        const DecodeLatency d = measure_decode_latency(w, fast, B, ctx, 64, 3, ceilings.copy_gbs);
-        std::printf("  %-44s %6lld %8lld %10.3f %10.1f %7.1f%%\n", name.c_str(), (long long)B, (long long)ctx,
+      for (const LatencyVariant& v : progression_variants()) {
+        const DecodeLatency d = measure_decode_latency(w, v.fast, B, ctx, 64, 3, ceilings.copy_gbs);
+        std::printf("  %-44s %6lld %8lld %10.3f %10.1f %7.1f%%\n", v.name.c_str(), (long long)B, (long long)ctx,
                     d.ms_per_step, d.tok_s, d.pct_copy);
       }
 }

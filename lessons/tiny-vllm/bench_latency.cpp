@@ -34,22 +34,13 @@ struct BenchLatencyOptions {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, compare = false;
 };
 
-struct Variant {
-  std::string name;
-  std::optional<FastPathOptions> fast;  // nullopt: lesson 10 as it is
-};
-
-std::vector<Variant> variants(const BenchLatencyOptions& o, Device device) {
+std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device) {
   FastPathOptions chosen;
   chosen.graphs = !o.enforce_eager;
   chosen.fused = !o.no_fused;
   chosen.fast_sampler = !o.no_fast_sampler;
   if (!o.compare || device != Device::CUDA) return {{describe_fast_path(chosen, device), chosen}};
-  FastPathOptions graphs{false, true, false, 64}, fused{true, true, false, 64}, all{true, true, true, 64};
-  return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
-          {"+ CUDA graphs", graphs},
-          {"+ fused GEMV decode", fused},
-          {"+ fast sampler (the default)", all}};
+  return progression_variants();
 }
 
 void run(const BenchLatencyOptions& o) {
@@ -83,7 +74,7 @@ void run(const BenchLatencyOptions& o) {
                   copy_gbs, decode_bytes_per_step(weights, 1, 0.0) / (1 << 20),
                   copy_gbs * 1e9 / decode_bytes_per_step(weights, 1, 0.0));
   }
-  for (const Variant& v : variants(o, device)) {
+  for (const LatencyVariant& v : variants(o, device)) {
     nlohmann::json run;
     run["variant"] = v.name;
     run["decode"] = nlohmann::json::array();

@@ -78,7 +78,8 @@ void run(const BenchThroughputOptions& o) {
     kv = contiguous_kv();
   }
   Engine engine(weights, config, kv);
-  o.fast.apply(engine);  // lesson 14 (CUDA): fused decode, CUDA graphs (captured as batch sizes first decode)
+  o.fast.apply(engine);  // lesson 14 (CUDA): fused decode, CUDA graphs, the fast sampler
+  o.fast.warm_up(engine);  // + the decode graphs of batch sizes 1, 2, 4, ..., before the timed run
   std::fprintf(stderr, "bench throughput: %s on %s, %s; %lld requests, lengths [%lld, %lld], seed %llu\n",
                o.model.c_str(), std::string(device_name(device)).c_str(), engine.kv().describe().c_str(),
                static_cast<long long>(o.num_requests), static_cast<long long>(o.min_len),
