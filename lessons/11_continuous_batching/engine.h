@@ -171,6 +171,11 @@ struct EngineStats {
   int64_t generated_tokens = 0;  // ids delivered
   int64_t requests_submitted = 0;
   int64_t finished_stop = 0, finished_length = 0, aborted = 0, failed = 0;  // requests by outcome
+  // Where the engine thread's time went in run_batch, summed over steps (steady clock, host side): preparing the
+  // step's inputs, queueing its device work (eager launches, or a graph replay), and waiting for the GPU at the
+  // step's one synchronisation. What a step spends outside them (scheduling, delivering tokens) is the rest of
+  // its wall time. The GPU idles while the host prepares and schedules: lesson 14 measures how much.
+  double prepare_s = 0.0, launch_s = 0.0, wait_s = 0.0;
 };
 
 // ---- the engine -------------------------------------------------------------------------------------------
@@ -283,6 +288,9 @@ class Engine {
   std::unordered_map<int64_t, int64_t> by_seq_;    // scheduler sequence id -> request id
   int64_t generated_ = 0, finished_stop_ = 0, finished_length_ = 0, aborted_ = 0, failed_ = 0, peak_running_ = 0;
   SchedulerStats stats_base_;  // the scheduler's counters when warm_up() ended: stats() counts from there
+  struct HostTime {
+    double prepare_s = 0.0, launch_s = 0.0, wait_s = 0.0;
+  } host_time_;  // run_batch's host time since warm_up() (EngineStats::prepare_s, ...)
   int64_t prefix_query_base_ = 0, prefix_hit_base_ = 0;
 
   // Shared with the other threads.
