@@ -457,6 +457,20 @@ int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches) {
     submit(prompt, sampled, ignore);
   }
   int64_t steps = run_until_idle(1000);
+  // Prefills of a few lengths, one at a time: cuBLAS picks a different kernel for each range of T, and each of
+  // those is loaded lazily on its first call (milliseconds, in the first real request's TTFT otherwise). Powers of
+  // 4 from 64 up to what one step can hold; their ids avoid the short prompts' (a prefix-cache hit would skip the
+  // work). Their blocks may stay in the prefix cache: cached blocks are free (KvUsage::free_blocks).
+  const int64_t longest = std::min(limits_.max_tokens, limits_.max_context - 2);
+  for (int64_t n = 64; n <= longest; n *= 4) {
+    std::vector<int32_t> long_prompt(static_cast<size_t>(n));
+    for (size_t i = 0; i < long_prompt.size(); ++i)
+      long_prompt[i] = static_cast<int32_t>((vocab / 5 + 13 * static_cast<int64_t>(i) + n) % vocab);
+    RequestParams one = greedy;
+    one.max_tokens = 1;
+    submit(long_prompt, one, ignore);
+    steps += run_until_idle(1000);
+  }
   // B requests of one token each: the prefill step is itself decode-shaped (one new token per sequence), and the
   // next step decodes the B of them together.
   for (int64_t B : decode_batches) {
