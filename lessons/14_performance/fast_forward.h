@@ -39,4 +39,10 @@ bool fast_forward_supported(const ModelWeights& weights);
 TensorView fast_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
                         AttentionBackend& backend);
 
+// The same forward, the same bits, with the fused GEMVs launched as programmatic dependents of the kernel before
+// each (pdl.h): each one's weight loads overlap the previous kernel's tail. Install only where pdl_supported()
+// (use_fast_path checks). A separate ForwardFn, so the graph runner keys its graphs apart.
+TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                            AttentionBackend& backend);
+
 }  // namespace tvllm

@@ -85,19 +85,24 @@ bool gemv_shape_supported(const TensorView& w, DType out_dtype);
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
           GemvKernel kernel = kDefaultGemvKernel, cudaStream_t stream = nullptr);
 
+// The fused ops below take `pdl`: true launches the kernel as a programmatic dependent of the stream's
+// previous kernel (pdl.h: it starts loading its weights while that kernel finishes, and waits for it before
+// touching anything else). Only where pdl_supported(); the results are the same bits either way.
+
 // out[M, N] = (rmsnorm(h) * norm_weight) · w^T. h [M, K], norm_weight [K], w [N, K], out [M, N] BF16 or
 // F32 (the final norm fused into the lm_head writes F32 logits).
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, cudaStream_t stream = nullptr);
+                  const TensorView& w, cudaStream_t stream = nullptr, bool pdl = false);
 
 // act[M, I] = silu(gate) * up, [gate | up] = (rmsnorm(h) * norm_weight) · w_gate_up^T.
 // h [M, K], norm_weight [K], w_gate_up [2I, K] (rows 0..I-1 gate, I..2I-1 up), act [M, I].
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                           float eps, const TensorView& w_gate_up, cudaStream_t stream = nullptr);
+                           float eps, const TensorView& w_gate_up, cudaStream_t stream = nullptr,
+                           bool pdl = false);
 
 // h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
-                   cudaStream_t stream = nullptr);
+                   cudaStream_t stream = nullptr, bool pdl = false);
 
 // For benchmarks: the bytes one gemv() must move at least, W + x + out, so bytes / seconds is the bandwidth
 // reached. (gemv_residual also reads h, M*N*2 more; the fused norms read g, K*2 more: W dominates all.)
@@ -133,10 +138,11 @@ namespace detail {
 void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
                cudaStream_t stream);
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, cudaStream_t stream);
+                       const TensorView& w, cudaStream_t stream, bool pdl);
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                                float eps, const TensorView& w_gate_up, cudaStream_t stream);
-void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream);
+                                float eps, const TensorView& w_gate_up, cudaStream_t stream, bool pdl);
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream,
+                        bool pdl);
 }  // namespace detail
 
 }  // namespace tvllm

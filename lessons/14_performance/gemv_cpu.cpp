@@ -259,7 +259,7 @@ void require_vector_path(const std::string& what, const TensorView& x, const Ten
 }  // namespace
 
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, cudaStream_t stream) {
+                  const TensorView& w, cudaStream_t stream, bool pdl) {
   const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   if (d.M == 0) return;
@@ -268,11 +268,11 @@ void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& 
     return;
   }
   require_vector_path("rmsnorm_gemv", h, w, norm_weight);
-  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, stream);
+  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
-                           const TensorView& w_gate_up, cudaStream_t stream) {
+                           const TensorView& w_gate_up, cudaStream_t stream, bool pdl) {
   const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false);
   check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
   if (d.M == 0) return;
@@ -281,10 +281,10 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
     return;
   }
   require_vector_path("rmsnorm_gemv_silu_mul", h, w_gate_up, norm_weight);
-  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, stream);
+  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, stream, pdl);
 }
 
-void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream, bool pdl) {
   const GemvDims d = check_operands("gemv_residual", h, x, w, false, false);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
@@ -292,7 +292,7 @@ void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w
     return;
   }
   require_vector_path("gemv_residual", x, w, x);
-  detail::gemv_residual_cuda(h, x, w, stream);
+  detail::gemv_residual_cuda(h, x, w, stream, pdl);
 }
 
 }  // namespace tvllm
