@@ -17,7 +17,7 @@ namespace tvllm {
 // every decode matrix (qkv 33% vs 30% of the copy bandwidth, gate|up 72% vs 61%, down 56% vs 46%); at M = 8 it
 // loses on every one (gate|up 31% vs 62%: each block re-reads all M rows of x, and the per-row register sums
 // cut the loads in flight). So the fused path runs single-token steps, and larger decode batches keep
-// cuBLAS, which is what the numbers say (README section 9, the ledger).
+// cuBLAS, which is what the numbers say (README section 10, the ledger).
 int64_t fast_forward_max_tokens() { return 1; }
 
 bool fast_forward_supported(const ModelWeights& w) {

@@ -11,13 +11,16 @@
 //        teacher-forced top-1 through the fast path (lesson 10's forced_agreement)
 //        fast == readable: the teacher-forced logits of both within 2 eps of each other, same argmax
 //        graphs == --enforce-eager: every reference sequence, id for id (sampled, so the sampler runs too)
+//        PDL on == off: the teacher-forced logits, bit for bit (the same kernels, launched differently)
 //   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
-//   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); FastSampler
+//   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
+//      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; FastSampler
 //      vs lesson 09's sampler at batch 1 and 64; the decode progression (lesson 10 -> graphs -> fused ->
-//      fast sampler) at batch 1 and 8, contexts 128 and 4096.
+//      fast sampler -> programmatic dependent launch) at batch 1 and 8, contexts 128 and 4096.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -27,6 +30,7 @@
 
 #include "common/bench.h"
 #include "common/cublas.h"
+#include "common/cuda_stream.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/lesson.h"
@@ -42,6 +46,7 @@
 #include "logits_check.h"
 #include "matmul.h"
 #include "model_dir.h"
+#include "pdl.h"
 #include "rmsnorm.h"
 #include "silu_mul.h"
 
@@ -210,11 +215,14 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     longest = std::max<int64_t>(longest, static_cast<int64_t>(g.prompt_ids.size()) + gens.max_new_tokens);
   const int64_t max_context = std::min(c.max_position_embeddings, longest);
   const EngineLimits limits = Generator::limits_for(c, max_context, 1, max_context);
-  Generator readable(w, limits), fast(w, limits), eager(w, limits);
+  Generator readable(w, limits), fast(w, limits), eager(w, limits), no_pdl(w, limits);
   use_fast_path(fast);
   FastPathOptions no_graphs;
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
+  FastPathOptions plain_launches;
+  plain_launches.pdl = false;
+  use_fast_path(no_pdl, plain_launches);
   std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
@@ -239,6 +247,13 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     const Tensor forced = fast.forced_logits(g.prompt_ids, g.output_ids);
     const ForcedAgreement a = forced_agreement(forced, g.output_ids, e);
     check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
+    // PDL changes when the GEMVs start, not what they compute: the same bits (section 7).
+    const Tensor forced_plain = no_pdl.forced_logits(g.prompt_ids, g.output_ids);
+    const bool same = forced.view().nbytes() == forced_plain.view().nbytes() &&
+                      std::memcmp(forced.view().data, forced_plain.view().data, forced.view().nbytes()) == 0;
+    check(g.name + " PDL on == off (logits)", same,
+          same ? std::string(fast_path_uses_pdl({}, Device::CUDA) ? "bit for bit" : "bit for bit (no PDL here)")
+               : "the logits differ");
     // The readable loop's logits on the same ids: both within e of the exact ones, so within 2e of each other.
     const Tensor base = readable.forced_logits(g.prompt_ids, g.output_ids);
     const Top1Agreement t = top1_agreement(forced, base, 2 * e);
@@ -314,6 +329,53 @@ void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
   }
 }
 
+// The step's GEMVs alone, chained as fast_forward chains them (every layer's qkv, o, gate|up and down, then the
+// lm_head with the final norm: each reads what an earlier one wrote, and the residual adds write h, which the one
+// before read), captured as one CUDA graph and replayed: plain launches, then programmatic dependents (section
+// 7). No RoPE or attention between them, so every boundary can overlap: PDL's best case, and the GEMVs' share
+// of a step without the kernels PDL does not reach.
+void bench_gemv_chain(const ModelWeights& w, const Ceilings& ceilings) {
+  const ModelConfig& c = w.config;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerWeights& first = w.layers.front();
+  Tensor h = on(random_rows(1, c.hidden_size, 1.0, 21), Device::CUDA, DType::BF16);
+  const Tensor attn = on(random_rows(1, first.wo.shape[1], 1.0, 22), Device::CUDA, DType::BF16);
+  Tensor qkv = Tensor::empty({1, first.wqkv.shape[0]}, DType::BF16, Device::CUDA);
+  Tensor act = Tensor::empty({1, first.w_gate_up.shape[0] / 2}, DType::BF16, Device::CUDA);
+  Tensor logits = Tensor::empty({1, w.lm_head.shape[0]}, DType::F32, Device::CUDA);
+  double bytes = static_cast<double>(w.lm_head.nbytes());
+  for (const LayerWeights& L : w.layers)
+    bytes += static_cast<double>(L.wqkv.nbytes() + L.wo.nbytes() + L.w_gate_up.nbytes() + L.w_down.nbytes());
+  const int64_t kernels = 4 * static_cast<int64_t>(w.layers.size()) + 1;
+  CudaStream stream;
+  std::vector<BenchRow> rows;
+  for (const bool pdl : {false, true}) {
+    if (pdl && !pdl_supported()) {
+      std::printf("\n(no programmatic dependent launch on this GPU: the chain runs with plain launches only)\n");
+      break;
+    }
+    const CudaGraph graph = CudaGraph::capture(stream.get(), [&] {
+      for (const LayerWeights& L : w.layers) {
+        rmsnorm_gemv(qkv.view(), h.view(), L.input_norm, eps, L.wqkv, stream.get(), pdl);
+        gemv_residual(h.view(), attn.view(), L.wo, stream.get(), pdl);
+        rmsnorm_gemv_silu_mul(act.view(), h.view(), L.post_norm, eps, L.w_gate_up, stream.get(), pdl);
+        gemv_residual(h.view(), act.view(), L.w_down, stream.get(), pdl);
+      }
+      rmsnorm_gemv(logits.view(), h.view(), w.final_norm, eps, w.lm_head, stream.get(), pdl);
+    });
+    // bench_gpu times the default stream: the graph is launched there (a replay may go to any stream).
+    rows.push_back({std::to_string(kernels) + " GEMVs of a step, one graph, " +
+                        (pdl ? "programmatic dependent launch" : "plain launches"),
+                    bench_gpu([&] { graph.launch(nullptr); }), bytes, 0.0});
+  }
+  print_bench_table(std::cout, "the decode step's GEMVs chained (M = 1, L2 flushed before each run)", rows,
+                    ceilings);
+  if (rows.size() == 2)
+    std::printf("PDL saves %.2f us per GEMV boundary (%lld boundaries)\n",
+                (rows[0].result.median_ms - rows[1].result.median_ms) * 1e3 / static_cast<double>(kernels - 1),
+                (long long)(kernels - 1));
+}
+
 void bench_sampler(int64_t vocab) {
   std::printf("\nsampler, vocab %lld: FastSampler vs lesson 09's GpuSampler (us per call, the same ids)\n",
               (long long)vocab);
@@ -373,6 +435,7 @@ int run(const LessonOptions& opt) {
   if (opt.bench) {
     const Ceilings ceilings = measure_ceilings(false);
     bench_gemvs(w, ceilings);
+    bench_gemv_chain(w, ceilings);
     bench_sampler(c.vocab_size);
     bench_progression(w, ceilings);
   }

@@ -1,4 +1,4 @@
-// Lesson 14: programmatic dependent launch (PDL), the host's half. README section 9 tells the story.
+// Lesson 14: programmatic dependent launch (PDL), the host's half. README section 7 tells the story.
 //
 // Kernels queued on one stream run one after another: kernel B starts only when kernel A has finished and its
 // writes are visible. At batch 1 a decode step is ~100 such kernels of a few microseconds each, and every
