@@ -10,10 +10,14 @@ namespace tvllm {
 
 bool pdl_supported() {
   if (!cuda_available()) return false;
-  int device = 0, driver = 0;
+  // 12030: CUDA 12.3, the first whose stream capture records the attribute as a programmatic graph edge. Both the
+  // runtime we link and the driver must have it.
+  constexpr int kFirstVersion = 12030;
+  int device = 0, driver = 0, runtime = 0;
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDriverGetVersion(&driver));
-  return query_device(device).compute_major >= 9 && driver >= 12030;
+  TVLLM_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return query_device(device).compute_major >= 9 && driver >= kFirstVersion && runtime >= kFirstVersion;
 }
 
 }  // namespace tvllm

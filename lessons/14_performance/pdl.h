@@ -21,8 +21,8 @@
 namespace tvllm {
 
 // Whether the current CUDA device and driver can launch kernels as programmatic dependents, including inside
-// captured CUDA graphs: compute capability 9.0 or newer, and a driver of CUDA 12.3 or newer (the first whose
-// stream capture turns the launch attribute into a programmatic graph edge). False without a GPU.
+// captured CUDA graphs: compute capability 9.0 or newer, and a driver and runtime of CUDA 12.3 or newer (the first
+// whose stream capture turns the launch attribute into a programmatic graph edge). False without a GPU.
 bool pdl_supported();
 
 }  // namespace tvllm
