@@ -54,8 +54,9 @@ bool rows_are_tokens(const StepInputs& step) {
 namespace {
 
 // Both ForwardFns: pdl launches the fused GEMVs as programmatic dependents of the kernel before each (pdl.h).
+// after_op (the timeline, fast_forward_traced): called after each op is queued; nullptr for the real steps.
 TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend,
-                         bool pdl) {
+                         bool pdl, const OpMark* after_op = nullptr) {
   const int64_t T = step.num_tokens(), R = step.num_logits_rows();
   if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel)
     return forward_composed(ctx, w, step, backend);
@@ -69,27 +70,38 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   const TensorView qkv = first_rows(ws.qkv, {T, shape.qkv_dim()});   // [T, q | k | v]
   const TensorView attn = ws.attn.view().rows(0, T);                 // [T, q_dim]
   const TensorView act = ws.act.view().rows(0, T);                   // [T, intermediate]
+  const auto mark = [after_op](const char* op) {
+    if (after_op) (*after_op)(op);
+  };
 
   // --- exercise 14.2: the fused decode layer -------------------------------------------------------------
   // Task: the decoder layers of forward_composed() with the fused kernels of gemv.h, leaving h (the residual
   //   stream, bf16) holding each layer's full output. Contract: the same math and the same bf16 roundings as
   //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph); the
-  //   fused GEMVs get `pdl` (their launch, not their math: see pdl.h).
+  //   fused GEMVs get `pdl` (their launch, not their math: see pdl.h); after each op, mark(its name) with the
+  //   names fast_forward.h lists for fast_forward_traced (optional: only the timeline reads them).
   // Tests: FastPath14Gpu.GreedyEqualsHuggingFaceWhereTheMarginsAreClear
   // Tests: FastPath14Gpu.TeacherForcedLogitsMatchTheComposedForward
   // --- solution ---
   embedding_async(h, step.token_ids(), w.embed, *ws.bad_token, kDefaultEmbeddingKernel, stream);
+  mark("embedding");
   for (const LayerWeights& L : w.layers) {
     const int layer = static_cast<int>(&L - w.layers.data());
     // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
     rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, stream, pdl);
+    mark("rmsnorm_gemv (qkv)");
     const QkvViews v = split_qkv(qkv, shape);
     apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
+    mark("rope");
     backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
+    mark("kv write + decode attention");
     gemv_residual(h, attn, L.wo, stream, pdl);
+    mark("gemv_residual (o)");
     // MLP: act = silu(rmsnorm(h) Wg^T) * (rmsnorm(h) Wu^T); h += act Wd^T.
     rmsnorm_gemv_silu_mul(act, h, L.post_norm, eps, L.w_gate_up, stream, pdl);
+    mark("rmsnorm_gemv_silu_mul (gate|up)");
     gemv_residual(h, act, L.w_down, stream, pdl);
+    mark("gemv_residual (down)");
   }
   // --- end of exercise 14.2 ---
 
@@ -98,6 +110,7 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   if (R == 0) return logits;
   if (rows_are_tokens(step)) {
     rmsnorm_gemv(logits, h, w.final_norm, eps, w.lm_head, stream, pdl);
+    mark("rmsnorm_gemv (lm_head)");
   } else {
     const TensorView out_h = ws.out_hidden.view().rows(0, R), out_n = ws.out_normed.view().rows(0, R);
     gather_rows(out_h, h, step.logits_rows(), stream);
@@ -116,6 +129,11 @@ TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInput
 TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
                             AttentionBackend& backend) {
   return fused_forward(ctx, w, step, backend, true);
+}
+
+TensorView fast_forward_traced(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
+                               AttentionBackend& backend, const OpMark& after_op) {
+  return fused_forward(ctx, w, step, backend, false, &after_op);
 }
 
 }  // namespace tvllm

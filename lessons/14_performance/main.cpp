@@ -14,7 +14,8 @@
 //        PDL on == off: the teacher-forced logits, bit for bit (the same kernels, launched differently)
 //   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
 //   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
-//      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; FastSampler
+//      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; the
+//      timeline of one eager decode step (a CUDA event after each op: where the step's time goes); FastSampler
 //      vs lesson 09's sampler at batch 1 and 64; the decode progression (lesson 10 -> graphs -> fused ->
 //      fast sampler -> programmatic dependent launch) at batch 1 and 8, contexts 128 and 4096.
 #include <algorithm>
@@ -376,6 +377,66 @@ void bench_gemv_chain(const ModelWeights& w, const Ceilings& ceilings) {
                 (long long)(kernels - 1));
 }
 
+// The timeline of one eager decode step at context 128 (fast_forward_traced): a CUDA event after each op, so the
+// time between two events is the op's kernels plus the gap before them. Summed per op over the layers: where the
+// step's time goes, and what a kernel costs in the step beside its time alone (the GEMV table above). Events
+// between kernels stop programmatic dependent launch from overlapping them: this is the step without PDL.
+void bench_step_timeline(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  const int64_t P = 128, steps = 8;
+  Generator gen(w, Generator::limits_for(c, P + steps + 1, 1, P));
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(static_cast<int32_t>((7 * i + 3) % std::min<int64_t>(c.vocab_size, 1000)));
+  gen.set_step(prompt, {P}, {P}, {static_cast<int32_t>(P - 1)}, {0});
+  gen.forward_step();
+  const cudaStream_t stream = gen.context().stream();
+  std::vector<cudaEvent_t> events(static_cast<size_t>(8 * c.num_hidden_layers + 4));
+  for (cudaEvent_t& e : events) TVLLM_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<std::string> names;
+  std::map<std::string, std::pair<int64_t, double>> per_op;  // op -> (count, ms), over the timed steps
+  std::vector<std::string> order;                            // ops in the order of the first step
+  double step_ms = 0.0;
+  for (int64_t s = 0; s <= steps; ++s) {  // step 0 warms up and is not counted
+    gen.set_step({static_cast<int32_t>(s % 7 + 1)}, {1}, {P + s + 1}, {0}, {0});
+    names.clear();
+    TVLLM_CUDA_CHECK(cudaEventRecord(events[0], stream));
+    const OpMark mark = [&](const char* op) {
+      TVLLM_REQUIRE(names.size() + 1 < events.size(), "step timeline: more ops than events");
+      names.emplace_back(op);
+      TVLLM_CUDA_CHECK(cudaEventRecord(events[names.size()], stream));
+    };
+    fast_forward_traced(gen.context(), w, gen.step(), gen.attention(), mark);
+    gen.context().synchronize();
+    if (s == 0) continue;
+    for (size_t i = 0; i < names.size(); ++i) {
+      float ms = 0.f;
+      TVLLM_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      auto& [count, total] = per_op[names[i]];
+      if (count == 0 && s == 1) order.push_back(names[i]);
+      ++count;
+      total += ms;
+    }
+    float total_ms = 0.f;
+    if (!names.empty()) TVLLM_CUDA_CHECK(cudaEventElapsedTime(&total_ms, events[0], events[names.size()]));
+    step_ms += total_ms;
+  }
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (order.empty()) {
+    std::printf("\n(step timeline: the fused path did not run this step)\n");
+    return;
+  }
+  std::printf("\none eager decode step at context %lld, plain launches, a CUDA event after each op (mean of %lld "
+              "steps): %.1f us\n  %-36s %8s %12s %10s %8s\n",
+              (long long)P, (long long)steps, step_ms * 1e3 / steps, "op", "per step", "us per step", "us each",
+              "% step");
+  for (const std::string& op : order) {
+    const auto& [count, ms] = per_op[op];
+    const double per_step_us = ms * 1e3 / steps;
+    std::printf("  %-36s %8lld %12.1f %10.2f %7.1f%%\n", op.c_str(), (long long)(count / steps), per_step_us,
+                per_step_us * steps / static_cast<double>(count), 100.0 * ms / step_ms);
+  }
+}
+
 void bench_sampler(int64_t vocab) {
   std::printf("\nsampler, vocab %lld: FastSampler vs lesson 09's GpuSampler (us per call, the same ids)\n",
               (long long)vocab);
@@ -436,6 +497,7 @@ int run(const LessonOptions& opt) {
     const Ceilings ceilings = measure_ceilings(false);
     bench_gemvs(w, ceilings);
     bench_gemv_chain(w, ceilings);
+    bench_step_timeline(w);
     bench_sampler(c.vocab_size);
     bench_progression(w, ceilings);
   }
