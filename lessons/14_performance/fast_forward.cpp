@@ -16,9 +16,9 @@ namespace tvllm {
 // Measured on the H200 (lesson14_performance --bench, 1B shapes, L2 flushed): at M = 1 gemv v3 beats cuBLAS on
 // every decode matrix (qkv 33% vs 30% of the copy bandwidth, gate|up 72% vs 61%, down 56% vs 46%); at M = 8 it
 // loses on every one (gate|up 31% vs 62%: each block re-reads all M rows of x, and the per-row register sums
-// cut the loads in flight). So the fused path runs single-token steps, and larger decode batches keep
-// cuBLAS, which is what the numbers say (README section 10, the ledger).
-int64_t fast_forward_max_tokens() { return 1; }
+// cut the loads in flight). v4 (tensor cores, gemv_v4.cuh) takes the fused ops from M = 2 on, reading W once
+// whatever M is, so steps of up to 8 tokens run here and larger ones keep cuBLAS (README section 10).
+int64_t fast_forward_max_tokens() { return 8; }
 
 bool fast_forward_supported(const ModelWeights& w) {
   if (w.device != Device::CUDA || w.layers.empty()) return false;
@@ -115,7 +115,7 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
     const TensorView out_h = ws.out_hidden.view().rows(0, R), out_n = ws.out_normed.view().rows(0, R);
     gather_rows(out_h, h, step.logits_rows(), stream);
     rmsnorm(out_n, out_h, w.final_norm, eps, {}, stream);
-    gemv(logits, out_n, w.lm_head, kDefaultGemvKernel, stream);
+    gemv(logits, out_n, w.lm_head, R == 1 ? GemvKernel::V3Blocked : GemvKernel::V4TensorCore, stream);
   }
   return logits;
 }

@@ -22,9 +22,13 @@
 //       read by 256 threads at once with 8 loads in flight each. The weights are streamed with a
 //       no-L1-allocate hint (read once, never again this step) while x, read by every block, stays in
 //       L1. gemv.cu's header comment says why no split-K ACROSS blocks is needed.
+//   v4  tensor cores (mma.sync m16n8k16) for M = 2..16: a warp multiplies 16 weight rows by 8 tokens per
+//       instruction, still reading W once in 16-byte loads (the columns are relabelled so that a lane's 16
+//       bytes feed the mma directly: gemv_v4.cuh). v3's scalar FMAs grow with M; v4's math is free up to 8
+//       tokens (16: two mmas), so it stays a memory-bound stream where v3 and cuBLAS fall behind.
 //
-// The fused entry points run v3's structure with something folded in, each saving a launch and a round
-// trip of the activations through memory:
+// The fused entry points run v3's structure (one row) or v4's (2..16 rows) with something folded in, each
+// saving a launch and a round trip of the activations through memory:
 //   rmsnorm_gemv           out = (rmsnorm(h) * g) · W^T: each block recomputes the rows' sums of squares
 //                          (M*K*2 bytes, L1/L2 hits) and normalises x as it loads it (QKV projection).
 //   rmsnorm_gemv_silu_mul  act = silu(gate) * up, [gate | up] = rmsnorm(h)*g · W_gate_up^T, W_gate_up the
@@ -66,12 +70,12 @@ namespace tvllm {
 // The largest batch the GEMVs take: beyond ~16 rows a tiled GEMM (lesson 06) reuses W better.
 inline constexpr int kGemvMaxRows = 16;
 
-enum class GemvKernel { V1Warp, V2Vector, V3Blocked };
+enum class GemvKernel { V1Warp, V2Vector, V3Blocked, V4TensorCore };
 inline constexpr GemvKernel kDefaultGemvKernel = GemvKernel::V3Blocked;
 
-std::string_view gemv_kernel_name(GemvKernel kernel);     // "v1", "v2", "v3"
+std::string_view gemv_kernel_name(GemvKernel kernel);     // "v1", "v2", "v3", "v4"
 GemvKernel parse_gemv_kernel(std::string_view name);       // throws InputError for anything else
-const std::vector<GemvKernel>& all_gemv_kernels();         // v1, v2, v3
+const std::vector<GemvKernel>& all_gemv_kernels();         // v1, v2, v3, v4
 
 // Whether the 16-byte-load versions (v2, v3 and the fused ops) can read these operands: K % 8 == 0 and
 // every listed pointer 16-byte aligned (then every row is, K*2 being a multiple of 16). gemv() runs v1

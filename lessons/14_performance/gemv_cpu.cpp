@@ -128,6 +128,8 @@ std::string_view gemv_kernel_name(GemvKernel kernel) {
       return "v2";
     case GemvKernel::V3Blocked:
       return "v3";
+    case GemvKernel::V4TensorCore:
+      return "v4";
   }
   return "?";
 }
@@ -135,11 +137,12 @@ std::string_view gemv_kernel_name(GemvKernel kernel) {
 GemvKernel parse_gemv_kernel(std::string_view name) {
   for (GemvKernel k : all_gemv_kernels())
     if (gemv_kernel_name(k) == name) return k;
-  throw InputError("unknown gemv kernel '" + std::string(name) + "' (expected v1, v2 or v3)");
+  throw InputError("unknown gemv kernel '" + std::string(name) + "' (expected v1, v2, v3 or v4)");
 }
 
 const std::vector<GemvKernel>& all_gemv_kernels() {
-  static const std::vector<GemvKernel> kernels{GemvKernel::V1Warp, GemvKernel::V2Vector, GemvKernel::V3Blocked};
+  static const std::vector<GemvKernel> kernels{GemvKernel::V1Warp, GemvKernel::V2Vector, GemvKernel::V3Blocked,
+                                                GemvKernel::V4TensorCore};
   return kernels;
 }
 

@@ -308,7 +308,7 @@ void check_sampler(Report& report, int64_t vocab) {
 
 void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
   CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, nullptr);
-  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{16}}) {
     std::vector<BenchRow> rows;
     for (const auto& [name, weight] : decode_matrices(w)) {
       const int64_t N = weight.shape[0], K = weight.shape[1];
