@@ -22,6 +22,8 @@
 // rows the measurements say cuBLAS still wins (fast_forward.cpp).
 #pragma once
 
+#include <functional>
+
 #include "model_weights.h"
 #include "transformer.h"
 
@@ -38,5 +40,21 @@ bool fast_forward_supported(const ModelWeights& weights);
 // forward_composed(). Same contract as forward().
 TensorView fast_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
                         AttentionBackend& backend);
+
+// The same forward, the same bits, with the fused GEMVs launched as programmatic dependents of the kernel before
+// each (pdl.h): each one's weight loads overlap the previous kernel's tail. Install only where pdl_supported()
+// (use_fast_path checks). A separate ForwardFn, so the graph runner keys its graphs apart.
+TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                            AttentionBackend& backend);
+
+// The timeline of a step (lesson14_performance --bench): fast_forward with plain launches, calling after_op(name)
+// on the host right after each op is queued, where the caller records a CUDA event. Per layer: "rmsnorm_gemv
+// (qkv)", "rope", "kv write + decode attention" (the backend's kernels), "gemv_residual (o)", "rmsnorm_gemv_silu_mul
+// (gate|up)", "gemv_residual (down)"; around them "embedding" and "rmsnorm_gemv (lm_head)". Eager steps only (an
+// event between two kernels also stops them overlapping, so this is the step without PDL). A step the fused path
+// does not take runs forward_composed() and marks nothing.
+using OpMark = std::function<void(const char* op)>;
+TensorView fast_forward_traced(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                               AttentionBackend& backend, const OpMark& after_op);
 
 }  // namespace tvllm

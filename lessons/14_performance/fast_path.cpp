@@ -7,6 +7,7 @@
 #include "fast_forward.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
+#include "pdl.h"
 
 namespace tvllm {
 
@@ -15,7 +16,8 @@ namespace {
 void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const FastPathOptions& o,
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler) {
   if (w.device != Device::CUDA) return;
-  if (o.fused && fast_forward_supported(w)) ctx.set_forward(fast_forward);
+  if (o.fused && fast_forward_supported(w))
+    ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
   if (o.graphs) {
     ctx.set_launcher(std::make_unique<GraphRunner>(shape, o.max_graph_batch));
@@ -27,9 +29,23 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const F
 
 }  // namespace
 
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl) {
+  FastPathOptions o;
+  o.fused = fused;
+  o.graphs = graphs;
+  o.fast_sampler = fast_sampler;
+  o.pdl = pdl;
+  return o;
+}
+
+bool fast_path_uses_pdl(const FastPathOptions& o, Device device) {
+  return o.fused && o.pdl && device == Device::CUDA && pdl_supported();
+}
+
 std::string describe_fast_path(const FastPathOptions& o, Device device) {
   if (device != Device::CUDA) return "CPU reference path (the fast path is for CUDA)";
   std::string s = o.fused ? "fused GEMV decode" : "composed kernels";
+  if (o.fused) s += fast_path_uses_pdl(o, device) ? " with PDL" : o.pdl ? " (no PDL: needs sm_90+)" : " (--no-pdl)";
   s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
                 : ", eager (--enforce-eager)";
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";

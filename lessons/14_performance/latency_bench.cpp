@@ -30,9 +30,10 @@ double median(std::vector<double> v) {
 
 std::vector<LatencyVariant> progression_variants() {
   return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
-          {"+ CUDA graphs", FastPathOptions{false, true, false, 64}},
-          {"+ fused GEMV decode", FastPathOptions{true, true, false, 64}},
-          {"+ fast sampler (the default fast path)", FastPathOptions{true, true, true, 64}}};
+          {"+ CUDA graphs", fast_path_options(false, true, false, false)},
+          {"+ fused GEMV decode", fast_path_options(true, true, false, false)},
+          {"+ fast sampler", fast_path_options(true, true, true, false)},
+          {"+ programmatic dependent launch (the default)", fast_path_options(true, true, true, true)}};
 }
 
 namespace {

@@ -11,13 +11,17 @@
 //        teacher-forced top-1 through the fast path (lesson 10's forced_agreement)
 //        fast == readable: the teacher-forced logits of both within 2 eps of each other, same argmax
 //        graphs == --enforce-eager: every reference sequence, id for id (sampled, so the sampler runs too)
+//        PDL on == off: the teacher-forced logits, bit for bit (the same kernels, launched differently)
 //   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
-//   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); FastSampler
+//   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
+//      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; the
+//      timeline of one eager decode step (a CUDA event after each op: where the step's time goes); FastSampler
 //      vs lesson 09's sampler at batch 1 and 64; the decode progression (lesson 10 -> graphs -> fused ->
-//      fast sampler) at batch 1 and 8, contexts 128 and 4096.
+//      fast sampler -> programmatic dependent launch) at batch 1 and 8, contexts 128 and 4096.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -27,6 +31,7 @@
 
 #include "common/bench.h"
 #include "common/cublas.h"
+#include "common/cuda_stream.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/lesson.h"
@@ -42,6 +47,7 @@
 #include "logits_check.h"
 #include "matmul.h"
 #include "model_dir.h"
+#include "pdl.h"
 #include "rmsnorm.h"
 #include "silu_mul.h"
 
@@ -210,11 +216,14 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     longest = std::max<int64_t>(longest, static_cast<int64_t>(g.prompt_ids.size()) + gens.max_new_tokens);
   const int64_t max_context = std::min(c.max_position_embeddings, longest);
   const EngineLimits limits = Generator::limits_for(c, max_context, 1, max_context);
-  Generator readable(w, limits), fast(w, limits), eager(w, limits);
+  Generator readable(w, limits), fast(w, limits), eager(w, limits), no_pdl(w, limits);
   use_fast_path(fast);
   FastPathOptions no_graphs;
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
+  FastPathOptions plain_launches;
+  plain_launches.pdl = false;
+  use_fast_path(no_pdl, plain_launches);
   std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
@@ -239,6 +248,13 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     const Tensor forced = fast.forced_logits(g.prompt_ids, g.output_ids);
     const ForcedAgreement a = forced_agreement(forced, g.output_ids, e);
     check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
+    // PDL changes when the GEMVs start, not what they compute: the same bits (section 7).
+    const Tensor forced_plain = no_pdl.forced_logits(g.prompt_ids, g.output_ids);
+    const bool same = forced.view().nbytes() == forced_plain.view().nbytes() &&
+                      std::memcmp(forced.view().data, forced_plain.view().data, forced.view().nbytes()) == 0;
+    check(g.name + " PDL on == off (logits)", same,
+          same ? std::string(fast_path_uses_pdl({}, Device::CUDA) ? "bit for bit" : "bit for bit (no PDL here)")
+               : "the logits differ");
     // The readable loop's logits on the same ids: both within e of the exact ones, so within 2e of each other.
     const Tensor base = readable.forced_logits(g.prompt_ids, g.output_ids);
     const Top1Agreement t = top1_agreement(forced, base, 2 * e);
@@ -292,7 +308,7 @@ void check_sampler(Report& report, int64_t vocab) {
 
 void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
   CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, nullptr);
-  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{16}}) {
     std::vector<BenchRow> rows;
     for (const auto& [name, weight] : decode_matrices(w)) {
       const int64_t N = weight.shape[0], K = weight.shape[1];
@@ -311,6 +327,113 @@ void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
     }
     print_bench_table(std::cout, "decode GEMVs, M = " + std::to_string(M) + " (L2 flushed before each run)", rows,
                       ceilings);
+  }
+}
+
+// The step's GEMVs alone, chained as fast_forward chains them (every layer's qkv, o, gate|up and down, then the
+// lm_head with the final norm: each reads what an earlier one wrote, and the residual adds write h, which the one
+// before read), captured as one CUDA graph and replayed: plain launches, then programmatic dependents (section
+// 7). No RoPE or attention between them, so every boundary can overlap: PDL's best case, and the GEMVs' share
+// of a step without the kernels PDL does not reach.
+void bench_gemv_chain(const ModelWeights& w, const Ceilings& ceilings) {
+  const ModelConfig& c = w.config;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerWeights& first = w.layers.front();
+  Tensor h = on(random_rows(1, c.hidden_size, 1.0, 21), Device::CUDA, DType::BF16);
+  const Tensor attn = on(random_rows(1, first.wo.shape[1], 1.0, 22), Device::CUDA, DType::BF16);
+  Tensor qkv = Tensor::empty({1, first.wqkv.shape[0]}, DType::BF16, Device::CUDA);
+  Tensor act = Tensor::empty({1, first.w_gate_up.shape[0] / 2}, DType::BF16, Device::CUDA);
+  Tensor logits = Tensor::empty({1, w.lm_head.shape[0]}, DType::F32, Device::CUDA);
+  double bytes = static_cast<double>(w.lm_head.nbytes());
+  for (const LayerWeights& L : w.layers)
+    bytes += static_cast<double>(L.wqkv.nbytes() + L.wo.nbytes() + L.w_gate_up.nbytes() + L.w_down.nbytes());
+  const int64_t kernels = 4 * static_cast<int64_t>(w.layers.size()) + 1;
+  CudaStream stream;
+  std::vector<BenchRow> rows;
+  for (const bool pdl : {false, true}) {
+    if (pdl && !pdl_supported()) {
+      std::printf("\n(no programmatic dependent launch on this GPU: the chain runs with plain launches only)\n");
+      break;
+    }
+    const CudaGraph graph = CudaGraph::capture(stream.get(), [&] {
+      for (const LayerWeights& L : w.layers) {
+        rmsnorm_gemv(qkv.view(), h.view(), L.input_norm, eps, L.wqkv, stream.get(), pdl);
+        gemv_residual(h.view(), attn.view(), L.wo, stream.get(), pdl);
+        rmsnorm_gemv_silu_mul(act.view(), h.view(), L.post_norm, eps, L.w_gate_up, stream.get(), pdl);
+        gemv_residual(h.view(), act.view(), L.w_down, stream.get(), pdl);
+      }
+      rmsnorm_gemv(logits.view(), h.view(), w.final_norm, eps, w.lm_head, stream.get(), pdl);
+    });
+    // bench_gpu times the default stream: the graph is launched there (a replay may go to any stream).
+    rows.push_back({std::to_string(kernels) + " GEMVs of a step, one graph, " +
+                        (pdl ? "programmatic dependent launch" : "plain launches"),
+                    bench_gpu([&] { graph.launch(nullptr); }), bytes, 0.0});
+  }
+  print_bench_table(std::cout, "the decode step's GEMVs chained (M = 1, L2 flushed before each run)", rows,
+                    ceilings);
+  if (rows.size() == 2)
+    std::printf("PDL saves %.2f us per GEMV boundary (%lld boundaries)\n",
+                (rows[0].result.median_ms - rows[1].result.median_ms) * 1e3 / static_cast<double>(kernels - 1),
+                (long long)(kernels - 1));
+}
+
+// The timeline of one eager decode step at context 128 (fast_forward_traced): a CUDA event after each op, so the
+// time between two events is the op's kernels plus the gap before them. Summed per op over the layers: where the
+// step's time goes, and what a kernel costs in the step beside its time alone (the GEMV table above). Events
+// between kernels stop programmatic dependent launch from overlapping them: this is the step without PDL.
+void bench_step_timeline(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  const int64_t P = 128, steps = 8;
+  Generator gen(w, Generator::limits_for(c, P + steps + 1, 1, P));
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(static_cast<int32_t>((7 * i + 3) % std::min<int64_t>(c.vocab_size, 1000)));
+  gen.set_step(prompt, {P}, {P}, {static_cast<int32_t>(P - 1)}, {0});
+  gen.forward_step();
+  const cudaStream_t stream = gen.context().stream();
+  std::vector<cudaEvent_t> events(static_cast<size_t>(8 * c.num_hidden_layers + 4));
+  for (cudaEvent_t& e : events) TVLLM_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<std::string> names;
+  std::map<std::string, std::pair<int64_t, double>> per_op;  // op -> (count, ms), over the timed steps
+  std::vector<std::string> order;                            // ops in the order of the first step
+  double step_ms = 0.0;
+  for (int64_t s = 0; s <= steps; ++s) {  // step 0 warms up and is not counted
+    gen.set_step({static_cast<int32_t>(s % 7 + 1)}, {1}, {P + s + 1}, {0}, {0});
+    names.clear();
+    TVLLM_CUDA_CHECK(cudaEventRecord(events[0], stream));
+    const OpMark mark = [&](const char* op) {
+      TVLLM_REQUIRE(names.size() + 1 < events.size(), "step timeline: more ops than events");
+      names.emplace_back(op);
+      TVLLM_CUDA_CHECK(cudaEventRecord(events[names.size()], stream));
+    };
+    fast_forward_traced(gen.context(), w, gen.step(), gen.attention(), mark);
+    gen.context().synchronize();
+    if (s == 0) continue;
+    for (size_t i = 0; i < names.size(); ++i) {
+      float ms = 0.f;
+      TVLLM_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      auto& [count, total] = per_op[names[i]];
+      if (count == 0 && s == 1) order.push_back(names[i]);
+      ++count;
+      total += ms;
+    }
+    float total_ms = 0.f;
+    if (!names.empty()) TVLLM_CUDA_CHECK(cudaEventElapsedTime(&total_ms, events[0], events[names.size()]));
+    step_ms += total_ms;
+  }
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (order.empty()) {
+    std::printf("\n(step timeline: the fused path did not run this step)\n");
+    return;
+  }
+  std::printf("\none eager decode step at context %lld, plain launches, a CUDA event after each op (mean of %lld "
+              "steps): %.1f us\n  %-36s %8s %12s %10s %8s\n",
+              (long long)P, (long long)steps, step_ms * 1e3 / steps, "op", "per step", "us per step", "us each",
+              "% step");
+  for (const std::string& op : order) {
+    const auto& [count, ms] = per_op[op];
+    const double per_step_us = ms * 1e3 / steps;
+    std::printf("  %-36s %8lld %12.1f %10.2f %7.1f%%\n", op.c_str(), (long long)(count / steps), per_step_us,
+                per_step_us * steps / static_cast<double>(count), 100.0 * ms / step_ms);
   }
 }
 
@@ -373,6 +496,8 @@ int run(const LessonOptions& opt) {
   if (opt.bench) {
     const Ceilings ceilings = measure_ceilings(false);
     bench_gemvs(w, ceilings);
+    bench_gemv_chain(w, ceilings);
+    bench_step_timeline(w);
     bench_sampler(c.vocab_size);
     bench_progression(w, ceilings);
   }

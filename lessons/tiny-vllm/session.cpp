@@ -38,6 +38,7 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--enforce-eager", enforce_eager, "CUDA: launch every step eagerly, no CUDA graphs (vLLM's flag)");
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
+  cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
 #else
   (void)cmd;
 #endif
@@ -49,6 +50,7 @@ FastPathOptions FastPathFlags::options() const {
   o.graphs = !enforce_eager;
   o.fused = !no_fused;
   o.fast_sampler = !no_fast_sampler;
+  o.pdl = !no_pdl;
   return o;
 }
 #endif

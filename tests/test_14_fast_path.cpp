@@ -1,0 +1,66 @@
+// Lesson 14, CPU: the fast path's switches as data. The progression the chapter measures adds one technique per
+// row (graphs, fused GEMVs, the fast sampler, programmatic dependent launch), the default options are its last
+// row, and on the CPU nothing of it is installed (the CPU path is the fp32 reference) and PDL is never claimed.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/device.h"
+#include "fast_forward.h"
+#include "fast_path.h"
+#include "generate.h"
+#include "latency_bench.h"
+#include "pdl.h"
+#include "testing/engine_fixture.h"
+
+namespace tvllm {
+namespace {
+
+TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
+  const std::vector<LatencyVariant> v = progression_variants();
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_FALSE(v[0].fast.has_value());  // lesson 10 as it is
+  // Each row turns exactly one switch on over the row before it, in the chapter's order.
+  const auto on = [](const FastPathOptions& o) {
+    return std::vector<bool>{o.graphs, o.fused, o.fast_sampler, o.pdl};
+  };
+  for (size_t i = 1; i < v.size(); ++i) {
+    ASSERT_TRUE(v[i].fast.has_value()) << v[i].name;
+    const std::vector<bool> now = on(*v[i].fast);
+    for (size_t k = 0; k < now.size(); ++k) EXPECT_EQ(now[k], k < i) << v[i].name << ", switch " << k;
+  }
+  EXPECT_NE(v.back().name.find("programmatic dependent launch"), std::string::npos);
+  // The last row is what the product runs by default.
+  const FastPathOptions defaults;
+  EXPECT_EQ(on(*v.back().fast), on(defaults));
+  EXPECT_EQ(v.back().fast->max_graph_batch, defaults.max_graph_batch);
+}
+
+TEST(FastPath14, PdlIsNeverClaimedWhereItCannotRun) {
+  // Without a GPU there is no PDL; with one, only from compute capability 9.0 on.
+  if (!cuda_available() || query_device().compute_major < 9) {
+    EXPECT_FALSE(pdl_supported());
+  }
+  EXPECT_FALSE(fast_path_uses_pdl({}, Device::CPU));
+  EXPECT_FALSE(fast_path_uses_pdl(fast_path_options(false, true, true, true), Device::CUDA));  // needs fused
+  EXPECT_FALSE(fast_path_uses_pdl(fast_path_options(true, true, true, false), Device::CUDA));  // --no-pdl
+  EXPECT_EQ(fast_path_uses_pdl(fast_path_options(true, false, false, true), Device::CUDA), pdl_supported());
+  // What the banner says follows the same rule.
+  const std::string fused_pdl = describe_fast_path(fast_path_options(true, true, true, true), Device::CUDA);
+  EXPECT_EQ(fused_pdl.find("with PDL") != std::string::npos, pdl_supported()) << fused_pdl;
+  EXPECT_NE(describe_fast_path(fast_path_options(true, true, true, false), Device::CUDA).find("--no-pdl"),
+            std::string::npos);
+  EXPECT_EQ(describe_fast_path({}, Device::CPU), "CPU reference path (the fast path is for CUDA)");
+}
+
+TEST(FastPath14, OnTheCpuNothingIsInstalled) {
+  const auto& m = testing::bundled_model<Device::CPU>();
+  Generator gen(m.w, Generator::limits_for(m.w.config, 64, 1, 64));
+  use_fast_path(gen);
+  EXPECT_EQ(gen.context().forward_fn(), nullptr);  // lesson 08's forward_composed, the reference
+  EXPECT_EQ(gen.context().launcher(), nullptr);
+}
+
+}  // namespace
+}  // namespace tvllm
