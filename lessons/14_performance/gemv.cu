@@ -214,6 +214,30 @@ struct V3Args {
   int64_t outputs;    // columns of out: N, or I = N / 2 for GateUp
 };
 
+// The epilogues of v3 and v4, one output element each (gemv.h, "Rounding").
+// Rows: out[o] = the sum, stored as a.store says.
+__device__ __forceinline__ void store_output(const V3Args& a, int64_t o, float s) {
+  if (a.store == Store::F32) {
+    static_cast<float*>(a.out)[o] = s;
+  } else if (a.store == Store::AddResidual) {
+    // linear() would have stored bf16(s); add_rmsnorm then adds it to h in fp32 and rounds.
+    bf16* h = static_cast<bf16*>(a.out);
+    const float product = bf16_bits_to_f32(f32_to_bf16_bits(s));
+    h[o] = __float2bfloat16_rn(__bfloat162float(h[o]) + product);
+  } else {
+    static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(s);
+  }
+}
+
+// GateUp: act[o] = silu(gate) * up. Lesson 08's rounding: gate and up are bf16, silu(gate) is rounded to bf16,
+// then the product.
+__device__ __forceinline__ void store_silu_mul(const V3Args& a, int64_t o, float gate_sum, float up_sum) {
+  const float gate = bf16_bits_to_f32(f32_to_bf16_bits(gate_sum));
+  const float up = bf16_bits_to_f32(f32_to_bf16_bits(up_sum));
+  const float act = bf16_bits_to_f32(f32_to_bf16_bits(gate / (1.0f + expf(-gate))));
+  static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
+}
+
 template <int kM, int kTileRows, Prologue kPrologue, Tile kTile>
 __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   // Tile r (0..kTileRows-1) -> a weight row. Rows: n0 + r. GateUp: kTileRows / 2 outputs j0 + i, whose
@@ -341,25 +365,10 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     const int64_t col = first + c;
     if (m >= a.M || col >= a.outputs) continue;
     const int64_t o = m * a.outputs + col;
-    if constexpr (kTile == Tile::GateUp) {
-      // Lesson 08's rounding: gate and up are bf16, silu(gate) is rounded to bf16, then the product.
-      const float gate = bf16_bits_to_f32(f32_to_bf16_bits(total[c * kM + m]));
-      const float up = bf16_bits_to_f32(f32_to_bf16_bits(total[(kOuts + c) * kM + m]));
-      const float act = bf16_bits_to_f32(f32_to_bf16_bits(gate / (1.0f + expf(-gate))));
-      static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
-    } else {
-      const float s = total[c * kM + m];
-      if (a.store == Store::F32) {
-        static_cast<float*>(a.out)[o] = s;
-      } else if (a.store == Store::AddResidual) {
-        // linear() would have stored bf16(s); add_rmsnorm then adds it to h in fp32 and rounds.
-        bf16* h = static_cast<bf16*>(a.out);
-        const float product = bf16_bits_to_f32(f32_to_bf16_bits(s));
-        h[o] = __float2bfloat16_rn(__bfloat162float(h[o]) + product);
-      } else {
-        static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(s);
-      }
-    }
+    if constexpr (kTile == Tile::GateUp)
+      store_silu_mul(a, o, total[c * kM + m], total[(kOuts + c) * kM + m]);
+    else
+      store_output(a, o, total[c * kM + m]);
   }
 }
 

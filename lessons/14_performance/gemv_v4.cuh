@@ -178,29 +178,10 @@ __global__ void __launch_bounds__(kV4MaxWarps * kWarp) gemv_v4_kernel(V3Args a, 
       const int m = nt * 8 + 2 * q + half;
       if (m >= a.M) continue;
       if constexpr (kTile == Tile::GateUp) {
-        if (!ok_lo) continue;
-        // Lesson 08's rounding: gate and up are bf16, silu(gate) is rounded to bf16, then the product.
-        const float gate = bf16_bits_to_f32(f32_to_bf16_bits(total[half]));
-        const float up = bf16_bits_to_f32(f32_to_bf16_bits(total[2 + half]));
-        const float act = bf16_bits_to_f32(f32_to_bf16_bits(gate / (1.0f + expf(-gate))));
-        static_cast<bf16*>(a.out)[m * a.outputs + row_lo] = __float2bfloat16_rn(act * up);
+        if (ok_lo) store_silu_mul(a, m * a.outputs + row_lo, total[half], total[2 + half]);  // gate row g, up g + 8
       } else {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t row = r == 0 ? row_lo : row_hi;
-          if (!(r == 0 ? ok_lo : ok_hi)) continue;
-          const float s = total[2 * r + half];
-          const int64_t o = m * a.outputs + row;
-          if (a.store == Store::F32) {
-            static_cast<float*>(a.out)[o] = s;
-          } else if (a.store == Store::AddResidual) {
-            bf16* h = static_cast<bf16*>(a.out);
-            const float product = bf16_bits_to_f32(f32_to_bf16_bits(s));
-            h[o] = __float2bfloat16_rn(__bfloat162float(h[o]) + product);
-          } else {
-            static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(s);
-          }
-        }
+        if (ok_lo) store_output(a, m * a.outputs + row_lo, total[half]);
+        if (ok_hi) store_output(a, m * a.outputs + row_hi, total[2 + half]);
       }
     }
   }
