@@ -496,8 +496,14 @@ def tokenizer_cases(tok) -> dict:
             messages = [m for m in messages if m["role"] != "system"]
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                            **CHAT_TEMPLATE_KWARGS)
-        cases.append({"name": "chat_template", "messages": messages, "add_generation_prompt": True,
-                      "text": text, "ids": tok(text, add_special_tokens=False)["input_ids"]})
+        case = {"name": "chat_template", "messages": messages, "add_generation_prompt": True,
+                "text": text, "ids": tok(text, add_special_tokens=False)["input_ids"]}
+        # A SentencePiece tokenizer (Mistral's) does not give the template's text back: its decoder puts a
+        # space before a word that follows a special token. What Hugging Face decodes is then the answer.
+        decoded = tok.decode(case["ids"])
+        if decoded != text:
+            case["decoded"] = decoded
+        cases.append(case)
     return {
         "add_special_tokens": False,
         "bos_token": tok.bos_token, "bos_token_id": tok.bos_token_id,
