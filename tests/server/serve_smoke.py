@@ -14,19 +14,13 @@ Exit status: 0 all passed, 1 a check failed.
 """
 import argparse
 import json
-import queue
 import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 
-
-class Failure(Exception):
-    pass
+from test_openai_client import Failure, launch  # the same directory: the server's start, shared
 
 
 def check(cond, what):
@@ -39,22 +33,7 @@ def start_server(args):
     cmd = [args.tiny_vllm, "serve", "--model", args.model, "--device", args.device, "--port", "0", "--kv", args.kv,
            "--max-model-len", "1024", "--max-num-seqs", "8", "--quiet", "--shutdown-timeout", "10"]
     print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    deadline = time.time() + args.start_timeout
-    seen = ""
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=0.2)
-        except queue.Empty:
-            continue
-        seen += line
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
-    proc.kill()
-    raise Failure(f"the server did not start within {args.start_timeout} s\nstdout: {seen}")
+    return launch(cmd, args.start_timeout, stderr=None)  # the server's stderr goes to the log
 
 
 def request(port, path, body=None):

@@ -41,9 +41,9 @@ def _added_entry(content: str, token_id: int, special: bool) -> dict:
             "normalized": False, "special": special}
 
 
-def _fill(vocab: dict[str, int], upto: int, skip: set[int]) -> None:
-    """Give every id below `upto` that has no token (and is not in `skip`) a filler token."""
-    used = set(vocab.values()) | skip
+def _fill(vocab: dict[str, int], upto: int) -> None:
+    """Give every id below `upto` that has no token a filler token."""
+    used = set(vocab.values())
     for i in range(upto):
         if i not in used:
             name = _filler(i)
@@ -51,10 +51,10 @@ def _fill(vocab: dict[str, int], upto: int, skip: set[int]) -> None:
             vocab[name] = i
 
 
-def qwen_tokenizer(texts: list[str], vocab_size: int, num_added: int) -> tuple[dict, list[tuple[str, bool]]]:
+def qwen_tokenizer(texts: list[str], vocab_size: int, num_added: int) -> dict:
     """Qwen's tokenizer.json: the trained byte-level BPE at ids 0.., fillers, then the first num_added of Qwen3's
-    added tokens (22: Qwen2.5's, 26: Qwen3's) from 151643 on, then fillers up to vocab_size - 1. Returns the
-    JSON object and the added tokens (content, special)."""
+    added tokens (22: Qwen2.5's, 26: Qwen3's) from 151643 on, then fillers up to vocab_size - 1 (the JSON
+    object)."""
     from make_tokenizer_cases import QWEN_ADDED, qwen2_style
 
     t = json.loads(qwen2_style(texts))
@@ -68,10 +68,10 @@ def qwen_tokenizer(texts: list[str], vocab_size: int, num_added: int) -> tuple[d
     # file), which keeps the real ids with fillers both below and above them.
     for k, (content, _) in enumerate(added):
         vocab[content] = QWEN_FIRST_ADDED_ID + k
-    _fill(vocab, vocab_size, set())
+    _fill(vocab, vocab_size)
     t["model"]["vocab"] = dict(sorted(vocab.items(), key=lambda kv: kv[1]))
     t["added_tokens"] = [_added_entry(c, QWEN_FIRST_ADDED_ID + k, s) for k, (c, s) in enumerate(added)]
-    return t, added
+    return t
 
 
 def mistral_tokenizer(texts: list[str], vocab_size: int) -> dict:
@@ -85,7 +85,7 @@ def mistral_tokenizer(texts: list[str], vocab_size: int) -> dict:
     vocab = t["model"]["vocab"]
     if len(vocab) > vocab_size:
         raise SystemExit("error: the Mistral tokenizer has more pieces than vocab_size")
-    _fill(vocab, vocab_size, set())
+    _fill(vocab, vocab_size)
     return t
 
 
@@ -100,15 +100,22 @@ def write_family_tokenizer(out: Path, family: str, vocab_size: int, corpus_dir: 
     from make_tokenizer_cases import read_corpus
 
     texts = read_corpus(corpus_dir)
-    if family in ("qwen2.5", "qwen3"):
-        t, added = qwen_tokenizer(texts, vocab_size, 22 if family == "qwen2.5" else 26)
-        real_vocab = min(i for tok, i in t["model"]["vocab"].items() if tok.startswith("<filler"))
+    qwen = family in ("qwen2.5", "qwen3")
+    if qwen:
+        t = qwen_tokenizer(texts, vocab_size, 22 if family == "qwen2.5" else 26)
+    elif family == "mistral":
+        t = mistral_tokenizer(texts, vocab_size)
+    else:
+        raise ValueError(family)
+    real_vocab = min(i for tok, i in t["model"]["vocab"].items() if tok.startswith("<filler"))
+    # tokenizer_config.json lists the added tokens by id, as transformers writes it.
+    added_decoder = {str(e["id"]): {k: v for k, v in e.items() if k != "id"} for e in t["added_tokens"]}
+    if qwen:
         config = {
             # As Qwen's own tokenizer_config.json: no BOS, <|im_end|> ends a turn, <|endoftext|> pads.
             "add_bos_token": False,
             "add_prefix_space": False,
-            "added_tokens_decoder": {str(e["id"]): {k: v for k, v in e.items() if k != "id"}
-                                     for e in t["added_tokens"]},
+            "added_tokens_decoder": added_decoder,
             "bos_token": None,
             "chat_template": _template("qwen2_5" if family == "qwen2.5" else "qwen3"),
             "clean_up_tokenization_spaces": False,
@@ -121,15 +128,11 @@ def write_family_tokenizer(out: Path, family: str, vocab_size: int, corpus_dir: 
             "unk_token": None,
         }
         ids = {"bos_id": QWEN_FIRST_ADDED_ID, "eos_ids": [QWEN_FIRST_ADDED_ID + 2], "real_vocab": real_vocab}
-        del added
-    elif family == "mistral":
-        t = mistral_tokenizer(texts, vocab_size)
-        real_vocab = min(i for tok, i in t["model"]["vocab"].items() if tok.startswith("<filler"))
+    else:
         config = {
             "add_bos_token": True,
             "add_eos_token": False,
-            "added_tokens_decoder": {str(e["id"]): {k: v for k, v in e.items() if k != "id"}
-                                     for e in t["added_tokens"]},
+            "added_tokens_decoder": added_decoder,
             "bos_token": "<s>",
             # Mistral-7B-Instruct-v0.1's template as released (the base v0.1 repository ships none; the
             # instruct model has the same shapes and tokenizer).
@@ -144,8 +147,6 @@ def write_family_tokenizer(out: Path, family: str, vocab_size: int, corpus_dir: 
             "unk_token": "<unk>",
         }
         ids = {"bos_id": 1, "eos_ids": [2], "real_vocab": real_vocab}
-    else:
-        raise ValueError(family)
     (out / "tokenizer.json").write_text(json.dumps(t, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     write_json(out / "tokenizer_config.json", config)
     return ids
