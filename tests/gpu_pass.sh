@@ -11,11 +11,13 @@
 #   6. a random-weight model with Llama 3.2 1B's shapes + its Hugging Face references, made here
 #   7. every lesson executable on that model, then --bench at 1B shapes, then PyTorch's own kernels on the
 #      same shapes for comparison
-# Stage "families" (not in the default list: ~4 minutes on an H200): for each of FAMILY_PRESETS (default
+# Stage "families" (not in the default list: a few minutes on an H200; FAMILY_PRESETS="qwen3-0.6b" for one
+# family per call if the budget is tight): for each of FAMILY_PRESETS (default
 # "qwen2.5-0.5b qwen3-0.6b mistral-7b"), a random model with the published checkpoint's shapes and
 # FAMILY_LAYERS (default 2) layers, with a tokenizer of the family's style and its chat template
-# (weights/tools/make_random_model.py), and its Hugging Face references (make_reference.py --device cuda); then
-# every lesson executable on it, `tiny-vllm generate` (a prompt, then --chat), the engine through `bench
+# (weights/tools/make_random_model.py), and its Hugging Face references (make_reference.py --device cuda, kept in
+# $MODELS/fam-<preset>-l<layers> for the next pass); then every lesson executable that reads the model (01,
+# 03-14) on it, `tiny-vllm generate` (a prompt, then --chat), the engine through `bench
 # throughput` with the contiguous and the paged KV cache (prefix caching on), and `serve` with HTTP requests
 # (tests/server/serve_smoke.py); on qwen3-0.6b also `bench latency` and `bench throughput` figures.
 #   STAGES="build families" bash tests/gpu_pass.sh
@@ -28,7 +30,7 @@
 #   STAGES="build test tiny" bash tests/gpu_pass.sh
 #   (also, not in the default list: "student", `ctest -L student` with the GPU (quick: every lesson's stubs
 #   fail and solutions pass); "student-full", the three-phase check with --strict, lesson by lesson;
-#   "families", issue 18's model families, see below)
+#   "families", issue 18's model families, see above)
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
 #
 # Dependencies the machine lacks (CLI11, ..., utf8proc: tests/stage-extra-deps.sh) can travel in .deps/ (see the
@@ -49,6 +51,7 @@ MODELS=${MODELS:-/tmp/tvllm-models}  # the F32/F16 copies and the head_dim model
 HEADDIM=${HEADDIM:-80}               # neither 64 nor 128, and not a multiple of 32
 FAMILY_PRESETS=${FAMILY_PRESETS:-"qwen2.5-0.5b qwen3-0.6b mistral-7b"}
 FAMILY_LAYERS=${FAMILY_LAYERS:-2}    # the real widths and vocabularies, 2 layers
+FAMILY_NEW_TOKENS=${FAMILY_NEW_TOKENS:-24}  # greedy tokens per reference prompt (make_reference's default is 64)
 report=$OUT/report.md
 status=0
 skipped=0
@@ -213,12 +216,15 @@ if has_stage families; then
     f=fam.$preset
     if [ ! -f "$model/reference/activations.safetensors" ]; then
       rm -rf "$model"
+      # --no-verify: make_reference.py loads it with transformers next and checks every stage anyway.
       run "$f.make_model" 180 python3 weights/tools/make_random_model.py --preset "$preset" --out "$model" \
-        --layers "$FAMILY_LAYERS" --device cuda &&
-      run "$f.make_reference" 240 python3 weights/tools/make_reference.py "$model" --device cuda
+        --layers "$FAMILY_LAYERS" --device cuda --no-verify &&
+      run "$f.make_reference" 240 python3 weights/tools/make_reference.py "$model" --device cuda \
+        --max-new-tokens "$FAMILY_NEW_TOKENS"
     fi
     [ -f "$model/reference/activations.safetensors" ] || { note "| $f | FAIL (no model or reference) | 0 s |"; status=1; continue; }
-    every_lesson "$f" "$model" --device cuda
+    # Lessons 00 (the GPU itself) and 02 (every bf16 pattern) do not depend on the model: not run again here.
+    LESSONS=${LESSONS:-"01 03 04 05 06 07 08 09 10 11 12 13 14"} every_lesson "$f" "$model" --device cuda
     run "$f.generate" 120 "$tvllm" generate --model "$model" --device cuda --prompt "The capital of Portugal is" \
       --max-tokens 32 --output json
     run "$f.generate_chat" 120 "$tvllm" generate --model "$model" --device cuda --chat \
@@ -226,16 +232,16 @@ if has_stage families; then
     # The engine (lessons 11-12, with lesson 14's fast path) on a short offline workload, both KV caches.
     for kv in contiguous paged; do
       run "$f.engine_$kv" 180 "$tvllm" bench throughput --model "$model" --device cuda --kv "$kv" \
-        --num-requests 48 --min-len 16 --max-len 160
+        --num-requests 32 --min-len 16 --max-len 128
     done
     thinking=; [ "$preset" = qwen3-0.6b ] && thinking=--thinking
     run "$f.serve" 180 python3 tests/server/serve_smoke.py --tiny-vllm "$tvllm" --model "$model" --device cuda \
       --kv paged $thinking
     if [ "$preset" = qwen3-0.6b ]; then
       run "$f.bench_latency" 240 "$tvllm" bench latency --model "$model" --device cuda --batch-size 1 8 32 \
-        --context 128 2048 --output-len 64 --prefill-len 512 2048 --iters 2
+        --context 128 2048 --output-len 32 --prefill-len 2048 --iters 2
       run "$f.bench_throughput" 240 "$tvllm" bench throughput --model "$model" --device cuda \
-        --num-requests 256 --min-len 64 --max-len 512
+        --num-requests 128 --min-len 64 --max-len 512
     fi
   done
 fi
