@@ -105,18 +105,18 @@ def main():
     ap.add_argument("--thinking", action="store_true", help="the model's template is Qwen3's (enable_thinking)")
     ap.add_argument("--start-timeout", type=float, default=120)
     args = ap.parse_args()
-    proc, port = start_server(args)
+    proc = None
     try:
+        proc, port = start_server(args)
         run_checks(args, port)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
         check(rc == 0, f"SIGTERM: the server exits 0 (got {rc})")
     except (Failure, KeyError, TypeError) as e:
         print(f"FAIL: {type(e).__name__}: {e}", flush=True)
-        proc.kill()
         return 1
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
     print("serve smoke: PASS")
     return 0

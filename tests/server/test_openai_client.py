@@ -60,8 +60,9 @@ def launch(cmd, timeout=30, stderr=subprocess.DEVNULL):
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         if m:
             return proc, int(m.group(1))
+    why = f"exited with status {proc.returncode}" if proc.poll() is not None else f"did not start within {timeout} s"
     proc.kill()
-    raise Failure(f"the server did not start within {timeout} s: {' '.join(cmd)}\nstdout: {seen}")
+    raise Failure(f"the server {why}: {' '.join(cmd)}\nstdout: {seen}")
 
 
 def openai_checks(openai, port):
