@@ -19,7 +19,10 @@
 # $MODELS/fam-<preset>-l<layers> for the next pass); then every lesson executable that reads the model (01,
 # 03-14) on it, `tiny-vllm generate` (a prompt, then --chat), the engine through `bench
 # throughput` with the contiguous and the paged KV cache (prefix caching on), and `serve` with HTTP requests
-# (tests/server/serve_smoke.py); on qwen3-0.6b also `bench latency` and `bench throughput` figures.
+# (tests/server/serve_smoke.py); on qwen3-0.6b also `bench latency` and `bench throughput` figures. A preset
+# "mistral-7b-wN" (e.g. FAMILY_PRESETS="mistral-7b-w64") is Mistral's shapes with a window of N positions, shorter
+# than the references' prompts (101+ tokens), so the windowed prefill, decode, paged and prefix-cached paths run
+# at the real shapes (Mistral-7B-v0.1's own 4096 never binds in a test this short).
 #   STAGES="build families" bash tests/gpu_pass.sh
 #   STAGES=families FAMILY_PRESETS=qwen3-0.6b BUILD=build-gpu bash tests/gpu_pass.sh
 # Logs and a summary (report.md, with each step's time) go to $OUT (default: ./gpu-pass-out). The pass
@@ -214,11 +217,16 @@ if has_stage families; then
   for preset in $FAMILY_PRESETS; do
     model=$MODELS/fam-$preset-l$FAMILY_LAYERS
     f=fam.$preset
+    window=()  # "mistral-7b-w64": Mistral's shapes with a 64-position window, shorter than the references' prompts
+    if [[ $preset =~ ^(mistral-7b)-w([0-9]+)$ ]]; then
+      preset=${BASH_REMATCH[1]}
+      window=(--sliding-window "${BASH_REMATCH[2]}")
+    fi
     if [ ! -f "$model/reference/activations.safetensors" ]; then
       rm -rf "$model"
       # --no-verify: make_reference.py loads it with transformers next and checks every stage anyway.
       run "$f.make_model" 180 python3 weights/tools/make_random_model.py --preset "$preset" --out "$model" \
-        --layers "$FAMILY_LAYERS" --device cuda --no-verify &&
+        --layers "$FAMILY_LAYERS" --device cuda --no-verify "${window[@]}" &&
       run "$f.make_reference" 240 python3 weights/tools/make_reference.py "$model" --device cuda \
         --max-new-tokens "$FAMILY_NEW_TOKENS"
     fi

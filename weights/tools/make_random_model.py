@@ -119,10 +119,13 @@ def pick_device(requested: str) -> str:
 
 
 def family_config(preset: FamilyPreset, shape: llama_init.LlamaShape, transformers_version: str,
-                  torch_dtype: str) -> dict:
+                  torch_dtype: str, sliding_window: int | None = None) -> dict:
     """config.json with the Hub checkpoint's keys (the classic "torch_dtype" / "rope_theta" spelling, see
-    llama_init.llama_config_dict) and this model's shapes (--layers / --head-dim change them)."""
+    llama_init.llama_config_dict) and this model's shapes (--layers / --head-dim change them);
+    sliding_window (--sliding-window, Mistral) replaces the checkpoint's window."""
     config = dict(preset.fields)
+    if sliding_window is not None:
+        config["sliding_window"] = sliding_window
     config.update(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
                   num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
                   num_key_value_heads=shape.num_key_value_heads, vocab_size=shape.vocab_size,
@@ -135,7 +138,7 @@ def family_config(preset: FamilyPreset, shape: llama_init.LlamaShape, transforme
 
 
 def write_model(out: Path, preset: str, shape: llama_init.LlamaShape, seed: int, device: str,
-                dtype: str) -> dict[str, torch.Tensor]:
+                dtype: str, sliding_window: int | None = None) -> dict[str, torch.Tensor]:
     import transformers
     from safetensors.torch import save_file
 
@@ -172,7 +175,7 @@ def write_model(out: Path, preset: str, shape: llama_init.LlamaShape, seed: int,
         )
         generation = {"bos_token_id": bos, "eos_token_id": eos}
     else:
-        config = family_config(family, shape, transformers.__version__, DTYPES[dtype][1])
+        config = family_config(family, shape, transformers.__version__, DTYPES[dtype][1], sliding_window)
         # Qwen's generation_config.json also stops at <|endoftext|>; the sampling defaults the real files
         # have (Qwen3: temperature 0.6 ...) are left out: references and benchmarks decode greedily.
         generation = {"bos_token_id": bos,
@@ -243,8 +246,17 @@ def main() -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="stored dtype (default bf16)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="where the random numbers are drawn (auto: cuda if available)")
+    ap.add_argument("--sliding-window", type=int, default=None,
+                    help="mistral-7b: this window instead of 4096, e.g. 64, shorter than the reference's prompts, "
+                         "so the windowed attention paths run at the real shapes")
     ap.add_argument("--no-verify", action="store_true", help="skip loading the result with transformers")
     args = ap.parse_args()
+    if args.sliding_window is not None:
+        preset = FAMILY_PRESETS.get(args.preset)
+        if preset is None or preset.fields["model_type"] != "mistral":
+            raise SystemExit("error: --sliding-window is for the mistral-7b preset (Mistral's sliding_window)")
+        if args.sliding_window < 1:
+            raise SystemExit("error: --sliding-window must be >= 1")
 
     shape = PRESETS[args.preset]
     if args.layers is not None:
@@ -257,7 +269,7 @@ def main() -> int:
         shape = llama_init.LlamaShape(**{**shape.__dict__, "head_dim": args.head_dim})
     device = pick_device(args.device)
     t0 = time.time()
-    tensors = write_model(args.out, args.preset, shape, args.seed, device, args.dtype)
+    tensors = write_model(args.out, args.preset, shape, args.seed, device, args.dtype, args.sliding_window)
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     print(f"wrote {args.out}: {len(tensors)} tensors, {nbytes / 1e9:.2f} GB {args.dtype}, "
           f"{shape.num_hidden_layers} layers, head_dim {shape.head_dim}, drawn on {device} in "
