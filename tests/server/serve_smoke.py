@@ -9,7 +9,8 @@ Starts the server on an ephemeral loopback port, then checks: /v1/models names t
 greedy /v1/chat/completions answers twice, and with --kv paged the second one found its prompt in the prefix
 cache (/metrics' tvllm_prefix_cache_hits_total grows); chat_template_kwargs {"enable_thinking": false} is
 accepted, and for a Qwen3 template it lengthens the prompt (the empty <think> block) while other templates
-render the same prompt; a non-boolean enable_thinking is a 400 naming the field. Finally SIGTERM: the server must exit 0.
+render the same prompt; a non-boolean enable_thinking is a 400 naming the field. Finally SIGTERM: the server
+must exit 0.
 Exit status: 0 all passed, 1 a check failed.
 """
 import argparse
