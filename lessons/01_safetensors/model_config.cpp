@@ -138,6 +138,15 @@ ModelConfig parse_model_config(const json& j) {
     }
   }
 
+  // Quantized checkpoints (AWQ, GPTQ, bitsandbytes, FP8, compressed-tensors) store packed weights and scales
+  // that the forward would have to dequantize: refused by name rather than met later as odd tensors.
+  if (const json* qc = optional_field(j, "quantization_config")) {
+    const json* method = qc->is_object() ? optional_field(*qc, "quant_method") : nullptr;
+    throw InputError(kWhere + "quantization_config is present" +
+                     (method ? " (quant_method " + json_snippet(*method) + ")" : std::string()) +
+                     ": quantized checkpoints are not supported (tiny-vllm reads BF16, F16 and F32 weights)");
+  }
+
   c.vocab_size = required_positive_int(j, "vocab_size");
   c.hidden_size = required_positive_int(j, "hidden_size");
   c.intermediate_size = required_positive_int(j, "intermediate_size");

@@ -128,6 +128,24 @@ void warm_up(Generator& gen, const std::vector<int32_t>& prompt) {
   if (n >= 1) gen.generate(std::vector<int32_t>(prompt.begin(), prompt.begin() + n), options);
 }
 
+CLI::Option* add_enable_thinking_option(CLI::App* cmd, bool& enable_thinking) {
+  return cmd
+      ->add_option_function<std::string>(
+          "--enable-thinking", [&enable_thinking](const std::string& v) { enable_thinking = v == "true"; },
+          "Qwen3's chat template switch: false appends an empty <think></think> block, so the model answers "
+          "without reasoning (default: true, the template's own default)")
+      ->check(CLI::IsMember({"true", "false"}))
+      ->type_name("true|false");
+}
+
+void note_thinking_switch(const ChatTemplate& tmpl, bool given, const char* command) {
+  if (given && !tmpl.has_thinking_switch())
+    std::fprintf(stderr,
+                 "tiny-vllm %s: note: this model's chat template (%s) has no thinking switch; --enable-thinking "
+                 "changes nothing\n",
+                 command, std::string(chat_family_name(tmpl.family())).c_str());
+}
+
 std::string fixed(double value, int digits) {
   char text[64];
   std::snprintf(text, sizeof text, "%.*f", digits, value);

@@ -85,4 +85,12 @@ void warm_up(Generator& gen, const std::vector<int32_t>& prompt);
 // "12.3" with a sensible number of digits for timings.
 std::string fixed(double value, int digits = 1);
 
+// --enable-thinking true|false for generate --chat and chat: the chat template variable of that name, spelled as
+// transformers' apply_chat_template(enable_thinking=...) and vLLM's chat_template_kwargs spell it (one name in
+// the CLI, the library and the server). Only "true" and "false" are accepted (exit 2 otherwise).
+CLI::Option* add_enable_thinking_option(CLI::App* cmd, bool& enable_thinking);
+// When --enable-thinking was given for a template without that switch: one note on stderr (it changes nothing,
+// as with transformers, whose templates simply never read the variable).
+void note_thinking_switch(const ChatTemplate& tmpl, bool given, const char* command);
+
 }  // namespace tvllm::cli
