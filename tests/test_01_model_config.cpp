@@ -436,6 +436,33 @@ TEST(ModelConfig, RejectsNonObject) {
   expect_rejected(json("config"), "must be a JSON object");
 }
 
+// generation_config.json's eos ids join config.json's (transformers' generate stops at them: Qwen2.5's
+// <|im_end|> is only there); a bad one is refused naming that file.
+TEST(ModelConfig, GenerationConfigAddsItsEosIds) {
+  testing::TempDir dir;
+  testing::write_file(dir / "config.json", tiny().dump(2));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2}));
+  testing::write_file(dir / "generation_config.json", std::string(R"({"eos_token_id": [7, 2], "do_sample": true})"));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2, 7}));
+  testing::write_file(dir / "generation_config.json", std::string(R"({"eos_token_id": 9})"));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2, 9}));
+  testing::write_file(dir / "generation_config.json", std::string(R"({"temperature": 0.6})"));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2}));
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"eos_token_id": 5000})", "generation_config.json: eos_token_id 5000 is outside the vocabulary"},
+           {R"({"eos_token_id": ["2"]})", "generation_config.json: "},
+           {R"({"eos_token_id": 2,)", "generation_config.json"},
+           {R"([2])", "generation_config.json: expected a JSON object"}}) {
+    testing::write_file(dir / "generation_config.json", text);
+    try {
+      load_model_config(dir.path());
+      ADD_FAILURE() << "loaded with generation_config.json " << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what() << "\nexpected: " << needle;
+    }
+  }
+}
+
 TEST(ModelConfig, LoadFromDirectoryAndFile) {
   testing::TempDir dir;
   testing::write_file(dir / "config.json", tiny().dump(2));
