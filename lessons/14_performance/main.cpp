@@ -13,8 +13,8 @@
 //        graphs == --enforce-eager: every reference sequence, id for id (sampled, so the sampler runs too)
 //   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
 //   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); FastSampler
-//      vs lesson 09's sampler at batch 1 and 64; the decode progression (lesson 10 -> graphs -> fused ->
-//      fast sampler) at batch 1 and 8, contexts 128 and 4096.
+//      (cluster path and multi-pass path) vs lesson 09's sampler at batch 1 and 64; the decode progression
+//      (lesson 10 -> graphs -> fused -> fast sampler) at batch 1 and 8, contexts 128 and 4096.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -315,18 +315,21 @@ void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
 }
 
 void bench_sampler(int64_t vocab) {
-  std::printf("\nsampler, vocab %lld: FastSampler vs lesson 09's GpuSampler (us per call, the same ids)\n",
+  std::printf("\nsampler, vocab %lld: FastSampler (default: the cluster path, one launch; and its multi-pass\n"
+              "path, seven launches) vs lesson 09's GpuSampler (us per call, the same ids)\n",
               (long long)vocab);
-  std::printf("  %6s  %-22s %12s %12s %8s\n", "batch", "knobs", "lesson 09", "FastSampler", "speed-up");
+  std::printf("  %6s  %-22s %10s %11s %11s %8s %8s\n", "batch", "knobs", "lesson 09", "multi-pass", "FastSampler",
+              "cluster", "speed-up");
   const std::vector<std::pair<std::string, SamplingParams>> knobs = {{"greedy", {0.0f, 0, 1.0f, 1}},
+                                                                      {"temperature 1", {1.0f, 0, 1.0f, 5}},
                                                                       {"top-k 50", {0.7f, 50, 1.0f, 2}},
                                                                       {"top-p 0.9", {1.0f, 0, 0.9f, 3}},
                                                                       {"top-k 50 + top-p 0.9", {0.7f, 50, 0.9f, 4}}};
   for (int B : {1, 64})
     for (const auto& [name, p] : knobs) {
       const SamplerTiming t = bench_fast_sampler(B, vocab, p);
-      std::printf("  %6d  %-22s %12.1f %12.1f %7.1fx\n", B, name.c_str(), t.lesson09_us, t.fast_us,
-                  t.lesson09_us / t.fast_us);
+      std::printf("  %6d  %-22s %10.1f %11.1f %11.1f %8d %7.1fx\n", B, name.c_str(), t.lesson09_us, t.multipass_us,
+                  t.fast_us, t.cluster, t.lesson09_us / t.fast_us);
     }
 }
 
