@@ -55,7 +55,6 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
   static const float kScales[] = {1e-3f, 0.5f, 2.0f, 6.0f, 40.0f};
   return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
-using testing::random_row_params;
 
 constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kMultiPass};
 const char* path_name(FastSampler::Path p) {
@@ -84,11 +83,9 @@ TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
       for (int call = 0; call < c.calls; ++call) {
         std::vector<float> logits;
         std::vector<SamplingRow> rows;
-        for (int b = 0; b < c.batch; ++b) {
-          const std::vector<float> row = model_like_row(c.vocab, rng.next_u64() % 1000000);
-          logits.insert(logits.end(), row.begin(), row.end());
-          rows.push_back(random_row_params(rng, c.vocab));
-        }
+        testing::append_random_rows(
+            rng, c.vocab, c.batch, [&](uint64_t seed) { return model_like_row(c.vocab, seed); }, &logits,
+            &rows);
         const std::vector<int32_t> fast = sample_fast(sampler, logits, c.vocab, c.vocab, rows);
         const std::vector<int32_t> cpu = sample_on_cpu(logits, c.vocab, c.vocab, rows);
         fast_all.insert(fast_all.end(), fast.begin(), fast.end());
@@ -279,21 +276,12 @@ TEST(FastSampler14Gpu, CapturedGraphReplaysEqualEagerCalls) {
     DeviceBatch d(logits, rows);
     FastSampler sampler(batch, vocab, path);
     CudaStream stream;
-    HostBuffer pinned_rows(sizeof(SamplingRow) * batch, HostBuffer::Kind::Pinned);
-    HostBuffer pinned_ids(sizeof(int32_t) * batch, HostBuffer::Kind::Pinned);
     CudaGraph graph = CudaGraph::capture(
         stream, [&] { sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream); });
     EXPECT_EQ(graph.num_nodes(), static_cast<size_t>(sampler.launches(batch, vocab)));
     for (uint64_t step = 0; step < 6; ++step) {
       for (SamplingRow& r : rows) r.step = step;
-      std::copy(rows.begin(), rows.end(), pinned_rows.as<SamplingRow>());
-      TVLLM_CUDA_CHECK(cudaMemcpyAsync(d.rows_d.data(), pinned_rows.data(), pinned_rows.bytes(),
-                                       cudaMemcpyHostToDevice, stream));
-      graph.launch(stream);
-      TVLLM_CUDA_CHECK(
-          cudaMemcpyAsync(pinned_ids.data(), d.out(), pinned_ids.bytes(), cudaMemcpyDeviceToHost, stream));
-      stream.synchronize();
-      const std::vector<int32_t> replayed(pinned_ids.as<int32_t>(), pinned_ids.as<int32_t>() + batch);
+      const std::vector<int32_t> replayed = testing::replay_sampler_graph(graph, d, rows, stream);
       d.poison();
       sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream);
       stream.synchronize();

@@ -20,6 +20,7 @@
 #include "cluster_sampler.h"
 #include "common/cuda_utils.cuh"  // kWarpSize, ceil_div
 #include "common/errors.h"
+#include "sampler_block.cuh"
 
 namespace tvllm::cluster_sampler {
 
@@ -27,8 +28,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 using namespace sampling;
-using u64 = unsigned long long;  // the type CUDA's 64-bit atomics take
-static_assert(sizeof(u64) == sizeof(uint64_t), "masses are 64-bit");
+using sampler_block::u64;
 
 constexpr int kWarps = kThreads / kWarpSize;  // 16
 constexpr int kMaxPer = kBuckets / kThreads;  // 4 buckets per thread in a decision
@@ -51,45 +51,14 @@ struct alignas(16) Shared {
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
 static_assert(kBuckets % kThreads == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
 
-// ---- block helpers ------------------------------------------------------------------------------------
+// ---- block helpers (sampler_block.cuh) ----------------------------------------------------------------
 
-__device__ __forceinline__ u64 warp_max_u64(u64 v) {
-#pragma unroll
-  for (int m = kWarpSize / 2; m > 0; m >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
-#pragma unroll
-  for (int m = kWarpSize / 2; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
+using sampler_block::warp_inclusive_scan_u64;
+using sampler_block::warp_max_u64;
+using sampler_block::warp_sum_u64;
 
-// Inclusive prefix sum over the block's threads in thread order; *total gets the block's sum.
 __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int d = 1; d < kWarpSize; d <<= 1) {
-    const u64 other = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += other;
-  }
-  if (lane == kWarpSize - 1) s.warp_u64[warp] = v;
-  __syncthreads();
-  u64 before = 0, all = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += s.warp_u64[w];
-    all += s.warp_u64[w];
-  }
-  __syncthreads();  // the slots may be reused right after
-  *total = all;
-  return v + before;
-}
-
-// Adds a measure below 2^42 to a bucket: the low word, then the high word with the carry out of the low one.
-__device__ __forceinline__ void add_to_bucket(Shared& s, uint32_t bucket, u64 measure) {
-  const uint32_t lo = static_cast<uint32_t>(measure);
-  const uint32_t old = atomicAdd(&s.lo[bucket], lo);
-  const uint32_t hi = static_cast<uint32_t>(measure >> 32) + (old + lo < old ? 1u : 0u);
-  if (hi != 0) atomicAdd(&s.hi[bucket], hi);
+  return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
 }
 
 // Rank 0's decision of one digit over the row's histogram (`buckets` of them; zeroed on the way for the next
@@ -211,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         atomicAdd(&s.lo[digit_of(st, key)], 1u);
       } else {
         const u64 mass = token_mass(z_of_key(key), z_max);
-        if (mass != 0) add_to_bucket(s, digit_of(st, key), mass);
+        if (mass != 0) sampler_block::add_to_bucket(s.lo, s.hi, digit_of(st, key), mass);
       }
     }
     __syncthreads();
@@ -268,12 +237,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int picked = lo;
     for (int start = lo; start < hi; start += kWarpSize) {
       const int i = start + lane;
-      u64 run = i < hi ? kept_mass(keys[i], z_max, st.threshold) : 0;
-#pragma unroll
-      for (int d = 1; d < kWarpSize; d <<= 1) {
-        const u64 other = __shfl_up_sync(0xffffffffu, run, d);
-        if (lane >= d) run += other;
-      }
+      const u64 run = warp_inclusive_scan_u64(i < hi ? kept_mass(keys[i], z_max, st.threshold) : 0);
       const unsigned hit = __ballot_sync(0xffffffffu, base + run > u);
       if (hit) {
         picked = start + __ffs(static_cast<int>(hit)) - 1;

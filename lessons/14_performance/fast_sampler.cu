@@ -31,6 +31,7 @@
 #include "fast_sampler.h"
 
 #include "cluster_sampler.h"
+#include "sampler_block.cuh"
 
 #include <cuda_runtime.h>
 
@@ -50,8 +51,7 @@ namespace tvllm {
 namespace {
 
 using namespace sampling;
-using u64 = unsigned long long;  // the type CUDA's 64-bit atomics take
-static_assert(sizeof(u64) == sizeof(uint64_t), "masses are 64-bit");
+using sampler_block::u64;  // the type CUDA's 64-bit atomics take
 
 constexpr int kThreads = FastSampler::kThreads;  // 256
 constexpr int kWarps = kThreads / kWarpSize;     // 8
@@ -110,43 +110,15 @@ struct Shared {
 
 // ---- block helpers ------------------------------------------------------------------------------------
 
-__device__ __forceinline__ u64 warp_max_u64(u64 v) {
-#pragma unroll
-  for (int m = kWarpSize / 2; m > 0; m >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
+using sampler_block::add_to_bucket;
+using sampler_block::warp_max_u64;
 
-// Inclusive prefix sum over the block's threads (in thread order); *total gets the block's sum.
 __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int d = 1; d < kWarpSize; d <<= 1) {
-    const u64 other = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += other;
-  }
-  if (lane == kWarpSize - 1) s.warp_u64[warp] = v;
-  __syncthreads();
-  u64 before = 0, all = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += s.warp_u64[w];
-    all += s.warp_u64[w];
-  }
-  __syncthreads();  // the slots may be reused right after
-  *total = all;
-  return v + before;
+  return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
 }
 
 __device__ void zero_shared_hist(Shared& s) {
   for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.hist.words[0][b] = s.hist.words[1][b] = 0;
-}
-
-// Adds a measure below 2^42 to a bucket: the low word, then the high word with the carry out of the low one
-// (the old low word plus ours wrapped around 2^32). A count (below 2^32) is one atomic.
-__device__ __forceinline__ void add_to_bucket(Shared& s, uint32_t bucket, u64 measure) {
-  const uint32_t lo = static_cast<uint32_t>(measure);
-  const uint32_t old = atomicAdd(&s.hist.words[0][bucket], lo);
-  const uint32_t hi = static_cast<uint32_t>(measure >> 32) + (old + lo < old ? 1u : 0u);
-  if (hi != 0) atomicAdd(&s.hist.words[1][bucket], hi);
 }
 
 // Adds the block's nonzero buckets to the row's global histogram (integers: any order gives the same sums).
@@ -363,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
         atomicAdd(&s.hist.words[0][(key >> shift) & digit_mask], 1u);
       } else {
         const u64 mass = token_mass(z_of_key(key), z_max);
-        if (mass != 0) add_to_bucket(s, (key >> shift) & digit_mask, mass);
+        if (mass != 0) add_to_bucket(s.hist.words[0], s.hist.words[1], (key >> shift) & digit_mask, mass);
       }
     }
   });
@@ -405,8 +377,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
     u64 sum = 0;
     for_each_token<kWarpSize>(keys, lo + lane, hi,
                               [&](int, uint32_t key) { sum += kept_mass_of(key, z_max, threshold); });
-#pragma unroll
-    for (int m = kWarpSize / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    sum = sampler_block::warp_sum_u64(sum);
     if (lane == 0) segments[c * kWarps + warp] = sum;
   }
   if (!is_last_block(st, a.chunks, s)) return;
