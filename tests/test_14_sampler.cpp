@@ -56,6 +56,8 @@ TEST(ClusterSampler14, PlanCoversTheRowAndFillsTheGpu) {
   const cs::Plan b64 = cs::plan_call(64, 128256, 132, 16);
   EXPECT_EQ(b64.cluster, 8);  // 512 blocks: two per SM, about two waves
   EXPECT_EQ(b64.chunk, 16032);
+  // Two blocks of 512 threads fit on an SM (228 KiB of shared memory, 1 KiB of it reserved per block).
+  EXPECT_LE(cs::shared_bytes(b64), (228u * 1024 - 2 * 1024) / 2);
   const cs::Plan b1 = cs::plan_call(1, 128256, 132, 16);
   EXPECT_EQ(b1.cluster, 16);  // one row: as many blocks as a cluster holds
   EXPECT_EQ(b1.chunk, 8016);
@@ -83,6 +85,7 @@ TEST(ClusterSampler14, PlanCoversTheRowAndFillsTheGpu) {
         EXPECT_LE(p.cluster, max_cluster) << at;
         EXPECT_EQ(p.cluster & (p.cluster - 1), 0) << at;
         EXPECT_LE(p.chunk, cs::kMaxTokensPerBlock) << at;
+        EXPECT_LE(cs::shared_bytes(p), 227u * 1024) << at;  // a Hopper block's limit
         EXPECT_GE(int64_t{p.cluster} * p.chunk, vocab) << at;
         EXPECT_LT(int64_t{p.cluster - 1} * p.chunk, vocab) << at;  // no block without tokens
         EXPECT_EQ(p.piece % 2, 1) << at;
