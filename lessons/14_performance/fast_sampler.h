@@ -71,15 +71,18 @@ class FastSampler final : public TokenSampler {
 
   int max_batch() const { return max_batch_; }
   int64_t max_vocab() const { return max_vocab_; }
-  // Multi-pass path: how many blocks (chunks) share one row for this call: enough blocks to fill the GPU once.
+  // Multi-pass path: how many blocks (chunks) share one row for this call: enough blocks to fill the GPU
+  // once.
   int chunks_per_row(int batch, int64_t vocab) const;
   // Does a call of this shape take the cluster path? Then `cluster` blocks share each row (else 0).
   int cluster_per_row(int batch, int64_t vocab) const;
   // Kernels queued by one sample() call of this shape: 1 (cluster path) or kMultiPassLaunches.
-  int launches(int batch, int64_t vocab) const { return cluster_per_row(batch, vocab) > 0 ? 1 : kMultiPassLaunches; }
+  int launches(int batch, int64_t vocab) const {
+    return cluster_per_row(batch, vocab) > 0 ? 1 : kMultiPassLaunches;
+  }
 
-  static constexpr int kThreads = 256;           // per block, multi-pass path
-  static constexpr int kMultiPassLaunches = 7;   // kernels queued by one multi-pass sample() call
+  static constexpr int kThreads = 256;          // per block, multi-pass path
+  static constexpr int kMultiPassLaunches = 7;  // kernels queued by one multi-pass sample() call
 
  private:
   int max_batch_;
@@ -88,7 +91,7 @@ class FastSampler final : public TokenSampler {
   int max_cluster_ = 0;  // the largest cluster the device launches for the cluster path; 0: never take it
   int wave_blocks_;      // blocks of the heaviest multi-pass kernel that run at once on the whole GPU
   int max_chunks_;
-  DeviceBuffer workspace_;  // multi-pass path: row states, row histograms, segment masses (see fast_sampler.cu)
+  DeviceBuffer workspace_;  // multi-pass path: row states, histograms, segment masses (fast_sampler.cu)
 };
 
 // ---- benchmark helper (for the lesson executable) ----------------------------------------------------
@@ -98,7 +101,7 @@ class FastSampler final : public TokenSampler {
 // back-to-back calls. Times the default FastSampler, the multi-pass path alone and lesson 09's GpuSampler
 // on the same rows, and checks all three agree on every id (InputError if not). Needs a GPU.
 struct SamplerTiming {
-  double fast_us = 0.0;       // FastSampler::sample (the default: the cluster path where it applies), per call
+  double fast_us = 0.0;       // FastSampler::sample (default: the cluster path where it applies), per call
   double multipass_us = 0.0;  // FastSampler::sample with Path::kMultiPass, per call
   double lesson09_us = 0.0;   // GpuSampler::sample, per call
   int cluster = 0;            // blocks per row the default took (0: it took the multi-pass path)

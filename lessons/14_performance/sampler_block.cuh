@@ -58,7 +58,8 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, u64* warp_slots) {
 // Adds a measure below 2^42 to bucket `b` of a shared-memory histogram kept as two 32-bit halves (shared
 // atomics are native for 32-bit words; a 64-bit add would be a compare-and-swap loop): the low word, then the
 // high word with the carry out of the low one (the old low word plus ours wrapped around 2^32).
-__device__ __forceinline__ void add_to_bucket(uint32_t* lo_words, uint32_t* hi_words, uint32_t b, u64 measure) {
+__device__ __forceinline__ void add_to_bucket(uint32_t* lo_words, uint32_t* hi_words, uint32_t b,
+                                              u64 measure) {
   const uint32_t lo = static_cast<uint32_t>(measure);
   const uint32_t old = atomicAdd(lo_words + b, lo);
   const uint32_t hi = static_cast<uint32_t>(measure >> 32) + (old + lo < old ? 1u : 0u);
