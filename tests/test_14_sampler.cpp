@@ -26,16 +26,6 @@ namespace cs = cluster_sampler;
 using testing::describe;
 using testing::row_of;
 
-// A plan with exactly `cluster` blocks per row (the tests try every size, also ones plan_call would not
-// pick).
-cs::Plan forced_plan(int64_t vocab, int cluster) {
-  cs::Plan p;
-  p.cluster = cluster;
-  p.chunk = static_cast<int>((vocab + cluster - 1) / cluster);
-  p.piece = static_cast<int>((p.chunk + cs::kThreads - 1) / cs::kThreads) | 1;
-  return p;
-}
-
 // Counts the rows where the model and the oracle disagree, printing the first few.
 int mismatches(const std::vector<float>& row, const std::vector<SamplingRow>& params, const cs::Plan& plan,
                const std::string& what) {
@@ -56,11 +46,15 @@ TEST(ClusterSampler14, PlanCoversTheRowAndFillsTheGpu) {
   const cs::Plan b64 = cs::plan_call(64, 128256, 132, 16);
   EXPECT_EQ(b64.cluster, 8);  // 512 blocks: two per SM, about two waves
   EXPECT_EQ(b64.chunk, 16032);
+  EXPECT_EQ(b64.threads, cs::kThreadsShared);
   // Two blocks of 512 threads fit on an SM (228 KiB of shared memory, 1 KiB of it reserved per block).
   EXPECT_LE(cs::shared_bytes(b64), (228u * 1024 - 2 * 1024) / 2);
   const cs::Plan b1 = cs::plan_call(1, 128256, 132, 16);
   EXPECT_EQ(b1.cluster, 16);  // one row: as many blocks as a cluster holds
   EXPECT_EQ(b1.chunk, 8016);
+  EXPECT_EQ(b1.threads, cs::kThreadsAlone);  // 16 blocks on 132 SMs: each alone on its SM
+  EXPECT_EQ(cs::plan_call(8, 128256, 132, 16).threads, cs::kThreadsAlone);   // 128 blocks
+  EXPECT_EQ(cs::plan_call(9, 128256, 132, 16).threads, cs::kThreadsShared);  // 144 blocks
   EXPECT_EQ(cs::plan_call(1, 128256, 132, 8).cluster, 8);     // a device without the non-portable opt-in
   EXPECT_EQ(cs::plan_call(1, 7, 132, 16).cluster, 1);         // a tiny row: one block, no barriers to pay for
   EXPECT_EQ(cs::plan_call(257, 151936, 132, 16).cluster, 4);  // 151936 needs 4 blocks of <= 40960 keys
@@ -89,7 +83,8 @@ TEST(ClusterSampler14, PlanCoversTheRowAndFillsTheGpu) {
         EXPECT_GE(int64_t{p.cluster} * p.chunk, vocab) << at;
         EXPECT_LT(int64_t{p.cluster - 1} * p.chunk, vocab) << at;  // no block without tokens
         EXPECT_EQ(p.piece % 2, 1) << at;
-        EXPECT_GE(int64_t{p.piece} * cs::kThreads, p.chunk) << at;
+        EXPECT_GE(int64_t{p.piece} * p.threads, p.chunk) << at;
+        EXPECT_EQ(p.threads == cs::kThreadsAlone, int64_t{p.cluster} * batch <= 132) << at;
         if (vocab >= 2 * cs::kMinTokensPerBlock * int64_t{p.cluster} && p.cluster < max_cluster) {
           EXPECT_GE(int64_t{p.cluster} * batch, 264) << at;  // the grid fills the GPU when the row allows it
         }
@@ -147,7 +142,9 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnRandomRows) {
       for (int i = 0; i < c.rows; ++i) params.push_back(testing::random_row_params(rng, c.vocab));
       const std::vector<float> row = testing::model_like_row(c.vocab, rng.next_u64() % 1000,
                                                              0.5f + 4.0f * static_cast<float>(rng.uniform()));
-      EXPECT_EQ(mismatches(row, params, forced_plan(c.vocab, cluster), "vocab " + std::to_string(c.vocab)),
+      const int threads = cluster % 2 ? cs::kThreadsAlone : cs::kThreadsShared;  // both block sizes
+      EXPECT_EQ(mismatches(row, params, cs::plan_with(c.vocab, cluster, threads),
+                           "vocab " + std::to_string(c.vocab)),
                 0);
     }
   }
@@ -190,16 +187,22 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
               row_of(t, k, p, e * 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(t * 10)));
     for (int cluster :
          {1, 3, 16})  // 3: not a power of two, but the model does not care (a plan never gives it)
-      EXPECT_EQ(mismatches(edge[e], params, forced_plan(vocab, cluster), "edge row " + std::to_string(e)), 0);
+      for (int threads : {cs::kThreadsShared, cs::kThreadsAlone})
+        EXPECT_EQ(mismatches(edge[e], params, cs::plan_with(vocab, cluster, threads),
+                             "edge row " + std::to_string(e)),
+                  0);
   }
 }
 
 TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {
   const std::vector<float> row(100, 0.0f);
-  cs::Plan p = forced_plan(100, 1);
+  cs::Plan p = cs::plan_with(100, 1, cs::kThreadsShared);
   p.chunk = 50;  // one block of 50 tokens cannot hold a row of 100
   EXPECT_THROW(cs::sample_model(row.data(), 100, row_of(1, 0, 1, 0, 0), p), InputError);
-  EXPECT_THROW(cs::sample_model(nullptr, 100, row_of(1, 0, 1, 0, 0), forced_plan(100, 1)), InputError);
+  EXPECT_THROW(
+      cs::sample_model(nullptr, 100, row_of(1, 0, 1, 0, 0), cs::plan_with(100, 1, cs::kThreadsShared)),
+      InputError);
+  EXPECT_THROW(cs::plan_with(100, 1, 256), InputError);  // only the two block sizes the kernel is built for
 }
 
 }  // namespace

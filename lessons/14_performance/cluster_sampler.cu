@@ -15,6 +15,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cluster_sampler.h"
@@ -30,8 +31,8 @@ namespace cg = cooperative_groups;
 using namespace sampling;
 using sampler_block::u64;
 
-constexpr int kWarps = kThreads / kWarpSize;  // 16
-constexpr int kMaxPer = kBuckets / kThreads;  // 4 buckets per thread in a decision
+constexpr int kMaxWarps = kThreadsAlone / kWarpSize;  // 32
+constexpr int kMaxPer = kBuckets / kThreadsShared;    // 4 buckets per thread in a decision, at most
 
 struct alignas(16) Shared {
   // This block's histogram of one digit as two 32-bit halves (shared-memory atomics are native for 32-bit
@@ -39,7 +40,7 @@ struct alignas(16) Shared {
   uint32_t lo[kBuckets];
   uint32_t hi[kBuckets];
   u64 row_hist[kBuckets];  // used in rank 0 only: the sum of the blocks' histograms
-  u64 warp_u64[kWarps];
+  u64 warp_u64[kMaxWarps];
   u64 best;               // this block's max (key, ~id) pair: the other blocks read it
   u64 draw_sum;           // this block's kept mass: the other blocks read it
   u64 row_value, before;  // broadcast inside the block: the row's max pair / kept mass, mass before the block
@@ -49,7 +50,7 @@ struct alignas(16) Shared {
   int pick_thread;
 };
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
-static_assert(kBuckets % kThreads == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
+static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
 
 // ---- block helpers (sampler_block.cuh) ----------------------------------------------------------------
 
@@ -57,6 +58,7 @@ using sampler_block::warp_inclusive_scan_u64;
 using sampler_block::warp_max_u64;
 using sampler_block::warp_sum_u64;
 
+template <int kThreads>
 __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
   return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
 }
@@ -65,6 +67,7 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
 // digit): the highest bucket at which st.above plus the measure from the top reaches the target. Each thread
 // owns `per` contiguous buckets; a block scan gives every thread the measure above its buckets, and the one
 // thread whose buckets hold the crossing finds it. The same rule as lesson 09's serial loop, in parallel.
+template <int kThreads>
 __device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const SamplingRow& row, Shared& s) {
   const int per = buckets / kThreads;
   const int first = static_cast<int>(threadIdx.x) * per;
@@ -79,7 +82,8 @@ __device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const Sam
     }
   if (threadIdx.x == 0) s.pick = Pick{0, st.above, 0, 0};  // unreachable fallback, as lesson 09's: bucket 0
   u64 total = 0;
-  const u64 incl = block_inclusive_scan(mine, &total, s);  // its barriers also order the write above
+  const u64 incl =
+      block_inclusive_scan<kThreads>(mine, &total, s);  // its barriers also order the write above
   // Every thread computes the same target from the same total.
   const u64 target = st.mode == kModeTopP && st.level == 0 ? top_p_target(row.top_p, total) : st.target;
   u64 acc = st.above + (total - incl);         // the measure of every bucket above this thread's
@@ -102,7 +106,8 @@ __device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const Sam
 
 // grid (cluster, batch), cluster (cluster, 1, 1): the blocks of cluster r sample row r; block rank q owns
 // tokens [q * chunk, (q + 1) * chunk) of it, and keeps their keys in shared memory after the fixed part.
-__global__ void __launch_bounds__(kThreads, 2)
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     sample_rows(const float* __restrict__ logits, int64_t row_stride, int vocab, int chunk, int piece,
                 const SamplingRow* __restrict__ rows, int32_t* __restrict__ out_ids) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -111,6 +116,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int blocks = static_cast<int>(cluster.num_blocks());
+  constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int r = blockIdx.y;
   const SamplingRow row = rows[r];  // the same for the whole cluster: every branch below is uniform
@@ -196,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     cluster.sync();  // the row's histogram is complete
     if (rank == 0) {
-      const RowState next = advance(st, row, decide(s.row_hist, buckets, st, row, s));
+      const RowState next = advance(st, row, decide<kThreads>(s.row_hist, buckets, st, row, s));
       if (tid < blocks) *cluster.map_shared_rank(&s.state, tid) = next;
     }
     cluster.sync();  // every block has the new state
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = p_lo; i < p_hi; ++i) mine += kept_mass(keys[i], z_max, st.threshold);
   if (tid == 0) s.pick_thread = -1;
   u64 block_mass = 0;
-  const u64 incl = block_inclusive_scan(mine, &block_mass, s);
+  const u64 incl = block_inclusive_scan<kThreads>(mine, &block_mass, s);
   if (tid == 0) s.draw_sum = block_mass;
   cluster.sync();   // every block's kept mass is ready
   if (warp == 0) {  // the row's kept mass W and the mass of the blocks before this one
@@ -255,6 +261,46 @@ size_t max_shared_bytes() {
   return sizeof(Shared) + sizeof(uint32_t) * static_cast<size_t>(kMaxTokensPerBlock);
 }
 
+cudaLaunchConfig_t launch_config(dim3 grid, int threads, int cluster, size_t smem, cudaStream_t stream,
+                                 cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  *attribute = {};
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// The largest cluster one instantiation of the kernel can launch at full shared memory (0: none).
+template <int kThreads>
+int max_cluster_of() {
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(max_shared_bytes())));
+  // Clusters above 8 blocks are "non-portable": allowed on the H100/H200 after this opt-in. If the device
+  // refuses it, the query below simply finds 8 the largest.
+  if (cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+      cudaSuccess)
+    (void)cudaGetLastError();  // clear the (non-sticky) error
+  for (int c = kMaxClusterSize; c >= 1; c /= 2) {
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(c), 1, 1), kThreads, c,
+                                                    max_shared_bytes(), nullptr, &attribute);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, sample_rows<kThreads>, &config) == cudaSuccess &&
+        clusters > 0)
+      return c;
+    (void)cudaGetLastError();
+  }
+  return 0;
+}
+
 }  // namespace
 
 size_t shared_bytes(const Plan& plan) {
@@ -266,53 +312,26 @@ int max_cluster_size() {
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major < 9) return 0;  // thread-block clusters are Hopper's
-  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(max_shared_bytes())));
-  // Clusters above 8 blocks are "non-portable": allowed on the H100/H200 after this opt-in. If the device
-  // refuses it, the query below simply finds 8 the largest.
-  if (cudaFuncSetAttribute(sample_rows, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-    (void)cudaGetLastError();  // clear the (non-sticky) error
-  for (int c = kMaxClusterSize; c >= 1; c /= 2) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(c), 1, 1);
-    config.blockDim = dim3(kThreads, 1, 1);
-    config.dynamicSmemBytes = max_shared_bytes();
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = static_cast<unsigned>(c);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, sample_rows, &config) == cudaSuccess && clusters > 0)
-      return c;
-    (void)cudaGetLastError();
-  }
-  return 0;
+  return std::min(max_cluster_of<kThreadsShared>(), max_cluster_of<kThreadsAlone>());
 }
 
 void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
             int32_t* out_ids, const Plan& plan, cudaStream_t stream) {
-  TVLLM_REQUIRE(plan.cluster >= 1 && plan.chunk >= 1 && plan.piece >= 1 &&
-                    static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
-                    plan.chunk <= kMaxTokensPerBlock &&
-                    static_cast<int64_t>(plan.piece) * kThreads >= plan.chunk,
-                "cluster_sampler::launch: the plan does not cover the row");
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(plan.cluster), static_cast<unsigned>(batch), 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = shared_bytes(plan);
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows, logits, row_stride, static_cast<int>(vocab),
-                                      plan.chunk, plan.piece, rows, out_ids));
+  TVLLM_REQUIRE(
+      plan.cluster >= 1 && (plan.threads == kThreadsShared || plan.threads == kThreadsAlone) &&
+          plan.chunk >= 1 && plan.piece >= 1 && static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
+          plan.chunk <= kMaxTokensPerBlock && static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk,
+      "cluster_sampler::launch: the plan does not cover the row");
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      launch_config(dim3(static_cast<unsigned>(plan.cluster), static_cast<unsigned>(batch), 1), plan.threads,
+                    plan.cluster, shared_bytes(plan), stream, &attribute);
+  if (plan.threads == kThreadsAlone)
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows<kThreadsAlone>, logits, row_stride,
+                                        static_cast<int>(vocab), plan.chunk, plan.piece, rows, out_ids));
+  else
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows<kThreadsShared>, logits, row_stride,
+                                        static_cast<int>(vocab), plan.chunk, plan.piece, rows, out_ids));
 }
 
 }  // namespace tvllm::cluster_sampler

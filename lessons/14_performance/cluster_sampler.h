@@ -35,8 +35,9 @@ namespace tvllm::cluster_sampler {
 #define TVLLM_CLUSTER_HD inline
 #endif
 
-inline constexpr int kThreads = 512;              // per block: 16 warps; two blocks fit on an SM
-inline constexpr int kBuckets = 2048;             // 11 bits a digit: 3 digits cover the 32-bit key
+inline constexpr int kThreadsShared = 512;  // per block when blocks share SMs (big batches): two fit on an SM
+inline constexpr int kThreadsAlone = 1024;  // per block when every block has an SM to itself (small batches)
+inline constexpr int kBuckets = 2048;       // 11 bits a digit: 3 digits cover the 32-bit key
 inline constexpr int kMaxTokensPerBlock = 40960;  // 160 KiB of keys: the shared memory one block may hold
 inline constexpr int kMinTokensPerBlock = 2048;   // fewer and the barriers cost more than the work saved
 inline constexpr int kMaxClusterSize = 16;        // Hopper's largest cluster (above 8 it needs an opt-in)
@@ -133,19 +134,26 @@ TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pic
   return st;
 }
 
-// How one call spreads its rows: `cluster` blocks per row, each owning `chunk` consecutive tokens (the last
-// may own fewer), each thread of a block a contiguous `piece` of its chunk in the draw. piece is odd so
-// that the 32 threads of a warp reading element j of their pieces hit 32 different shared-memory banks.
+// How one call spreads its rows: `cluster` blocks of `threads` threads per row, each block owning `chunk`
+// consecutive tokens (the last may own fewer), each thread a contiguous `piece` of its block's chunk in the
+// draw. piece is odd so that the 32 threads of a warp reading element j of their pieces hit 32 different
+// shared-memory banks.
 struct Plan {
   int cluster = 0;  // 0: this call cannot take the cluster path (the vocab does not fit)
+  int threads = 0;  // kThreadsShared or kThreadsAlone
   int chunk = 0;
   int piece = 0;
 };
 
 // cluster: a power of two, at least enough blocks to hold the row (kMaxTokensPerBlock each), at most
 // max_cluster (what the device can launch); within that, enough blocks per row for the batch to give every
-// SM two blocks, but no block below kMinTokensPerBlock tokens unless the row needs it.
+// SM two blocks, but no block below kMinTokensPerBlock tokens unless the row needs it. threads: 1024 when
+// the grid has at most one block per SM (batch 1 to 8 at vocab 128256: a lone block is the SM's only
+// source of loads in flight and of warps to hide latency), else 512 (two blocks share an SM).
 Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster);
+
+// A plan with exactly `cluster` blocks of `threads` threads per row (tests try every size).
+Plan plan_with(int64_t vocab, int cluster, int threads);
 
 // The dynamic shared memory a block of the plan uses (the keys of its chunk plus the fixed part).
 size_t shared_bytes(const Plan& plan);
@@ -159,8 +167,9 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
 
 // ---- the GPU side (cluster_sampler.cu) ----------------------------------------------------------------
 
-// The largest cluster size (1, 2, 4, 8 or 16) this device can launch with a full chunk of shared memory;
-// 0 if it cannot launch clusters at all (before Hopper). Also does the kernel's one-time attribute setup.
+// The largest cluster size (1, 2, 4, 8 or 16) this device can launch with a full chunk of shared memory, for
+// both block sizes; 0 if it cannot launch clusters at all (before Hopper). Also does the kernels' one-time
+// attribute setup.
 int max_cluster_size();
 
 // Samples `batch` rows with one launch (grid: plan.cluster x batch blocks). Same arguments as

@@ -29,17 +29,28 @@ Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster) {
   while (static_cast<int64_t>(fill) * batch < 2 * static_cast<int64_t>(sms) && fill < max_cluster) fill *= 2;
   int small = 1;  // but at least kMinTokensPerBlock tokens a block: a tiny chunk is all barriers
   while (static_cast<int64_t>(small) * 2 * kMinTokensPerBlock <= vocab && small < max_cluster) small *= 2;
-  plan.cluster = std::max(need, std::min(fill, small));
-  plan.chunk = static_cast<int>(ceil_div64(vocab, plan.cluster));
-  plan.piece = static_cast<int>(ceil_div64(plan.chunk, kThreads)) | 1;  // odd: see Plan
+  const int cluster = std::max(need, std::min(fill, small));
+  const bool alone = static_cast<int64_t>(cluster) * batch <= sms;
+  return plan_with(vocab, cluster, alone ? kThreadsAlone : kThreadsShared);
+}
+
+Plan plan_with(int64_t vocab, int cluster, int threads) {
+  TVLLM_REQUIRE(vocab >= 1 && cluster >= 1 && (threads == kThreadsShared || threads == kThreadsAlone),
+                "cluster_sampler::plan_with: bad shape");
+  Plan plan;
+  plan.cluster = cluster;
+  plan.threads = threads;
+  plan.chunk = static_cast<int>(ceil_div64(vocab, cluster));
+  plan.piece = static_cast<int>(ceil_div64(plan.chunk, threads)) | 1;  // odd: see Plan
   return plan;
 }
 
 int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan) {
   TVLLM_REQUIRE(logits != nullptr && vocab >= 1 && vocab <= sampling::kMaxVocab,
                 "cluster_sampler::sample_model: bad row");
-  TVLLM_REQUIRE(plan.cluster >= 1 && static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
-                    static_cast<int64_t>(plan.piece) * kThreads >= plan.chunk,
+  TVLLM_REQUIRE(plan.cluster >= 1 && plan.threads >= 1 &&
+                    static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
+                    static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk,
                 "cluster_sampler::sample_model: the plan does not cover the row");
   const size_t n = static_cast<size_t>(vocab);
   const bool greedy = !(row.temperature > 0.0f);
@@ -91,15 +102,16 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
     *hi = std::min(chunk_end, *lo + plan.piece);
   };
   auto mass_of = [&](int64_t i) { return kept_mass(keys[static_cast<size_t>(i)], z_max, st.threshold); };
-  std::vector<uint64_t> piece_mass(static_cast<size_t>(plan.cluster) * kThreads);
+  const int64_t threads = plan.threads;
+  std::vector<uint64_t> piece_mass(static_cast<size_t>(plan.cluster * threads));
   uint64_t kept = 0;
   for (int64_t b = 0; b < plan.cluster; ++b)
-    for (int64_t t = 0; t < kThreads; ++t) {
+    for (int64_t t = 0; t < threads; ++t) {
       int64_t lo = 0, hi = 0;
       piece_range(b, t, &lo, &hi);
       uint64_t m = 0;
       for (int64_t i = lo; i < hi; ++i) m += mass_of(i);
-      piece_mass[static_cast<size_t>(b * kThreads + t)] = m;
+      piece_mass[static_cast<size_t>(b * threads + t)] = m;
       kept += m;
     }
   if (kept == 0) return 0;  // the kernel's answer for an impossible row
@@ -108,7 +120,7 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
   for (size_t p = 0; p < piece_mass.size(); ++p) {
     if (u < base + piece_mass[p]) {  // the piece holding U: walk it token by token
       int64_t lo = 0, hi = 0;
-      piece_range(static_cast<int64_t>(p) / kThreads, static_cast<int64_t>(p) % kThreads, &lo, &hi);
+      piece_range(static_cast<int64_t>(p) / threads, static_cast<int64_t>(p) % threads, &lo, &hi);
       uint64_t cumulative = base;
       for (int64_t i = lo; i < hi; ++i) {
         cumulative += mass_of(i);
