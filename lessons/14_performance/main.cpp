@@ -261,31 +261,36 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
 
 void check_sampler(Report& report, int64_t vocab) {
   const int B = 64;
-  FastSampler sampler(B, vocab);
-  const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
-                                             {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
-  int64_t rows = 0, equal = 0;
-  for (size_t k = 0; k < knobs.size(); ++k) {
-    const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
-    const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
-    std::vector<SamplingRow> host_rows;
-    for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
-    DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
-    TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
-    Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
-    sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
-                   ids.view().ptr<int32_t>());
-    const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
-    for (int b = 0; b < B; ++b) {
-      ++rows;
-      equal += got.view().ptr<const int32_t>()[b] ==
-               sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+  for (FastSampler::Path path : {FastSampler::Path::kAuto, FastSampler::Path::kMultiPass}) {
+    FastSampler sampler(B, vocab, path);
+    const std::string name = path == FastSampler::Path::kAuto
+                                 ? "FastSampler (cluster " + std::to_string(sampler.cluster_per_row(B, vocab)) + ")"
+                                 : "FastSampler (multi-pass)";
+    const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
+                                               {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
+    int64_t rows = 0, equal = 0;
+    for (size_t k = 0; k < knobs.size(); ++k) {
+      const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
+      const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
+      std::vector<SamplingRow> host_rows;
+      for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
+      DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
+      TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
+      Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
+      sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
+                     ids.view().ptr<int32_t>());
+      const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
+      for (int b = 0; b < B; ++b) {
+        ++rows;
+        equal += got.view().ptr<const int32_t>()[b] ==
+                 sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+      }
     }
+    const std::string detail =
+        std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
+    std::printf("%s vs sample_cpu: %s\n", name.c_str(), detail.c_str());
+    report.add_check(name + " == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
   }
-  const std::string detail =
-      std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
-  std::printf("FastSampler vs sample_cpu: %s\n", detail.c_str());
-  report.add_check("FastSampler == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
 }
 
 // ---- 4. --bench ------------------------------------------------------------------------------------------
