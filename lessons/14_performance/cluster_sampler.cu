@@ -283,6 +283,10 @@ template <int kThreads>
 int max_cluster_of() {
   TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(max_shared_bytes())));
+  // All of the SM's unified L1/shared storage as shared memory, so that two blocks of ~96 KiB fit (the
+  // kernel streams its logits once: it has little use for an L1 cache).
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   // Clusters above 8 blocks are "non-portable": allowed on the H100/H200 after this opt-in. If the device
   // refuses it, the query below simply finds 8 the largest.
   if (cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=

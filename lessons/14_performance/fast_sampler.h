@@ -37,7 +37,8 @@
 // Engine rules as GpuSampler: sample() allocates nothing, never synchronises, and can be captured in a
 // CUDA graph (the knobs come from the device `rows` array). Unlike GpuSampler, the multi-pass workspace
 // makes one FastSampler usable by one stream at a time (as a cuBLAS handle's workspace): calls on two
-// streams at once must use two samplers.
+// streams at once must use two samplers (a FastSampler whose calls all take the cluster path has no
+// workspace, but do not count on it: the path depends on the device).
 //
 // C++17: included by fast_sampler.cu.
 #pragma once
