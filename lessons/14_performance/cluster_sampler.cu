@@ -179,14 +179,29 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   u64* rank0_hist = cluster.map_shared_rank(s.row_hist, 0);
   while (st.mode != kModeDraw) {
     const bool top_p = st.mode == kModeTopP;
-    for (int i = tid; i < n; i += kThreads) {
-      const uint32_t key = keys[i];
-      if (!is_candidate(st, key)) continue;
-      if (!top_p) {
-        atomicAdd(&s.lo[digit_of(st, key)], 1u);
-      } else {
-        const u64 mass = token_mass(z_of_key(key), z_max);
-        if (mass != 0) sampler_block::add_to_bucket(s.lo, s.hi, digit_of(st, key), mass);
+    // Token i = tid + j * kThreads, as a loop every lane of a warp runs the same number of times (i0 is the
+    // warp's first token): the warp votes below.
+    for (int i0 = tid - lane; i0 < n; i0 += kThreads) {
+      const int i = i0 + lane;
+      const uint32_t key = i < n ? keys[i] : 0u;
+      u64 measure = 0;  // 1 (top-k) or the token's mass (top-p); 0 for a token that is not a candidate
+      if (i < n && is_candidate(st, key)) measure = top_p ? token_mass(z_of_key(key), z_max) : 1u;
+      const uint32_t digit = digit_of(st, key);
+      const unsigned measured = __ballot_sync(0xffffffffu, measure != 0);
+      if (measured == 0) continue;
+      // A warp whose measured tokens all fall into one bucket (a flat row; a masked row's -inf tokens under
+      // top-k; a plateau of tied logits) adds them with ONE atomic: 32 atomics on one shared-memory word
+      // would run one after another. Rare otherwise, and the vote costs three instructions per 32 tokens.
+      const int first = __ffs(static_cast<int>(measured)) - 1;
+      const uint32_t first_digit = __shfl_sync(0xffffffffu, digit, first);
+      if (__all_sync(0xffffffffu, measure == 0 || digit == first_digit)) {
+        const u64 total = top_p ? warp_sum_u64(measure) : static_cast<u64>(__popc(measured));
+        if (lane == first) sampler_block::add_to_bucket(s.lo, s.hi, first_digit, total);
+      } else if (measure != 0) {
+        if (!top_p)
+          atomicAdd(&s.lo[digit], 1u);
+        else
+          sampler_block::add_to_bucket(s.lo, s.hi, digit, measure);
       }
     }
     __syncthreads();

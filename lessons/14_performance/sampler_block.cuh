@@ -55,9 +55,10 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, u64* warp_slots) {
   return v + before;
 }
 
-// Adds a measure below 2^42 to bucket `b` of a shared-memory histogram kept as two 32-bit halves (shared
-// atomics are native for 32-bit words; a 64-bit add would be a compare-and-swap loop): the low word, then the
-// high word with the carry out of the low one (the old low word plus ours wrapped around 2^32).
+// Adds a measure to bucket `b` of a shared-memory histogram kept as two 32-bit halves (shared atomics are
+// native for 32-bit words; a 64-bit add would be a compare-and-swap loop): the low word, then the high word
+// with the carry out of the low one (the old low word plus ours wrapped around 2^32). Exact while the
+// bucket's sum stays below 2^64 (the sampler's: at most 2^23 tokens of at most 2^40 each).
 __device__ __forceinline__ void add_to_bucket(uint32_t* lo_words, uint32_t* hi_words, uint32_t b,
                                               u64 measure) {
   const uint32_t lo = static_cast<uint32_t>(measure);
