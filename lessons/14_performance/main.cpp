@@ -16,8 +16,9 @@
 //   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
 //      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; the
 //      timeline of one eager decode step (a CUDA event after each op: where the step's time goes); FastSampler
-//      vs lesson 09's sampler at batch 1 and 64; the decode progression (lesson 10 -> graphs -> fused ->
-//      fast sampler -> programmatic dependent launch) at batch 1 and 8, contexts 128 and 4096.
+//      (cluster path and multi-pass path) vs lesson 09's sampler at batch 1 and 64; the decode progression
+//      (lesson 10 -> graphs -> fused -> fast sampler -> programmatic dependent launch) at batch 1 and 8,
+//      contexts 128 and 4096.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -277,31 +278,36 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
 
 void check_sampler(Report& report, int64_t vocab) {
   const int B = 64;
-  FastSampler sampler(B, vocab);
-  const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
-                                             {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
-  int64_t rows = 0, equal = 0;
-  for (size_t k = 0; k < knobs.size(); ++k) {
-    const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
-    const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
-    std::vector<SamplingRow> host_rows;
-    for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
-    DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
-    TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
-    Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
-    sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
-                   ids.view().ptr<int32_t>());
-    const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
-    for (int b = 0; b < B; ++b) {
-      ++rows;
-      equal += got.view().ptr<const int32_t>()[b] ==
-               sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+  for (FastSampler::Path path : {FastSampler::Path::kAuto, FastSampler::Path::kMultiPass}) {
+    FastSampler sampler(B, vocab, path);
+    const std::string name = path == FastSampler::Path::kAuto
+                                 ? "FastSampler (cluster " + std::to_string(sampler.cluster_per_row(B, vocab)) + ")"
+                                 : "FastSampler (multi-pass)";
+    const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
+                                               {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
+    int64_t rows = 0, equal = 0;
+    for (size_t k = 0; k < knobs.size(); ++k) {
+      const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
+      const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
+      std::vector<SamplingRow> host_rows;
+      for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
+      DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
+      TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
+      Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
+      sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
+                     ids.view().ptr<int32_t>());
+      const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
+      for (int b = 0; b < B; ++b) {
+        ++rows;
+        equal += got.view().ptr<const int32_t>()[b] ==
+                 sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+      }
     }
+    const std::string detail =
+        std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
+    std::printf("%s vs sample_cpu: %s\n", name.c_str(), detail.c_str());
+    report.add_check(name + " == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
   }
-  const std::string detail =
-      std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
-  std::printf("FastSampler vs sample_cpu: %s\n", detail.c_str());
-  report.add_check("FastSampler == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
 }
 
 // ---- 4. --bench ------------------------------------------------------------------------------------------
@@ -438,18 +444,21 @@ void bench_step_timeline(const ModelWeights& w) {
 }
 
 void bench_sampler(int64_t vocab) {
-  std::printf("\nsampler, vocab %lld: FastSampler vs lesson 09's GpuSampler (us per call, the same ids)\n",
+  std::printf("\nsampler, vocab %lld: FastSampler (default: the cluster path, one launch; and its multi-pass\n"
+              "path, seven launches) vs lesson 09's GpuSampler (us per call, the same ids)\n",
               (long long)vocab);
-  std::printf("  %6s  %-22s %12s %12s %8s\n", "batch", "knobs", "lesson 09", "FastSampler", "speed-up");
+  std::printf("  %6s  %-22s %10s %11s %11s %8s %8s\n", "batch", "knobs", "lesson 09", "multi-pass", "FastSampler",
+              "cluster", "speed-up");
   const std::vector<std::pair<std::string, SamplingParams>> knobs = {{"greedy", {0.0f, 0, 1.0f, 1}},
+                                                                      {"temperature 1", {1.0f, 0, 1.0f, 5}},
                                                                       {"top-k 50", {0.7f, 50, 1.0f, 2}},
                                                                       {"top-p 0.9", {1.0f, 0, 0.9f, 3}},
                                                                       {"top-k 50 + top-p 0.9", {0.7f, 50, 0.9f, 4}}};
   for (int B : {1, 64})
     for (const auto& [name, p] : knobs) {
       const SamplerTiming t = bench_fast_sampler(B, vocab, p);
-      std::printf("  %6d  %-22s %12.1f %12.1f %7.1fx\n", B, name.c_str(), t.lesson09_us, t.fast_us,
-                  t.lesson09_us / t.fast_us);
+      std::printf("  %6d  %-22s %10.1f %11.1f %11.1f %8d %7.1fx\n", B, name.c_str(), t.lesson09_us, t.multipass_us,
+                  t.fast_us, t.cluster, t.lesson09_us / t.fast_us);
     }
 }
 
