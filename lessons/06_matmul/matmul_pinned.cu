@@ -7,11 +7,11 @@
 // order of additions. v8 takes that choice away from T:
 //
 //   1. once per (device, in, out, output dtype), ask the heuristic for its best algorithms at a reference
-//      T (kPinTokens, a prefill-sized step: where the throughput is decided);
+//      T (kPinTokens, a busy decode step: see below), those that need no workspace first;
 //   2. take the first that sums each output in ONE fp32 accumulator: split-K forced to 1 and reduction
 //      scheme NONE (a split of K is a second order of additions, and cuBLASLt's own may come from T),
 //      fp32 accumulation (CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS), at most 16-byte alignment needed,
-//      and accepted by cublasLtMatmulAlgoCheck at every T of kCheckTokens (1 to kPinTokens);
+//      and accepted by cublasLtMatmulAlgoCheck at every T of kCheckTokens (1 to 4096);
 //   3. run every call of that shape, whatever its T, with exactly that algorithm (every field of its
 //      configuration: id, tile, stages, swizzle, custom option, cluster shape).
 //
@@ -44,6 +44,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
@@ -58,10 +59,15 @@ using lt::cuda_type;
 using lt::LtPlan;
 using lt::LtPreference;
 
-constexpr int kPinTokens = 4096;          // the T the heuristic is asked at: a prefill step of the engine
+// The T the heuristic is asked at. One algorithm serves every T, so this decides where it is at its best. A
+// busy server's steps are mostly decode steps of a few hundred sequences (bench throughput: ~35 prefill steps
+// of 4096 tokens, ~1000 decode steps of up to 256), and a decode step is where a large tile hurts: 2048
+// outputs in tiles of 128 are 16 blocks for 132 SMs, whatever T. A prefill step has blocks enough for any
+// tile. (The lm_head only ever sees the logits rows: at most one per sequence.)
+constexpr int kPinTokens = 256;
 constexpr uint32_t kPinAlignment = 16;    // what every pointer of the engine has (rows of in % 8 == 0 bf16)
 constexpr int kCandidates = 16;           // heuristic answers considered, best first
-constexpr int kCheckTokens[] = {1, 2, 3, 7, 64, 333, kPinTokens};  // cublasLtMatmulAlgoCheck at each
+constexpr int kCheckTokens[] = {1, 2, 3, 7, 64, 256, 333, 4096};  // cublasLtMatmulAlgoCheck at each
 
 // The pinned algorithm of one (device, in, out, output dtype), or why there is none.
 struct Pin {
@@ -120,67 +126,81 @@ bool runs_at(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& algo, int toke
   return result.workspaceSize <= workspace;
 }
 
-// Steps 1 and 2 of the header comment.
-Pin choose_pin(const CublasHandle& handle, int in, int out, DType out_dtype) {
-  Pin pin;
-  if (in % 8 != 0 || out % 8 != 0) {
-    pin.description = "in and out must be multiples of 8 (16-byte rows)";
-    return pin;
-  }
+// The heuristic's best algorithms for y = x W^T at kPinTokens tokens, within `workspace` bytes of workspace
+// and 16-byte alignment. Empty when it has none.
+std::vector<cublasLtMatmulHeuristicResult_t> candidates(const CublasHandle& handle, int in, int out, DType out_dtype,
+                                                        uint64_t workspace) {
   const LtPlan reference(kPinTokens, in, out, cuda_type(out_dtype));
   LtPreference pref;
-  const uint64_t workspace = handle.workspace_bytes();
   TVLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &workspace, sizeof workspace));
   for (const cublasLtMatmulPreferenceAttributes_t attribute :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     TVLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, attribute, &kPinAlignment, sizeof kPinAlignment));
-
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
   int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle.lt(), reference.op.desc, reference.a.layout, reference.b.layout,
-                                     reference.c.layout, reference.c.layout, pref.pref, kCandidates, results, &found);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-    pin.description = std::string("the heuristic found no algorithm (") + cublas_status_name(status) + ")";
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle.lt(), reference.op.desc, reference.a.layout, reference.b.layout, reference.c.layout, reference.c.layout,
+      pref.pref, kCandidates, results.data(), &found);
+  results.resize(status == CUBLAS_STATUS_SUCCESS ? static_cast<size_t>(found) : 0);
+  return results;
+}
+
+// Step 2 for one candidate: one piece of K, fp32, 16-byte alignment, every T of kCheckTokens within
+// `workspace`. Fills *pin and returns true when it qualifies.
+bool try_pin(const CublasHandle& handle, cublasLtMatmulAlgo_t algo, int in, int out, DType out_dtype,
+             uint64_t workspace, Pin* pin) {
+  const bool forced = config_get<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1;
+  config_set<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
+  config_set<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_REDUCTION_SCHEME_NONE);
+  // fp32 accumulation, the promise of every version (an unreported accumulator type is not refused).
+  const uint64_t flags = capability<uint64_t>(algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, 0);
+  const uint64_t accumulator = flags & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_TYPE_MASK;
+  if (accumulator != 0 && accumulator != CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F) return false;
+  uint32_t alignment = 1;
+  for (const cublasLtMatmulAlgoCapAttributes_t attribute :
+       {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES})
+    alignment = std::max(alignment, capability<uint32_t>(algo, attribute, kPinAlignment));
+  if (alignment > kPinAlignment) return false;
+  size_t needed = 0;
+  for (const int tokens : kCheckTokens)
+    if (!runs_at(handle.lt(), algo, tokens, in, out, out_dtype, workspace, &needed)) return false;
+  pin->ok = true;
+  pin->algo = algo;
+  pin->alignment = alignment;
+  pin->workspace = needed;
+  pin->description = describe_config(algo) + (forced ? " (its split of K forced to 1)" : "") +
+                     (needed == 0 ? ", no workspace" : ", " + std::to_string(needed) + " bytes of workspace");
+  return true;
+}
+
+// Steps 1 and 2 of the header comment. First among the algorithms that need NO workspace: a kernel with nowhere
+// to keep another block's partial sums cannot share K between blocks (split-K, stream-K), the strongest sign
+// that each output is one accumulator. Only if none qualifies, among those that may use the handle's workspace.
+// Within each, the candidates that already sum K in one piece before the split ones forced to one piece (their
+// tile was chosen for a split: slower, but still one order).
+Pin choose_pin(const CublasHandle& handle, int in, int out, DType out_dtype) {
+  Pin pin;
+  if (in % 8 != 0 || out % 8 != 0) {
+    pin.description = "in and out must be multiples of 8 (16-byte rows)";
     return pin;
   }
-  // Candidates that already sum K in one piece first (they were chosen as such); then the split ones, forced
-  // to one piece (their tile was chosen for a split, so they may be slower, but they are still one order).
-  for (const bool forced : {false, true}) {
-    for (int i = 0; i < found; ++i) {
-      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-      cublasLtMatmulAlgo_t algo = results[i].algo;
-      if ((config_get<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) != forced) continue;
-      config_set<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
-      config_set<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_REDUCTION_SCHEME_NONE);
-      // fp32 accumulation, the promise of every version (an unreported accumulator type is not refused).
-      const uint64_t flags = capability<uint64_t>(algo, CUBLASLT_ALGO_CAP_NUMERICAL_IMPL_FLAGS, 0);
-      const uint64_t accumulator = flags & CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_TYPE_MASK;
-      if (accumulator != 0 && accumulator != CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F) continue;
-      uint32_t alignment = 1;
-      for (const cublasLtMatmulAlgoCapAttributes_t attribute :
-           {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES})
-        alignment = std::max(alignment, capability<uint32_t>(algo, attribute, kPinAlignment));
-      if (alignment > kPinAlignment) continue;
-      bool everywhere = true;
-      size_t needed = 0;
-      for (const int tokens : kCheckTokens)
-        everywhere = everywhere && runs_at(handle.lt(), algo, tokens, in, out, out_dtype, workspace, &needed);
-      if (!everywhere) continue;
-      pin.ok = true;
-      pin.algo = algo;
-      pin.alignment = alignment;
-      pin.workspace = needed;
-      pin.description = describe_config(algo) + (forced ? " (its split of K forced to 1)" : "");
-      return pin;
-    }
+  size_t considered = 0;
+  for (const uint64_t workspace : {uint64_t{0}, static_cast<uint64_t>(handle.workspace_bytes())}) {
+    const std::vector<cublasLtMatmulHeuristicResult_t> found = candidates(handle, in, out, out_dtype, workspace);
+    considered += found.size();
+    for (const bool split : {false, true})
+      for (const cublasLtMatmulHeuristicResult_t& r : found)
+        if (r.state == CUBLAS_STATUS_SUCCESS &&
+            (config_get<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) == split &&
+            try_pin(handle, r.algo, in, out, out_dtype, workspace, &pin))
+          return pin;
   }
-  pin.description = "none of the heuristic's " + std::to_string(found) +
-                    " algorithms runs in one piece of K, fp32, 16-byte aligned, at every T from 1 to " +
-                    std::to_string(kPinTokens);
+  pin.description = "none of the heuristic's " + std::to_string(considered) +
+                    " answers runs in one piece of K, fp32, 16-byte aligned, at every T of 1, 2, 3, 7, 64, 256, 333, "
+                    "4096";
   return pin;
 }
 
