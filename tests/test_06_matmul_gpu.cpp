@@ -441,6 +441,33 @@ TEST(Matmul06Gpu, PinnedLtRowsAreTheSameBitsAtEveryT) {
   }
 }
 
+// Lesson 14's graph runner captures a decode step the first time its batch size occurs, so v8 may meet a new T
+// inside a capture: the plan for that T (descriptors and cublasLtMatmulAlgoCheck, host work only) is made there,
+// and the replay must give the bits an eager call gives.
+TEST(Matmul06Gpu, PinnedLtMakesANewTsPlanInsideACapture) {
+  TVLLM_REQUIRE_GPU();
+  CudaStream stream;
+  CublasHandle handle(CublasHandle::kDefaultWorkspaceBytes, stream);
+  const Problem p(65, 1024, 512, 977);
+  {  // the shape's pin, made eagerly at another T (as the engine's warm-up prefill does)
+    Tensor y = poisoned({64, p.out}, DType::BF16);
+    linear(y, p.x_dev.view().rows(0, 64), p.w_dev, MatmulKernel::V8PinnedLt, &handle);
+    stream.synchronize();
+  }
+  EXPECT_TRUE(pinned_matmul_algo(p.in, p.out, DType::BF16, handle).pinned || query_device().compute_major != 9);
+  Tensor replayed = poisoned({p.tokens, p.out}, DType::BF16);
+  const CudaGraph graph =
+      CudaGraph::capture(stream, [&] { linear(replayed, p.x_dev, p.w_dev, MatmulKernel::V8PinnedLt, &handle); });
+  graph.launch(stream);
+  stream.synchronize();
+  const CompareResult r = compare_rows("y", replayed, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+  Tensor eager = poisoned({p.tokens, p.out}, DType::BF16);
+  linear(eager, p.x_dev, p.w_dev, MatmulKernel::V8PinnedLt, &handle);
+  stream.synchronize();
+  EXPECT_EQ(bytes_of(replayed), bytes_of(eager));
+}
+
 // A shape v8 cannot pin (out not a multiple of 8: rows of y are not 16-byte aligned) runs v7 instead, for every
 // T alike: its bits are v7's.
 TEST(Matmul06Gpu, PinnedLtRunsV7WhereItCannotPin) {

@@ -233,8 +233,13 @@ class PinnedLtCache {
     auto found = plans_.find(key);
     if (found != plans_.end()) return found->second;
     // kCheckTokens covered the typical T; any other is checked here, once. A T the pinned algorithm refuses
-    // is an error rather than a quiet switch to another algorithm, which would change the bits.
-    if (!runs_at(handle.lt(), pin.algo, tokens, in, out, out_dtype, handle.workspace_bytes()))
+    // is an error rather than a quiet switch to another algorithm, which would change the bits. (Inside a
+    // stream capture the check is left to cublasLtMatmul itself, which refuses the same way: a capture is no
+    // place for calls we do not need.)
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TVLLM_CUDA_CHECK(cudaStreamIsCapturing(handle.stream(), &capturing));
+    if (capturing == cudaStreamCaptureStatusNone &&
+        !runs_at(handle.lt(), pin.algo, tokens, in, out, out_dtype, handle.workspace_bytes()))
       throw CudaError("linear v8: the algorithm pinned for W [" + std::to_string(out) + ", " + std::to_string(in) +
                       "] (" + pin.description + ") does not run at T = " + std::to_string(tokens) +
                       " with a workspace of " + std::to_string(handle.workspace_bytes()) + " bytes");
