@@ -442,8 +442,8 @@ TEST(Matmul06Gpu, PinnedLtRowsAreTheSameBitsAtEveryT) {
 }
 
 // Lesson 14's graph runner captures a decode step the first time its batch size occurs, so v8 may meet a new T
-// inside a capture: the plan for that T (descriptors and cublasLtMatmulAlgoCheck, host work only) is made there,
-// and the replay must give the bits an eager call gives.
+// inside a capture: the plan for that T (its descriptors, host work; the algorithm check is left to
+// cublasLtMatmul while capturing) is made there, and the replay must give the bits an eager call gives.
 TEST(Matmul06Gpu, PinnedLtMakesANewTsPlanInsideACapture) {
   TVLLM_REQUIRE_GPU();
   CudaStream stream;
