@@ -236,8 +236,8 @@ class PinnedLtCache {
     // is an error rather than a quiet switch to another algorithm, which would change the bits. (Inside a
     // stream capture the check is left to cublasLtMatmul itself, which refuses the same way: a capture is no
     // place for calls we do not need.)
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    TVLLM_CUDA_CHECK(cudaStreamIsCapturing(handle.stream(), &capturing));
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;  // the legacy stream is never captured
+    if (handle.stream() != nullptr) TVLLM_CUDA_CHECK(cudaStreamIsCapturing(handle.stream(), &capturing));
     if (capturing == cudaStreamCaptureStatusNone &&
         !runs_at(handle.lt(), pin.algo, tokens, in, out, out_dtype, handle.workspace_bytes()))
       throw CudaError("linear v8: the algorithm pinned for W [" + std::to_string(out) + ", " + std::to_string(in) +
