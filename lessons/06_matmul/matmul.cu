@@ -429,7 +429,7 @@ __device__ __forceinline__ void linear_mma_tiles(OutT* __restrict__ y,        //
   // Hint: wait for the stage you are about to read (cp.async wait + __syncthreads) and issue the next
   //   stage's copies only after every warp is done reading the buffer they overwrite.
   // Tests: AllVersions/Matmul06Kernel.*/v4 TensorCores/Matmul06TensorCore.*/v4
-  // Tests: AllVersions/Matmul06Kernel.*/v7
+  // Tests: AllVersions/Matmul06Kernel.*/v7 AllVersions/Matmul06Kernel.*/v8 Matmul06Gpu.PinnedLt*
   // Tests: Matmul06Gpu.TensorCoresAgreeWithTheTiledKernel Matmul06Gpu.BatchInvariant* lesson06_matmul.gpu
   // Needs: 06.1 06.3
   // Stub: device
