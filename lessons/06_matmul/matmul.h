@@ -22,14 +22,14 @@
 //               whatever the other rows hold (v5/v6 choose their algorithm, and so their summation
 //               order, from T). The readable batch-invariant version.
 //           v8  batch-invariant through cuBLASLt: ONE algorithm pinned per weight shape (chosen once, split-K
-//               forced to 1), used at every T: cuBLAS speed, the order of additions fixed by W's shape
+//               forced to 1), used at every T: cuBLAS's kernels, the order of additions fixed by W's shape
 //               (matmul_pinned.cu). Runs v7 where no algorithm can be pinned. Lesson 11's engine uses it
 //               when outputs must not depend on the batch (kBatchInvariantMatmulKernel).
 //
 // Streams: every version runs on handle->stream() (common/cublas.h: set_stream). Without a handle
 // (v1 to v4 only) it runs on the legacy default stream. Nothing here allocates device memory or
-// synchronises with the host; v6 and v8 make a cuBLASLt plan (host work) the first time it sees a shape and
-// reuses it afterwards, so a warm-up call before a CUDA graph capture makes every plan.
+// synchronises with the host; v6 and v8 make a cuBLASLt plan (host work) the first time they see a shape and
+// reuse it afterwards, so a warm-up call before a CUDA graph capture makes every plan.
 //
 // This header is included by matmul.cu, so it stays C++17.
 #pragma once
