@@ -120,5 +120,30 @@ TEST(FastPath14Gpu, TheEngineWithTheFastPathAgreesWithEachRequestAlone) {
   }
 }
 
+// Batch-invariant mode with the whole fast path installed, as `bench throughput --batch-invariant` runs it: the
+// fused GEMV decode steps aside (fast_forward runs only with the default matmul kernel: a request alone at
+// T = 1 through the GEMV and in a batch through the GEMM would differ), decode steps replay CUDA graphs of
+// lesson 06's v8, and every request equals the readable Generator alone, set batch-invariant, id for id.
+TEST(FastPath14Gpu, TheBatchInvariantEngineWithTheFastPathEqualsAloneExactly) {
+  TVLLM_REQUIRE_GPU();
+  const auto requests = make_check_requests(24, 2, 150, 1, 60, workload_id_high(bundled().w.config), 19, 0, {13});
+  const AloneResults alone = run_alone(bundled().w, requests, 512, /*batch_invariant=*/true);
+  for (const bool paged : {false, true}) {
+    EngineConfig config = testing::engine_config(64, 16, 512);
+    config.batch_invariant = true;
+    Engine engine(bundled().w, config, paged ? paged_kv() : contiguous_kv());
+    use_fast_path(engine);
+    EXPECT_EQ(engine.context().matmul_kernel(), kBatchInvariantMatmulKernel);
+    const EngineRunResult run = run_requests(engine, requests);
+    EXPECT_TRUE(run.events_ok) << run.events_error;
+    const AloneCheck check = check_against_alone(bundled().w, requests, run, alone, 512);
+    EXPECT_TRUE(check.pass()) << (paged ? "paged: " : "contiguous: ") << check.summary();
+    EXPECT_EQ(check.exact, check.requests) << (paged ? "paged: " : "contiguous: ") << check.summary();
+    auto* runner = dynamic_cast<const GraphRunner*>(engine.context().launcher());
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().replays, 0);
+  }
+}
+
 }  // namespace
 }  // namespace tvllm

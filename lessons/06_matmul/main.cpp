@@ -1,6 +1,6 @@
 // lesson06_matmul: every linear layer of the captured layers, and the lm_head, against Hugging Face.
 //
-//   build/bin/lesson06_matmul [--model DIR] [--device auto|cpu|cuda] [--kernel v1|...|v6] [--bench]
+//   build/bin/lesson06_matmul [--model DIR] [--device auto|cpu|cuda] [--kernel v1|...|v8] [--bench]
 //                             [--tokens N]
 //
 // For every prompt of the reference and every captured layer l it feeds the reference's own input of
@@ -210,6 +210,12 @@ void run_bench(const ModelConfig& c, int64_t prefill_tokens) {
   fill_uniform_bf16(x_buf, 11);
   fill_uniform_bf16(w_buf, 12);
   CublasHandle handle;
+  // v8 runs one cuBLASLt algorithm per weight shape at every T: which one (or why none, then v7 runs).
+  for (const BenchShape& s : shapes) {
+    const PinnedMatmulAlgo pin = pinned_matmul_algo(s.in, s.out, DType::BF16, handle);
+    std::printf("v8 %s [%lld -> %lld]: %s%s\n", s.name.c_str(), static_cast<long long>(s.in),
+                static_cast<long long>(s.out), pin.pinned ? "" : "not pinned, runs v7: ", pin.description.c_str());
+  }
 
   const double naive_flop_limit = 5e11;  // v1 beyond this takes seconds per run: skipped
   std::vector<std::string> notes;
@@ -273,7 +279,7 @@ int main(int argc, char** argv) {
   LessonCli cli("lesson06_matmul",
                 "Linear layers y = x W^T: naive, tiled, WMMA, mma.sync, cuBLAS (row-major trick) and cuBLASLt "
                 "vs Hugging Face");
-  cli.kernels({"v1", "v2", "v3", "v4", "v5", "v6", "v7"}, std::string(matmul_kernel_version(kDefaultMatmulKernel)));
+  cli.kernels({"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"}, std::string(matmul_kernel_version(kDefaultMatmulKernel)));
   return cli.run(argc, argv, [&](const LessonOptions& opt) {
     ModelDir model = ModelDir::open(opt.model_dir);
     const ReferenceSet ref = ReferenceSet::open(opt.model_dir);

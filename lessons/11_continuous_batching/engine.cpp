@@ -127,7 +127,7 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
     TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming));
   }
   if (config.batch_invariant) {
-    ctx_.set_matmul_kernel(MatmulKernel::V7BatchInvariant);
+    ctx_.set_matmul_kernel(kBatchInvariantMatmulKernel);  // lesson 06: v8 (v7 where unpinned)
     kv_->set_decode_attention(DecodeAttention::Flash);
   }
   update_stats();

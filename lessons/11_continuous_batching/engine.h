@@ -54,7 +54,8 @@ struct EngineConfig {
   int64_t max_sequences = 64;          // sequences running at once (and per step)
   int64_t max_context = 0;             // tokens per sequence, prompt + output; 0: max_position_embeddings
   bool chunked_prefill = true;
-  // Batch invariance: every projection through lesson 06's v7 and every attention through the flash kernel
+  // Batch invariance: every projection through lesson 06's kBatchInvariantMatmulKernel (v8: one cuBLASLt
+  // algorithm pinned per weight shape; v7 where none is) and every attention through the flash kernel
   // (lesson 10's DecodeAttention::Flash), so that a request's tokens are the same bits whatever else the
   // engine is running (README "Batch invariance"). Off: cuBLAS and the split decode kernel, faster.
   bool batch_invariant = false;

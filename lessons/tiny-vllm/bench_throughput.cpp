@@ -173,7 +173,7 @@ void add_bench_throughput_command(CLI::App& bench) {
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
-                "the engine's batch-invariant kernels (lesson 06 v7, flash decode): what exactness costs");
+                "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");
   cmd->add_option("--static-batch", opt->static_batch,
                   "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
