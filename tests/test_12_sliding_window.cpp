@@ -296,6 +296,17 @@ TEST(SlidingWindow12Cpu, ShapeCarriesTheWindow) {
   EXPECT_EQ(AttentionShape::from_config(mistral.config).window, 5);
 }
 
+TEST(SlidingWindow12Cpu, DecodeSplitsCountOnlyTheWindow) {
+  // The split choice (host code) sees min(context, window) keys (what lesson 14 pins for its graphs as well).
+  AttentionShape s{32, 8, 64};
+  const int many = decode_splits(s, 1, 8192, 132);
+  s.window = 64;
+  EXPECT_EQ(decode_splits(s, 1, 8192, 132), 1);  // 64 keys: one split's worth
+  s.window = 8192;
+  EXPECT_EQ(decode_splits(s, 1, 8192, 132), many);
+  EXPECT_GT(many, 1);
+}
+
 // ---- 2. the tiny Mistral through lesson 10's Generator ---------------------------------------------------------
 
 struct MistralReference {
