@@ -35,6 +35,7 @@
 #include "model_dir.h"
 #include "model_weights.h"
 #include "paged_kv.h"
+#include "testing/engine_fixture.h"
 #include "testing/testing.h"
 #include "transformer.h"
 
@@ -417,12 +418,7 @@ std::vector<CheckRequest> requests() {
 }
 
 EngineConfig engine_config(int64_t budget, int64_t max_sequences) {
-  EngineConfig c;
-  c.max_tokens_per_step = budget;
-  c.max_sequences = max_sequences;
-  c.max_context = kMaxContext;
-  c.chunked_prefill = true;
-  return c;
+  return testing::engine_config(budget, max_sequences, kMaxContext);
 }
 
 KvFactory paged(bool prefix_caching) {

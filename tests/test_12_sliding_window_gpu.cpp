@@ -28,25 +28,21 @@
 #include "common/validate.h"
 #include "kv_cache.h"
 #include "paged_kv.h"
+#include "testing/attention_check.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-// As lessons 07, 10 and 12 (test_07_attention_gpu.cpp derives it): the output is rounded to bf16 (2^-8 of it);
-// flash and v1 also round P to bf16 before P V (up to 2^-8 * max|v| more, a convex combination of v rows); fp32
-// scores and sums in another order add ~1e-6 relative, kFp32Slack covers them with room. The window changes
-// which keys are summed, not how: the bounds stand.
-constexpr double kBf16Rounding = 1.0 / 256;
-constexpr double kFp32Slack = 1e-4;
-const Tolerance kDecodeTol{kFp32Slack, kBf16Rounding + kFp32Slack};
-Tolerance p_rounded_tol(double max_v) { return {(kBf16Rounding + kFp32Slack) * max_v, kBf16Rounding + kFp32Slack}; }
+// The tolerances of lessons 07, 10 and 12 (testing/attention_check.h; test_07_attention_gpu.cpp derives them):
+// decode rounds only the output to bf16, flash and v1 round P as well (up to 2^-8 * max|v| more). The window
+// changes which keys are summed, not how: the bounds stand.
+using testing::expect_close;
+using testing::flash_tol;
+using testing::kDecodeTol;
+using testing::round_to_bf16;
 
 int64_t total(const std::vector<int64_t>& x) { return std::accumulate(x.begin(), x.end(), int64_t{0}); }
-
-std::vector<float> round_to_bf16(const std::vector<float>& x) {
-  return to_f32_vector(Tensor::from_f32(x, {static_cast<int64_t>(x.size())}, DType::BF16, Device::CPU));
-}
 
 AttentionShape with_window(AttentionShape s, int64_t window) {
   s.window = window;
@@ -83,22 +79,6 @@ struct Problem {
                             Device::CUDA);
   }
 };
-
-std::string describe(const CompareResult& r, const AttentionShape& s) {
-  std::ostringstream o;
-  o << r.name << ": max_abs " << r.max_abs << ", max_rel " << r.max_rel << ", bad " << r.bad << " of " << r.count;
-  for (const Mismatch& m : r.first_mismatches)
-    o << "\n  row " << m.index / s.q_dim() << " head " << (m.index % s.q_dim()) / s.head_dim << " dim "
-      << m.index % s.head_dim << ": got " << m.actual << ", expected " << m.expected;
-  if (!r.error.empty()) o << "\n  " << r.error;
-  return o.str();
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const AttentionShape& s,
-                  const Tolerance& tol, const std::string& name) {
-  const CompareResult c = compare(name, got, want, tol);
-  EXPECT_TRUE(c.pass()) << describe(c, s);
-}
 
 std::string name_of(const std::string& what, const AttentionShape& s, int splits = -1) {
   std::string n = what + " window " + std::to_string(s.window) + " D " + std::to_string(s.head_dim) + " group " +
@@ -139,7 +119,7 @@ TEST(SlidingWindow12Gpu, Lesson07KernelsMatchCpu) {
       const Problem p(with_window(base, window), q_lens, k_lens, 7 + window + base.head_dim);
       for (AttentionKernel kernel : {AttentionKernel::V1Materialized, AttentionKernel::V2Flash}) {
         const std::string what = std::string("lesson 07 ") + std::string(attention_kernel_name(kernel));
-        expect_close(run_lesson07(p, kernel), p.expected, p.shape, p_rounded_tol(p.max_v), name_of(what, p.shape));
+        expect_close(run_lesson07(p, kernel), p.expected, p.shape, flash_tol(p.max_v), name_of(what, p.shape));
       }
     }
   }
@@ -152,7 +132,7 @@ TEST(SlidingWindow12Gpu, Lesson07DecodeRowsPackedPerKvHeadMatchCpu) {
     for (int64_t window : {1, 5, 64, 100, 6000}) {
       const Problem p(with_window(AttentionShape{2 * group, 2, 64}, window), {1, 1, 1, 1}, {1, 63, 130, 2000},
                       11 + group + window);
-      expect_close(run_lesson07(p, AttentionKernel::V2Flash), p.expected, p.shape, p_rounded_tol(p.max_v),
+      expect_close(run_lesson07(p, AttentionKernel::V2Flash), p.expected, p.shape, flash_tol(p.max_v),
                    name_of("lesson 07 v2 decode", p.shape));
     }
   }
@@ -280,7 +260,7 @@ TEST(SlidingWindow12Gpu, FlashOverTheCachesMatchesCpuAndPagedEqualsContiguous) {
         const Problem p(with_window(AttentionShape{2 * group, 2, D}, window), q_lens, k_lens, 3 * D + group + window);
         Caches c(p);
         const Both r = run_caches(p, c, 0);
-        expect_close(r.contiguous, p.expected, p.shape, p_rounded_tol(p.max_v), name_of("lesson 10 flash", p.shape));
+        expect_close(r.contiguous, p.expected, p.shape, flash_tol(p.max_v), name_of("lesson 10 flash", p.shape));
         expect_close(r.paged, r.contiguous, p.shape, Tolerance{0, 0},
                      name_of("lesson 12 paged == contiguous, flash", p.shape));
       }
