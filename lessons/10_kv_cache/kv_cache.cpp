@@ -182,6 +182,8 @@ DecodeWorkspace::DecodeWorkspace(const AttentionShape& shape, int64_t max_sequen
 }
 
 int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms) {
+  // A sliding window caps the keys a decode query reads at `window`, however long the context: split those.
+  if (shape.window > 0) max_k_len = std::min(max_k_len, shape.window);
   if (max_k_len <= kMinKeysPerSplit) return 1;
   const int64_t by_keys = ceil_div_i64(max_k_len, kMinKeysPerSplit);
   int64_t splits = by_keys;  // CPU (num_sms == 0): as fine as the keys allow, so generation exercises the combine

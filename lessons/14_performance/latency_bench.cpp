@@ -60,7 +60,9 @@ double decode_bytes_per_step(const ModelWeights& w, int64_t batch, double mean_c
   if (!w.tied) weights += static_cast<double>(batch) * row;
   const AttentionShape shape = AttentionShape::from_config(w.config);
   const double kv_per_token = static_cast<double>(KvCache::bytes_for(shape, w.config.num_hidden_layers, 1, 1, w.device));
-  return weights + static_cast<double>(batch) * mean_context * kv_per_token;
+  // A sliding window caps the keys a decode step reads at `window` (lesson 12, section 15).
+  const double keys_read = shape.window > 0 ? std::min(mean_context, static_cast<double>(shape.window)) : mean_context;
+  return weights + static_cast<double>(batch) * keys_read * kv_per_token;
 }
 
 DecodeLatency measure_decode_latency(const ModelWeights& w, const std::optional<FastPathOptions>& fast,
