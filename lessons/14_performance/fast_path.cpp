@@ -27,9 +27,13 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const F
 
 }  // namespace
 
-std::string describe_fast_path(const FastPathOptions& o, Device device) {
+std::string describe_fast_path(const FastPathOptions& o, Device device, const ModelConfig* config) {
   if (device != Device::CUDA) return "CPU reference path (the fast path is for CUDA)";
-  std::string s = o.fused ? "fused GEMV decode" : "composed kernels";
+  const std::string declined = config ? fast_forward_declines(*config) : "";
+  std::string s = !o.fused ? "composed kernels"
+                  : declined.empty()
+                      ? "fused GEMV decode"
+                      : "composed kernels (the fused GEMV decode does not compute this model's " + declined + ")";
   s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
                 : ", eager (--enforce-eager)";
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
