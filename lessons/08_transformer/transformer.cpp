@@ -204,6 +204,7 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
   // Tests: Transformer.CpuForwardMatchesHuggingFace Transformer.BatchEqualsAlone lesson08_transformer.cpu
   // Tests: TransformerGpu.ForwardTop1AgreesWithHuggingFace TransformerGpu.GraphReplayEqualsEager
   // Tests: lesson08_transformer.gpu
+  // Tests: Families.CpuLastRowLogitsMatchTransformers Families.CpuGreedyIdsEqualTransformers
   // Needs: 08.1
   // Stub:
   //   (void)ctx;
