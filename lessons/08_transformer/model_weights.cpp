@@ -24,20 +24,19 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// What the config promises beyond Llama's tensors, for messages: "no biases", "q/k/v biases, q/k norm", ...
-std::string extras_str(const ModelConfig& c) {
+}  // namespace
+
+std::string family_extras(const ModelConfig& c) {
   std::string s;
   auto add = [&](bool on, const char* what) {
     if (on) s += (s.empty() ? "" : ", ") + std::string(what);
   };
   add(c.qkv_bias, "q/k/v biases");
-  add(c.o_bias, "an o_proj bias");
+  add(c.o_bias, "o_proj bias");
   add(c.mlp_bias, "MLP biases");
-  add(c.qk_norm, "q/k norms");
-  return s.empty() ? "no biases" : s;
+  add(c.qk_norm, "q/k norm");
+  return s;
 }
-
-}  // namespace
 
 std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
@@ -110,7 +109,8 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
     throw InputError(
         kWhere + "unexpected tensor \"" + name + "\" " + std::string(dtype_name(entry.dtype)) +
         shape_str(entry.shape) + ": a Llama model with this config.json (" +
-        std::to_string(c.num_hidden_layers) + " layers, " + extras_str(c) +
+        std::to_string(c.num_hidden_layers) + " layers, " +
+        (family_extras(c).empty() ? std::string("no biases") : family_extras(c)) +
         ") has no such weight; refusing rather than computing a different model");
   }
 }

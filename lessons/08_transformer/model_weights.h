@@ -84,6 +84,9 @@ struct ModelWeights {
   DeviceBuffer storage_;  // CUDA: every tensor above, 256-byte aligned, packed ones included
 };
 
+// What the config adds to Llama's layer, for messages: e.g. "q/k/v biases, q/k norm"; "" for a plain Llama.
+std::string family_extras(const ModelConfig& config);
+
 // The Hugging Face name and shape of every tensor a Llama model of this config needs, in load order
 // (lm_head.weight last, and only when the embeddings are not tied).
 struct ExpectedTensor {

@@ -20,17 +20,7 @@ namespace tvllm {
 // cuBLAS, which is what the numbers say (README section 9, the ledger).
 int64_t fast_forward_max_tokens() { return 1; }
 
-std::string fast_forward_declines(const ModelConfig& c) {
-  std::string s;
-  auto add = [&](bool on, const char* what) {
-    if (on) s += (s.empty() ? "" : ", ") + std::string(what);
-  };
-  add(c.qkv_bias, "q/k/v biases");
-  add(c.o_bias, "o_proj bias");
-  add(c.mlp_bias, "MLP biases");
-  add(c.qk_norm, "q/k norm");
-  return s;
-}
+std::string fast_forward_declines(const ModelConfig& c) { return family_extras(c); }
 
 namespace {
 
