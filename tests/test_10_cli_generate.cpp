@@ -14,6 +14,7 @@
 #include "generate.h"
 #include "generate_check.h"
 #include "model_dir.h"
+#include "testing/family_models.h"
 #include "testing/testing.h"
 #include "tokenizer.h"
 
@@ -98,6 +99,20 @@ TEST(GenerateCli, GreedyPromptIdsEqualHuggingFace) {
     EXPECT_EQ(j["prompt_ids"].get<std::vector<int32_t>>(), g.prompt_ids) << g.name;
     EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), g.output_ids) << g.name;
     EXPECT_EQ(j["finish_reason"], g.stopped_at_eos ? "stop" : "length") << g.name;
+  }
+}
+
+// Issue 18: the transformers-written Qwen2 / Qwen3 / biased-Llama models (tests/data/models, no tokenizer),
+// through lesson 10's cached decode loop: exactly transformers' fp32 greedy ids (its generate ran without an
+// EOS stop, hence --ignore-eos).
+TEST(GenerateCli, FamilyModelsGreedyEqualsTransformers) {
+  for (const std::string& family : testing::computed_families()) {
+    const testing::FamilyReference ref = testing::read_family_reference(family);
+    const Split r = run_split(tiny_vllm() + " generate --model " + q(testing::family_model_dir(family).string()) +
+                              " --device cpu --prompt-ids " + q(ids_arg(ref.prompt_ids)) + " --max-tokens " +
+                              std::to_string(ref.greedy_ids.size()) + " --ignore-eos --output json");
+    ASSERT_EQ(r.exit_code, 0) << family << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int32_t>>(), ref.greedy_ids) << family;
   }
 }
 

@@ -1,6 +1,9 @@
 // Lesson 14, CPU: the fast path's switches as data. The progression the chapter measures adds one technique per
 // row (graphs, fused GEMVs, the fast sampler, programmatic dependent launch), the default options are its last
 // row, and on the CPU nothing of it is installed (the CPU path is the fp32 reference) and PDL is never claimed.
+// What the fast path says it installs: the fused GEMV decode computes Llama's layer only, so a model with biases
+// or q/k norms (issue 18; tests/data/models) is declined by name, and the notice says the composed kernels run
+// (the GPU side: tests/test_14_fast_path_gpu.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -11,8 +14,11 @@
 #include "fast_path.h"
 #include "generate.h"
 #include "latency_bench.h"
+#include "model_dir.h"
 #include "pdl.h"
 #include "testing/engine_fixture.h"
+#include "testing/family_models.h"
+#include "testing/testing.h"
 
 namespace tvllm {
 namespace {
@@ -60,6 +66,33 @@ TEST(FastPath14, OnTheCpuNothingIsInstalled) {
   use_fast_path(gen);
   EXPECT_EQ(gen.context().forward_fn(), nullptr);  // lesson 08's forward_composed, the reference
   EXPECT_EQ(gen.context().launcher(), nullptr);
+}
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+TEST(FastPath14, TheFamiliesExtrasAreDeclinedByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"qwen2", "q/k/v biases"},
+      {"qwen3", "q/k norm"},
+      {"llama_bias", "q/k/v biases, o_proj bias, MLP biases"},
+  };
+  for (const auto& [family, declined] : cases) {
+    SCOPED_TRACE(family);
+    const ModelDir model = ModelDir::open(testing::family_model_dir(family));
+    EXPECT_EQ(fast_forward_declines(model.config), declined);
+    const std::string notice = describe_fast_path({}, Device::CUDA, &model.config);
+    EXPECT_TRUE(contains(notice, std::string("composed kernels (the fused GEMV decode does not compute this "
+                                             "model's ") + declined + ")"))
+        << notice;
+    EXPECT_TRUE(contains(notice, "CUDA graphs")) << "graphs still apply: " << notice;
+    // CPU weights never take the fused path, whatever the model.
+    EXPECT_FALSE(fast_forward_supported(ModelWeights::bind(model, Device::CPU)));
+  }
+  const ModelDir llama = ModelDir::open(testing::tiny_model_dir());
+  EXPECT_EQ(fast_forward_declines(llama.config), "");
+  const std::string notice = describe_fast_path({}, Device::CUDA, &llama.config);
+  EXPECT_TRUE(contains(notice, "fused GEMV decode") && !contains(notice, "composed")) << notice;
+  EXPECT_EQ(describe_fast_path({}, Device::CUDA), notice) << "without a config: the options alone";
 }
 
 }  // namespace

@@ -20,8 +20,21 @@ namespace tvllm {
 // whatever M is, so steps of up to 8 tokens run here and larger ones keep cuBLAS (README section 10).
 int64_t fast_forward_max_tokens() { return 8; }
 
+std::string fast_forward_declines(const ModelConfig& c) { return family_extras(c); }
+
+namespace {
+
+// Every layer is plain Llama: what the fused kernels compute (a bias or a q/k norm would be skipped).
+bool all_llama_only(const ModelWeights& w) {
+  for (const LayerWeights& L : w.layers)
+    if (!L.llama_only()) return false;
+  return true;
+}
+
+}  // namespace
+
 bool fast_forward_supported(const ModelWeights& w) {
-  if (w.device != Device::CUDA || w.layers.empty()) return false;
+  if (w.device != Device::CUDA || w.layers.empty() || !all_llama_only(w)) return false;
   // One token's views, for the shape checks: x [1, in] -> y [1, out] for every matrix.
   const auto ok = [](const TensorView& weight, DType out_dtype) {
     return weight.rank() == 2 && gemv_shape_supported(weight, out_dtype);
@@ -58,7 +71,9 @@ namespace {
 TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend,
                          bool pdl, const OpMark* after_op = nullptr) {
   const int64_t T = step.num_tokens(), R = step.num_logits_rows();
-  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel)
+  // all_llama_only: also when installed by hand, past fast_forward_supported (a few pointer tests per layer).
+  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel ||
+      !all_llama_only(w))
     return forward_composed(ctx, w, step, backend);
   check_forward_args(ctx, w, step);
   const ModelConfig& c = w.config;

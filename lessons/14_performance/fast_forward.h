@@ -17,12 +17,13 @@
 //                           no `gate_up` buffer, no silu_mul kernel
 //
 // and the final norm is fused into the lm_head GEMV when the step wants every row's logits (a decode step).
-// Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU) go
-// to forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool, and at a few
+// Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU, a
+// model with biases or q/k norms: fast_forward_declines) go to forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool, and at a few
 // rows the measurements say cuBLAS still wins (fast_forward.cpp).
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "model_weights.h"
 #include "transformer.h"
@@ -33,8 +34,14 @@ namespace tvllm {
 int64_t fast_forward_max_tokens();
 
 // Whether fast_forward() can run the fused path for these weights at all (CUDA, packed, every matrix a shape
-// and alignment the GEMV kernels take). Checked once when the path is installed.
+// and alignment the GEMV kernels take, and plain Llama layers). Checked once when the path is installed.
 bool fast_forward_supported(const ModelWeights& weights);
+
+// The fused kernels compute Llama's layer only: the Llama-like families' biases and q/k norm (lesson 08's
+// "Other Llama-like families") are not in them. For such a config, what the fused path declines, e.g.
+// "q/k/v biases, q/k norm"; "" for a plain Llama. fast_forward() then runs forward_composed() for every
+// step (CUDA graphs and the fast sampler still apply): slower decode, never a wrong answer.
+std::string fast_forward_declines(const ModelConfig& config);
 
 // ForwardFn (lesson 08's seam): the fused path for small CUDA steps with lesson 06's default matmul, else
 // forward_composed(). Same contract as forward().

@@ -42,10 +42,15 @@ bool fast_path_uses_pdl(const FastPathOptions& o, Device device) {
   return o.fused && o.pdl && device == Device::CUDA && pdl_supported();
 }
 
-std::string describe_fast_path(const FastPathOptions& o, Device device) {
+std::string describe_fast_path(const FastPathOptions& o, Device device, const ModelConfig* config) {
   if (device != Device::CUDA) return "CPU reference path (the fast path is for CUDA)";
-  std::string s = o.fused ? "fused GEMV decode" : "composed kernels";
-  if (o.fused) s += fast_path_uses_pdl(o, device) ? " with PDL" : o.pdl ? " (no PDL: needs sm_90+)" : " (--no-pdl)";
+  const std::string declined = config ? fast_forward_declines(*config) : "";
+  std::string s = !o.fused ? "composed kernels"
+                  : declined.empty()
+                      ? "fused GEMV decode"
+                      : "composed kernels (the fused GEMV decode does not compute this model's " + declined + ")";
+  if (o.fused && declined.empty())
+    s += fast_path_uses_pdl(o, device) ? " with PDL" : o.pdl ? " (no PDL: needs sm_90+)" : " (--no-pdl)";
   s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
                 : ", eager (--enforce-eager)";
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";

@@ -47,6 +47,8 @@ double weight_bytes(const ModelWeights& w) {
     bytes += L.packed() ? static_cast<double>(L.wqkv.nbytes() + L.w_gate_up.nbytes())
                         : static_cast<double>(L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.w_gate.nbytes() +
                                               L.w_up.nbytes());
+    for (const TensorView* extra : {&L.bq, &L.bk, &L.bv, &L.bo, &L.b_gate, &L.b_up, &L.b_down, &L.q_norm, &L.k_norm})
+      if (extra->data) bytes += static_cast<double>(extra->nbytes());  // the families' biases and q/k norms
   }
   return bytes;
 }

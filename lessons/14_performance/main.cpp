@@ -497,6 +497,9 @@ int run(const LessonOptions& opt) {
     report.print(std::cout);
     return report.exit_code();
   }
+  const std::string declined = fast_forward_declines(c);
+  TVLLM_REQUIRE(declined.empty(), "lesson 14's fused decode path does not compute this model's " + declined +
+                                      " (tiny-vllm generate/serve run it with the composed kernels and CUDA graphs)");
   TVLLM_REQUIRE(fast_forward_supported(w), "this model's shapes are not ones the fused GEMVs take (K % 8 != 0?)");
   check_gemvs_cuda(report, w, kernel);
   check_fast_path(report, opt.model_dir, w);

@@ -34,13 +34,13 @@ struct BenchLatencyOptions {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, compare = false;
 };
 
-std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device) {
+std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device, const ModelConfig& config) {
   FastPathOptions chosen;
   chosen.graphs = !o.enforce_eager;
   chosen.fused = !o.no_fused;
   chosen.fast_sampler = !o.no_fast_sampler;
   chosen.pdl = !o.no_pdl;
-  if (!o.compare || device != Device::CUDA) return {{describe_fast_path(chosen, device), chosen}};
+  if (!o.compare || device != Device::CUDA) return {{describe_fast_path(chosen, device, &config), chosen}};
   return progression_variants();
 }
 
@@ -75,7 +75,7 @@ void run(const BenchLatencyOptions& o) {
                   copy_gbs, decode_bytes_per_step(weights, 1, 0.0) / (1 << 20),
                   copy_gbs * 1e9 / decode_bytes_per_step(weights, 1, 0.0));
   }
-  for (const LatencyVariant& v : variants(o, device)) {
+  for (const LatencyVariant& v : variants(o, device, c)) {
     nlohmann::json run;
     run["variant"] = v.name;
     run["decode"] = nlohmann::json::array();

@@ -80,10 +80,11 @@ int64_t FastPathFlags::warm_up(Engine& engine) const {
 #endif
 }
 
-std::string FastPathFlags::describe(Device device) const {
+std::string FastPathFlags::describe(Device device, const ModelConfig* config) const {
 #ifdef TVLLM_CLI_FAST
-  return describe_fast_path(options(), device);
+  return describe_fast_path(options(), device, config);
 #else
+  (void)config;
   return device == Device::CUDA ? "lesson 10's decode loop" : "CPU reference path";
 #endif
 }

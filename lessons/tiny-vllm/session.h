@@ -48,8 +48,8 @@ struct FastPathFlags {
   // The engine's warm-up including the decode graphs of batch sizes 1, 2, 4, ... (Engine::warm_up). Returns its
   // steps.
   int64_t warm_up(Engine& engine) const;
-  // One line for the command's banner: what runs.
-  std::string describe(Device device) const;
+  // One line for the command's banner: what runs (with the config: whether the fused decode path declines it).
+  std::string describe(Device device, const ModelConfig* config = nullptr) const;
 #ifdef TVLLM_CLI_FAST
   FastPathOptions options() const;
 #endif
