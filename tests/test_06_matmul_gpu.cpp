@@ -475,7 +475,7 @@ TEST(Matmul06Gpu, PinnedLtRunsV7WhereItCannotPin) {
   CublasHandle handle;
   const PinnedMatmulAlgo pin = pinned_matmul_algo(1000, 100, DType::BF16, handle);
   EXPECT_FALSE(pin.pinned);
-  EXPECT_NE(pin.description.find("multiple of 8"), std::string::npos) << pin.description;
+  EXPECT_NE(pin.description.find("multiples of 8"), std::string::npos) << pin.description;
   const Problem p(37, 1000, 100, 923);
   EXPECT_EQ(bytes_of(run(p, MatmulKernel::V8PinnedLt, handle)), bytes_of(run(p, MatmulKernel::V7BatchInvariant, handle)));
   EXPECT_THROW(pinned_matmul_algo(0, 8, DType::BF16, handle), InputError);

@@ -1,6 +1,6 @@
 // Lesson 08 on the CPU, issue 18: the ONE forward computes the Llama-like families' extras as data. Against
 // transformers' fp32 run of tiny random models (tests/data/models: Qwen2's q/k/v biases, Qwen3's per-head q/k
-// RMSNorm with head_dim 12 != hidden / heads, Llama with attention_bias and mlp_bias): the prompt's last-row
+// RMSNorm with head_dim 16 != hidden / heads, Llama with attention_bias and mlp_bias): the prompt's last-row
 // logits and the greedy ids. Also: each extra changes the answer (so the comparisons can fail), a missing
 // promised tensor is refused by name, and the two new ops against their definitions.
 #include <gtest/gtest.h>

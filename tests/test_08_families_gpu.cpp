@@ -69,9 +69,10 @@ TEST(FamilyOpsGpu, AddBiasEqualsTheCpuReferenceRoundedOnce) {
 
 TEST(FamilyOpsGpu, HeadRmsNormMatchesTheCpuReference) {
   TVLLM_REQUIRE_GPU();
-  // The GPU rounds twice (normed to bf16, then normed * w to bf16: half a bf16 ulp, 2^-9 relative, each) and
-  // sums the squares in fp32 with rsqrtf (~1e-6 relative); the CPU reference is exact to fp32. So every
-  // output is within 2^-8 (plus 2^-16 for the rest) of the reference, relative to it; a head normalised by
+  // The GPU rounds twice (normed to bf16, then normed * w to bf16: bf16's unit roundoff, 2^-8 relative, each)
+  // and sums the squares in fp32 with rsqrtf (~1e-6 relative); the CPU reference is exact to fp32. So every
+  // output is within 2^-7 (plus 2^-16 for the rest) of the reference, relative to it (measured on the H200:
+  // 1.05 x 2^-8 at worst, so one rounding alone is not the bound); a head normalised by
   // the wrong rms or a wrong weight index is off by O(1). Columns outside the view must stay as they were.
   for (const auto& [T, heads, D] : {std::tuple{1, 4, 12}, std::tuple{9, 3, 128}, std::tuple{5, 2, 40}}) {
     SCOPED_TRACE("T " + std::to_string(T) + " heads " + std::to_string(heads) + " head_dim " + std::to_string(D));
@@ -93,7 +94,7 @@ TEST(FamilyOpsGpu, HeadRmsNormMatchesTheCpuReference) {
           ASSERT_EQ(got[i], x.values[i]) << "outside the view, row " << t << " column " << c;
           continue;
         }
-        const double tol = std::ldexp(std::fabs(static_cast<double>(want[i])), -8) * 1.01 + std::ldexp(1.0, -16);
+        const double tol = std::ldexp(std::fabs(static_cast<double>(want[i])), -7) * 1.01 + std::ldexp(1.0, -16);
         ASSERT_LE(std::fabs(static_cast<double>(got[i]) - want[i]), tol) << "row " << t << " column " << c;
       }
   }
@@ -128,7 +129,7 @@ TEST(FamiliesGpu, BiasesAndNormsArePackedBitForBit) {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const LayerWeights& L = w.layers[static_cast<size_t>(l)];
-      EXPECT_FALSE(L.llama_only());
+      EXPECT_EQ(L.llama_only(), !(c.qkv_bias || c.o_bias || c.mlp_bias || c.qk_norm));
       if (c.qkv_bias) {
         ASSERT_EQ(L.bqkv.shape, (Shape{c.q_dim() + 2 * c.kv_dim()}));
         EXPECT_EQ(device_bits(L.bqkv), stored_bits(s, {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias",
@@ -168,9 +169,9 @@ Tensor all_row_logits(const ModelDir& model, Device device, const std::vector<in
 TEST(FamiliesGpu, Bf16ForwardAgreesWithTheFp32Cpu) {
   TVLLM_REQUIRE_GPU();
   // Lesson 08's GPU bound (logits_check.h): eps = 0.2 x rms(reference logits), here ~0.2 (rms ~1). Hugging
-  // Face's own bf16 run of these models is at most 0.085 off its fp32 run (measured with transformers 5.24 on
-  // the CPU: qwen2 0.085, qwen3 0.048, llama_bias 0.045), so eps is 2.3x the error of an engine that rounds
-  // as Hugging Face does; the rows whose fp32 margin exceeds 2 eps must keep their argmax.
+  // Face's own bf16 run of these models is at most 0.092 off its fp32 run (measured with transformers 5.24 on
+  // the CPU: qwen2 0.085, qwen3 0.080, mistral 0.092, llama_bias 0.045), so eps is 2.2x the error of an engine
+  // that rounds as Hugging Face does; the rows whose fp32 margin exceeds 2 eps must keep their argmax.
   for (const std::string& family : testing::computed_families()) {
     SCOPED_TRACE(family);
     const testing::FamilyReference ref = testing::read_family_reference(family);
@@ -183,7 +184,7 @@ TEST(FamiliesGpu, Bf16ForwardAgreesWithTheFp32Cpu) {
     const Top1Agreement t = top1_agreement(gpu.view(), cpu.view(), 2 * eps);
     EXPECT_LE(t.max_abs_error, eps) << t.summary();
     EXPECT_TRUE(t.pass()) << t.summary();
-    EXPECT_GE(t.clear, 10) << "fp32 transformers: 10, 13, 10 of the 23 rows clear 2 eps: " << t.summary();
+    EXPECT_GE(t.clear, 7) << "fp32 transformers: 10, 10, 7, 10 of the 23 rows clear 2 eps: " << t.summary();
   }
 }
 

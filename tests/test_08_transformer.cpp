@@ -431,8 +431,8 @@ TEST(TransformerValidation, TransformersWrittenFamilyModelsOpenAndBind) {
   };
   const Case cases[] = {
       {"qwen2", true, false, false, false, 0, 8},
-      {"qwen3", false, false, false, true, 0, 12},
-      {"mistral", false, false, false, false, 5, 12},
+      {"qwen3", false, false, false, true, 0, 16},
+      {"mistral", false, false, false, false, 5, 16},
       {"llama_bias", true, true, true, false, 0, 8},
   };
   for (const Case& k : cases) {

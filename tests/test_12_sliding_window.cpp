@@ -5,7 +5,7 @@
 //      element by element: lesson 07's attention_cpu (prefill, chunks, decode), lesson 10's cache (the double
 //      prefill twin and the fp32 split decode, splits 1..9), lesson 12's pool (blocks of 1, 3 and 4). Keys no
 //      query sees are NaN: a path that reads (or weights by 0) a key outside the window returns NaN and fails.
-//   2. The tiny transformers-written Mistral (tests/data/models/mistral: head_dim 12, window 5, an 11-token
+//   2. The tiny transformers-written Mistral (tests/data/models/mistral: head_dim 16, window 5, an 11-token
 //      prompt): lesson 10's Generator gives transformers' greedy ids exactly, with and without chunked prefill,
 //      and the prompt's last-row logits within fp32 tolerance; with the window switched off the ids differ (so the
 //      comparison can tell).

@@ -155,6 +155,7 @@ TEST(FastPath14Gpu, TheBatchInvariantEngineWithTheFastPathEqualsAloneExactly) {
 TEST(FastPath14Gpu, FamilyModelsDeclineTheFusedPathAndKeepGraphs) {
   TVLLM_REQUIRE_GPU();
   for (const std::string& family : testing::computed_families()) {
+    if (family == "mistral") continue;  // no extra the fused path lacks (its window is the attention backend's)
     SCOPED_TRACE(family);
     const testing::FamilyReference ref = testing::read_family_reference(family);
     const ModelDir model = ModelDir::open(testing::family_model_dir(family));

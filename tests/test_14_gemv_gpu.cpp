@@ -294,9 +294,7 @@ TEST(Gemv14Gpu, RowsAreTheSameBitsWhateverTheBatch) {
     const Problem p(kGemvMaxRows, K, N, 130 + K);
     const std::vector<float> h0 = random_uniform(static_cast<size_t>(kGemvMaxRows * N), 3);
     // run(M, first): rows [first, first + M) of x through one op, returning the output's bytes.
-    // fused: the fused ops run v3 for one row and v4 from two rows on (gemv.h), so a row alone is compared
-    // with the 16 only when one kernel computes both; pairs of rows always are (v4 for M = 2 and M = 16).
-    auto check = [&](const std::string& name, auto run, bool fused = true) {
+    auto check = [&](const std::string& name, auto run) {
       SCOPED_TRACE(name + " " + p.describe());
       const std::vector<unsigned char> all = run(kGemvMaxRows, 0);
       const size_t row_bytes = all.size() / kGemvMaxRows;
@@ -305,7 +303,6 @@ TEST(Gemv14Gpu, RowsAreTheSameBitsWhateverTheBatch) {
       for (int64_t m : {0, 5, 14}) {
         const std::vector<unsigned char> two = run(2, m);
         EXPECT_EQ(0, std::memcmp(two.data(), all.data() + m * row_bytes, 2 * row_bytes)) << "rows " << m << ", +1";
-        if (fused) continue;
         const std::vector<unsigned char> one = run(1, m);
         EXPECT_EQ(0, std::memcmp(one.data(), all.data() + m * row_bytes, row_bytes)) << "row " << m;
       }
@@ -316,7 +313,7 @@ TEST(Gemv14Gpu, RowsAreTheSameBitsWhateverTheBatch) {
         Tensor y = poisoned({M, N}, DType::BF16);
         gemv(y, x_rows(M, first), p.w_dev, kernel);
         return bytes_of(y);
-      }, /*fused=*/false);
+      });
     check("rmsnorm_gemv", [&](int64_t M, int64_t first) {
       Tensor y = poisoned({M, N}, DType::BF16);
       rmsnorm_gemv(y, x_rows(M, first), p.g_dev, eps, p.w_dev);
@@ -361,7 +358,7 @@ TEST(Gemv14Gpu, GraphReplaysEqualEagerRuns) {
   for (Tensor* t : {&y, &y_f32, &act, &h}) TVLLM_CUDA_CHECK(cudaMemset(t->data(), 0xFF, t->view().nbytes()));
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
   CudaGraph graph = CudaGraph::capture(stream, step);  // fails if anything allocates or synchronises
-  EXPECT_EQ(graph.num_nodes(), 7u);
+  EXPECT_EQ(graph.num_nodes(), 4 + all_gemv_kernels().size());  // the copy, three fused ops, every gemv version
   graph.launch(stream);
   graph.launch(stream);  // twice: the residual is reset by the graph's own copy
   stream.synchronize();

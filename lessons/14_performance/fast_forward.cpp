@@ -14,11 +14,11 @@
 namespace tvllm {
 
 // Measured on the H200 (lesson14_performance --bench, 1B shapes, L2 flushed): at M = 1 gemv v3 beats cuBLAS on
-// every decode matrix (qkv 33% vs 30% of the copy bandwidth, gate|up 72% vs 61%, down 56% vs 46%); at M = 8 it
-// loses on every one (gate|up 31% vs 62%: each block re-reads all M rows of x, and the per-row register sums
-// cut the loads in flight). v4 (tensor cores, gemv_v4.cuh) takes the fused ops from M = 2 on, reading W once
-// whatever M is, so steps of up to 8 tokens run here and larger ones keep cuBLAS (README section 10).
-int64_t fast_forward_max_tokens() { return 8; }
+// every decode matrix (qkv 33% vs 32% of the copy bandwidth, gate|up 73% vs 61%, down 49% vs 46%); from M = 2
+// cuBLAS wins on every one, against v3 (each block re-reads all M rows of x, and the per-row register sums cut
+// the loads in flight) and against v4's tensor cores too (gate|up at M = 8: v3 33%, v4 42%, cuBLAS 61%). So the
+// fused path runs single-token steps, and larger decode batches keep cuBLAS (README sections 4 and 10).
+int64_t fast_forward_max_tokens() { return 1; }
 
 std::string fast_forward_declines(const ModelConfig& c) { return family_extras(c); }
 
@@ -130,7 +130,7 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
     const TensorView out_h = ws.out_hidden.view().rows(0, R), out_n = ws.out_normed.view().rows(0, R);
     gather_rows(out_h, h, step.logits_rows(), stream);
     rmsnorm(out_n, out_h, w.final_norm, eps, {}, stream);
-    gemv(logits, out_n, w.lm_head, R == 1 ? GemvKernel::V3Blocked : GemvKernel::V4TensorCore, stream);
+    gemv(logits, out_n, w.lm_head, kDefaultGemvKernel, stream);
   }
   return logits;
 }

@@ -425,14 +425,6 @@ V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w) 
 
 #include "gemv_v4.cuh"  // v4: tensor cores for 2..16 rows (inside this namespace: it uses the pieces above)
 
-// The fused ops' kernel for M rows: v3 for one row (measured fastest there), v4's tensor cores from two rows on.
-template <Prologue kPrologue, Tile kTile>
-void launch_fused(const V3Args& a, cudaStream_t stream, bool pdl) {
-  if (a.M <= 1)
-    launch_v3<kPrologue, kTile>(a, stream, pdl);
-  else
-    launch_v4<kPrologue, kTile>(a, stream, pdl);
-}
 
 }  // namespace
 
@@ -476,7 +468,7 @@ void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorV
   V3Args a = v3_args(out, h, w);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_fused<Prologue::RmsNorm, Tile::Rows>(a, stream, pdl);
+  launch_v3<Prologue::RmsNorm, Tile::Rows>(a, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
@@ -484,14 +476,14 @@ void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, cons
   V3Args a = v3_args(act, h, w_gate_up);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_fused<Prologue::RmsNorm, Tile::GateUp>(a, stream, pdl);
+  launch_v3<Prologue::RmsNorm, Tile::GateUp>(a, stream, pdl);
 }
 
 void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream,
                         bool pdl) {
   V3Args a = v3_args(h, x, w);
   a.store = Store::AddResidual;
-  launch_fused<Prologue::None, Tile::Rows>(a, stream, pdl);
+  launch_v3<Prologue::None, Tile::Rows>(a, stream, pdl);
 }
 
 }  // namespace detail

@@ -25,10 +25,11 @@
 //   v4  tensor cores (mma.sync m16n8k16) for M = 2..16: a warp multiplies 16 weight rows by 8 tokens per
 //       instruction, still reading W once in 16-byte loads (the columns are relabelled so that a lane's 16
 //       bytes feed the mma directly: gemv_v4.cuh). v3's scalar FMAs grow with M; v4's math is free up to 8
-//       tokens (16: two mmas), so it stays a memory-bound stream where v3 and cuBLAS fall behind.
+//       tokens (16: two mmas). Measured: flat in M, but at 42-45% of the bandwidth, below cuBLAS's ~61%, so
+//       nothing uses it by default (an experiment of the chapter).
 //
-// The fused entry points run v3's structure (one row) or v4's (2..16 rows) with something folded in, each
-// saving a launch and a round trip of the activations through memory:
+// The fused entry points run v3's structure with something folded in, each saving a launch and a round trip
+// of the activations through memory:
 //   rmsnorm_gemv           out = (rmsnorm(h) * g) · W^T: each block recomputes the rows' sums of squares
 //                          (M*K*2 bytes, L1/L2 hits) and normalises x as it loads it (QKV projection).
 //   rmsnorm_gemv_silu_mul  act = silu(gate) * up, [gate | up] = rmsnorm(h)*g · W_gate_up^T, W_gate_up the

@@ -32,6 +32,12 @@
 //   its warps split K into equal runs of whole 32-column steps, each warp keeping 8 steps of loads in flight
 //   (256 bytes per lane); the warps' partial tiles meet in shared memory, added in warp order.
 // Rounding and the fused prologue / epilogues are v3's (gemv.h): only the fp32 summation order differs.
+//
+// Measured on the H200 (README section 4): v4 reads W at 42-45% of the copy bandwidth at every M from 1 to 8 (it
+// does not fall with M, as v3 does), but cuBLAS reaches ~61% on the same shapes, so neither the fused decode path
+// nor gemv()'s default uses it: gemv(..., GemvKernel::V4TensorCore) runs it, for the lesson's table. Its fused
+// variants (norm prologue, gate|up tile) were checked against the CPU references on the H200 while they were in
+// use (the same tests as v3's), and are kept for the exercise that makes v4 faster.
 
 constexpr int kV4Step = 32;       // columns of K per step: 4 lanes (q) x 8 bf16
 constexpr int kV4Unroll = 8;      // steps whose weights a lane has in flight: 8 x 2 packs x 16 B = 256 B
