@@ -214,6 +214,9 @@ fi
 # $MODELS/fam-<preset>-l<layers> and kept for the next pass.
 if has_stage families; then
   tvllm=$BUILD/bin/tiny-vllm
+  # FAMILY_GPU_MEM: the share of the free GPU memory the engine runs and the server take (default: their own 0.9),
+  # for several family passes on one GPU at once. FAMILY_BENCH=0 leaves Qwen3's benchmarks out (run them alone).
+  mem=(); [ -n "${FAMILY_GPU_MEM:-}" ] && mem=(--gpu-memory-utilization "$FAMILY_GPU_MEM")
   for preset in $FAMILY_PRESETS; do
     model=$MODELS/fam-$preset-l$FAMILY_LAYERS
     f=fam.$preset
@@ -240,12 +243,12 @@ if has_stage families; then
     # The engine (lessons 11-12, with lesson 14's fast path) on a short offline workload, both KV caches.
     for kv in contiguous paged; do
       run "$f.engine_$kv" 180 "$tvllm" bench throughput --model "$model" --device cuda --kv "$kv" \
-        --num-requests 32 --min-len 16 --max-len 128
+        --num-requests 32 --min-len 16 --max-len 128 "${mem[@]}"
     done
     thinking=; [ "$preset" = qwen3-0.6b ] && thinking=--thinking
     run "$f.serve" 180 python3 tests/server/serve_smoke.py --tiny-vllm "$tvllm" --model "$model" --device cuda \
-      --kv paged $thinking
-    if [ "$preset" = qwen3-0.6b ]; then
+      --kv paged $thinking "${mem[@]}"
+    if [ "$preset" = qwen3-0.6b ] && [ "${FAMILY_BENCH:-1}" = 1 ]; then
       run "$f.bench_latency" 240 "$tvllm" bench latency --model "$model" --device cuda --batch-size 1 8 32 \
         --context 128 2048 --output-len 32 --prefill-len 2048 --iters 2
       run "$f.bench_throughput" 240 "$tvllm" bench throughput --model "$model" --device cuda \

@@ -43,6 +43,8 @@ def same_or_note(a, b, what):
 def start_server(args):
     cmd = [args.tiny_vllm, "serve", "--model", args.model, "--device", args.device, "--port", "0", "--kv", args.kv,
            "--max-model-len", "1024", "--max-num-seqs", "8", "--quiet", "--shutdown-timeout", "10"]
+    if args.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     print("$ " + " ".join(cmd), flush=True)
     return launch(cmd, args.start_timeout, stderr=None)  # the server's stderr goes to the log
 
@@ -114,6 +116,8 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kv", default="paged", choices=["paged", "contiguous"])
     ap.add_argument("--thinking", action="store_true", help="the model's template is Qwen3's (enable_thinking)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="passed to serve (several GPU runs at once each take a share of the free memory)")
     ap.add_argument("--start-timeout", type=float, default=120)
     args = ap.parse_args()
     proc = None
