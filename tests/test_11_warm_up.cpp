@@ -62,7 +62,11 @@ TEST(EngineWarmUp, RunsStepsAndLeavesNoTrace) {
 TEST(EngineWarmUp, PrefillsOfEachLengthALongerBudgetRuns) {
   Engine small(bundled().w, testing::engine_config(32, 4, 128));
   Engine large(bundled().w, testing::engine_config(300, 4, 512));
-  const int64_t few = small.warm_up(), more = large.warm_up();
+  EXPECT_TRUE(small.warm_up_prefill_lengths().empty());
+  EXPECT_EQ(large.warm_up_prefill_lengths(), (std::vector<int64_t>{64, 256}));
+  // Lengths a step cannot hold are skipped: the small engine runs none of the large one's.
+  const int64_t few = small.warm_up({}, large.warm_up_prefill_lengths());
+  const int64_t more = large.warm_up({}, large.warm_up_prefill_lengths());
   EXPECT_EQ(more, few + 2) << "a 300-token step holds the 64- and 256-token prefills (one step each: max_tokens 1);"
                               " a 32-token step holds neither";
   const EngineStats s = large.stats();

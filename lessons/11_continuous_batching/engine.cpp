@@ -436,7 +436,13 @@ int64_t Engine::run_until_idle(int64_t max_steps) {
   return steps;
 }
 
-int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches) {
+std::vector<int64_t> Engine::warm_up_prefill_lengths() const {
+  std::vector<int64_t> lengths;
+  for (int64_t n = 64; n <= std::min(limits_.max_tokens, limits_.max_context - 2); n *= 4) lengths.push_back(n);
+  return lengths;
+}
+
+int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches, const std::vector<int64_t>& prefill_lengths) {
   if (has_work()) throw InputError("engine: warm_up() needs an idle engine (requests are in flight)");
   // Prompts shorter than a KV block (nothing stays in the prefix cache), their ids spread over the vocabulary.
   const int64_t vocab = weights_.config.vocab_size;
@@ -457,12 +463,13 @@ int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches) {
     submit(prompt, sampled, ignore);
   }
   int64_t steps = run_until_idle(1000);
-  // Prefills of a few lengths, one at a time: cuBLAS picks a different kernel for each range of T, and each of
-  // those is loaded lazily on its first call (milliseconds, in the first real request's TTFT otherwise). Powers of
-  // 4 from 64 up to what one step can hold; their ids avoid the short prompts' (a prefix-cache hit would skip the
-  // work). Their blocks may stay in the prefix cache: cached blocks are free (KvUsage::free_blocks).
+  // Prefills of the given lengths, one at a time: cuBLAS picks a different kernel for each range of T, and on the GPU
+  // each is loaded lazily on its first call (milliseconds, in the first real request's TTFT otherwise). Their ids
+  // avoid the short prompts' (a prefix-cache hit would skip the work); their blocks may stay in the prefix cache:
+  // cached blocks are free (KvUsage::free_blocks).
   const int64_t longest = std::min(limits_.max_tokens, limits_.max_context - 2);
-  for (int64_t n = 64; n <= longest; n *= 4) {
+  for (int64_t n : prefill_lengths) {
+    if (n < 1 || n > longest) continue;
     std::vector<int32_t> long_prompt(static_cast<size_t>(n));
     for (size_t i = 0; i < long_prompt.size(); ++i)
       long_prompt[i] = static_cast<int32_t>((vocab / 5 + 13 * static_cast<int64_t>(i) + n) % vocab);

@@ -219,11 +219,14 @@ class Engine {
   // prefill and decode, so that the first real request does not pay the one-time costs (lazy CUDA module
   // loading, cuBLAS heuristics and workspace, first touch of host pages: on the H200 the first request's TTFT
   // was ~70x the median). Afterwards every KV block is free and stats() reads as if nothing had run. Engine
-  // thread, with nothing in flight (InputError otherwise). Returns the steps it ran. Also one prefill of each
-  // length 64, 256, 1024, ... that a step can hold: each range of T has its own cuBLAS kernels to load.
+  // thread, with nothing in flight (InputError otherwise). Returns the steps it ran.
   // decode_batches (lesson 14): for each B, B one-token requests decode together, so that a step launcher that
   // captures a CUDA graph per batch size (lesson 14's graph runner) has the graph of B before the first user.
-  int64_t warm_up(const std::vector<int64_t>& decode_batches = {});
+  // prefill_lengths: one prompt of each length, alone (each range of T has cuBLAS kernels of its own to load on
+  // the GPU; warm_up_prefill_lengths() gives the usual ones). Lengths a step cannot hold are skipped.
+  int64_t warm_up(const std::vector<int64_t>& decode_batches = {}, const std::vector<int64_t>& prefill_lengths = {});
+  // 64, 256, 1024, ...: the powers of 4 from 64 that one step of this engine holds.
+  std::vector<int64_t> warm_up_prefill_lengths() const;
 
   // The pieces of a step (lesson 14's graph runner captures launch_step() of decode steps):
   //   prepare_step   host: StepInputs, the KV addressing, the sampling rows (async copies; never during a

@@ -67,6 +67,10 @@ void use_fast_path(Engine& engine, const FastPathOptions& o) {
           [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); });
 }
 
+std::vector<int64_t> warm_up_prefills(const Engine& engine) {
+  return engine.device() == Device::CUDA ? engine.warm_up_prefill_lengths() : std::vector<int64_t>{};
+}
+
 std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& o) {
   std::vector<int64_t> sizes;
   if (engine.device() != Device::CUDA || !o.graphs) return sizes;

@@ -49,5 +49,8 @@ void use_fast_path(Engine& engine, const FastPathOptions& options = {});
 // ... up to the engine's max_sequences and the options' max_graph_batch (none without graphs, or on the CPU).
 // Other sizes are captured the first time they decode (a few milliseconds each).
 std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& options = {});
+// The prompt lengths Engine::warm_up should prefill once on the GPU (Engine::warm_up_prefill_lengths); none on the
+// CPU, where nothing is loaded lazily and a long prefill would only slow the start.
+std::vector<int64_t> warm_up_prefills(const Engine& engine);
 
 }  // namespace tvllm

@@ -73,7 +73,7 @@ void FastPathFlags::apply(Engine& engine) const {
 
 int64_t FastPathFlags::warm_up(Engine& engine) const {
 #ifdef TVLLM_CLI_FAST
-  return engine.warm_up(warm_up_batches(engine, options()));
+  return engine.warm_up(warm_up_batches(engine, options()), warm_up_prefills(engine));
 #else
   (void)engine;
   return 0;
