@@ -450,7 +450,8 @@ TEST(ModelConfig, GenerationConfigAddsItsEosIds) {
   EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2}));
   for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
            {R"({"eos_token_id": 5000})", "generation_config.json: eos_token_id 5000 is outside the vocabulary"},
-           {R"({"eos_token_id": ["2"]})", "generation_config.json: "},
+           {R"({"eos_token_id": ["2"]})", "generation_config.json: eos_token_id[0] must be a non-negative integer"},
+           {R"({"eos_token_id": -1})", "generation_config.json: eos_token_id must be a non-negative integer"},
            {R"({"eos_token_id": 2,)", "generation_config.json"},
            {R"([2])", "generation_config.json: expected a JSON object"}}) {
     testing::write_file(dir / "generation_config.json", text);

@@ -282,7 +282,9 @@ void add_generation_eos(ModelConfig& c, const std::filesystem::path& file) {
       ids.push_back(token_id(*eos, "eos_token_id"));
     }
   } catch (const InputError& e) {
-    throw InputError(where + e.what());
+    std::string message = e.what();  // token_id names config.json: this is the other file
+    if (message.rfind(kWhere, 0) == 0) message.erase(0, kWhere.size());
+    throw InputError(where + message);
   }
   for (int64_t id : ids) {
     if (id >= c.vocab_size)
