@@ -89,8 +89,9 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
       throw InputError(kWhere + "tensor \"" + e.name + "\" is " + std::string(dtype_name(entry.dtype)) +
                        ": the forward pass computes with F32, F16 or BF16 weights");
   }
-  // What only the forward pass knows: it reads exactly these tensors, so anything else in the checkpoint
-  // (a bias the config does not promise, a quantisation scale, a layer beyond num_hidden_layers) is a model it would compute wrong.
+  // What only the forward pass knows: it reads exactly these tensors, so anything else in the checkpoint (a bias
+  // the config does not promise, a quantisation scale, a layer beyond num_hidden_layers) is a model it would
+  // compute wrong.
   for (const std::string& name : weights.names()) {
     if (wanted.count(name)) continue;
     // Checkpoints written by old transformers versions carry RoPE's inv_freq as a buffer; we compute it.
