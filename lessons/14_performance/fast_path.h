@@ -3,12 +3,15 @@
 //   use_fast_path(generator)   lesson 10's Generator: `tiny-vllm generate` and `chat`
 //   use_fast_path(engine)      lesson 11's Engine: `tiny-vllm serve`, `bench throughput`, `bench latency`
 //
-// Three independent parts, each a switch (the chapter measures each one's gain alone):
+// Four independent parts, each a switch (the chapter measures each one's gain alone):
 //   fused        ExecContext::set_forward(fast_forward): the fused GEMV decode path (fast_forward.h)
 //   graphs       ExecContext::set_launcher(GraphRunner): decode steps replayed as CUDA graphs; with
 //                enforce_eager (vLLM's --enforce-eager) a PinnedEagerLauncher instead, which launches the same
 //                kernels with the same splits eagerly: the same tokens, only slower
 //   fast_sampler set_sampler(FastSampler): top-k / top-p without a sort, the same ids as lesson 09's
+//   fast_attention  install_fast_decode_attention() and DecodeAttention::Fast on the attention backend: decode
+//                steps read the KV cache with decode_attention_fast.cuh (left alone in batch-invariant mode, whose
+//                Flash kernel is the point of that mode)
 // On the CPU nothing is installed: the CPU path is the fp32 reference and stays as it is.
 #pragma once
 
@@ -25,6 +28,7 @@ struct FastPathOptions {
   bool graphs = true;          // false: --enforce-eager
   bool fast_sampler = true;
   int max_graph_batch = 64;    // decode steps of more sequences run eagerly
+  bool fast_attention = true;  // lesson 14's decode attention kernel
 };
 
 // What was installed, for the command line's one-line notice ("fast path: fused GEMV, CUDA graphs (<= 64), ...").

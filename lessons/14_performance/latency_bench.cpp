@@ -30,9 +30,10 @@ double median(std::vector<double> v) {
 
 std::vector<LatencyVariant> progression_variants() {
   return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
-          {"+ CUDA graphs", FastPathOptions{false, true, false, 64}},
-          {"+ fused GEMV decode", FastPathOptions{true, true, false, 64}},
-          {"+ fast sampler (the default fast path)", FastPathOptions{true, true, true, 64}}};
+          {"+ CUDA graphs", FastPathOptions{false, true, false, 64, false}},
+          {"+ fused GEMV decode", FastPathOptions{true, true, false, 64, false}},
+          {"+ fast sampler", FastPathOptions{true, true, true, 64, false}},
+          {"+ fast decode attention (the default fast path)", FastPathOptions{true, true, true, 64, true}}};
 }
 
 namespace {

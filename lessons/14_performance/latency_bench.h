@@ -40,7 +40,8 @@ struct PrefillLatency {
 };
 
 // The chapter's progression, one technique at a time: lesson 10 as it is (nullopt), then + CUDA graphs, + the
-// fused GEMV decode, + the fast sampler (the default fast path). Used by `bench latency --compare` and the lesson
+// fused GEMV decode, + the fast sampler, + the fast decode attention (the default fast path). Used by `bench
+// latency --compare` and the lesson
 // executable's --bench.
 struct LatencyVariant {
   std::string name;

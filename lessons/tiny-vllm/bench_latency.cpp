@@ -6,7 +6,7 @@
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
 // decode), and prefill tok/s. --compare runs the lesson's progression in one process, so that every row is
 // measured on the same GPU in the same minute: lesson 10 as it is, then + CUDA graphs, + the fused GEMV forward,
-// + the fast sampler (the default fast path).
+// + the fast sampler, + the fast decode attention (the default fast path).
 #include <cstdio>
 #include <iostream>
 #include <memory>
