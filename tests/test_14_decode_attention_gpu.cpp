@@ -207,8 +207,21 @@ std::vector<int64_t> mixed_lengths(int64_t B, int64_t longest, uint64_t seed) {
   return lens;
 }
 
+// Fast with the other pipeline (v1, registers), then back to the default: the same arithmetic, the same bits.
+std::vector<float> attend_v1(const Step& st, Layout layout, int splits) {
+  set_fast_decode_pipeline(FastDecodePipeline::Registers);
+  try {
+    std::vector<float> r = attend(st, Device::CUDA, layout, DecodeAttention::Fast, splits);
+    set_fast_decode_pipeline(FastDecodePipeline::Ring);
+    return r;
+  } catch (...) {
+    set_fast_decode_pipeline(FastDecodePipeline::Ring);
+    throw;
+  }
+}
+
 // Everything a step is checked for: Fast over both layouts against the CPU and against lesson 10's kernel;
-// paged == contiguous bit for bit; a second run == the first.
+// paged == contiguous bit for bit; a second run == the first; pipeline v1 == v2 bit for bit.
 void check_step(const Step& st, int splits, const std::vector<float>& cpu) {
   const AttentionShape& s = st.shape();
   const size_t B = st.k_lens().size();
@@ -221,6 +234,9 @@ void check_step(const Step& st, int splits, const std::vector<float>& cpu) {
   expect_close(fp, l10, s, kVsLesson10, name_of(s, B, "fast paged vs lesson 10's kernel", splits));
   const std::vector<float> again = attend(st, Device::CUDA, Layout::Paged, DecodeAttention::Fast, splits);
   expect_close(again, fp, s, kSameBits, name_of(s, B, "fast paged, run twice", splits));
+  expect_close(attend_v1(st, Layout::Paged, splits), fp, s, kSameBits, name_of(s, B, "v1 paged == v2 paged", splits));
+  expect_close(attend_v1(st, Layout::Contiguous, splits), fc, s, kSameBits,
+               name_of(s, B, "v1 contiguous == v2 contiguous", splits));
 }
 
 TEST(FastDecode14Gpu, MatchesTheCpuAndLesson10AcrossHeadDimsGroupsAndBatches) {
@@ -266,6 +282,7 @@ TEST(FastDecode14Gpu, EveryPinnedSplitCountAgrees) {
     const std::vector<float> fp = attend(st, Device::CUDA, Layout::Paged, DecodeAttention::Fast, splits);
     expect_close(fc, cpu, s, kVsCpu, name_of(s, 3, "fast contiguous vs cpu", splits));
     expect_close(fp, fc, s, kSameBits, name_of(s, 3, "fast paged == fast contiguous", splits));
+    expect_close(attend_v1(st, Layout::Paged, splits), fp, s, kSameBits, name_of(s, 3, "v1 == v2", splits));
   }
 }
 
@@ -281,6 +298,7 @@ TEST(FastDecode14Gpu, BlocksOf1And32AndASequenceWithoutAQuery) {
     for (int splits : {0, 1, 13}) {
       const std::vector<float> fp = attend(st, Device::CUDA, Layout::Paged, DecodeAttention::Fast, splits);
       expect_close(fp, cpu, s, kVsCpu, name_of(s, 4, bs == 1 ? "blocks of 1" : "blocks of 32", splits));
+      expect_close(attend_v1(st, Layout::Paged, splits), fp, s, kSameBits, name_of(s, 4, "v1 == v2", splits));
     }
   }
 }
@@ -343,7 +361,9 @@ TEST(FastDecode14Gpu, AWindowReadsOnlyTheLastKeys) {
   for (int window : {0, 1, 37, 256, 5000}) {
     const std::vector<float> want = windowed_reference(st, window);
     for (int splits : {1, 4, 64}) {
-      const std::string what = "window " + std::to_string(window);
+      set_fast_decode_pipeline(splits == 4 ? FastDecodePipeline::Registers : FastDecodePipeline::Ring);
+      const std::string what = "window " + std::to_string(window) + ", " +
+                               fast_decode_pipeline_name(fast_decode_pipeline());
       fast_decode_attention_cuda(out, q, st.cache(Device::CUDA).k(0), st.cache(Device::CUDA).v(0), batch, slots, s,
                                  splits, window, ws, nullptr);
       expect_close(to_f32_vector(out), want, s, kVsCpu, name_of(s, 4, (what + ", contiguous").c_str(), splits));
@@ -352,6 +372,7 @@ TEST(FastDecode14Gpu, AWindowReadsOnlyTheLastKeys) {
       expect_close(to_f32_vector(out), want, s, kVsCpu, name_of(s, 4, (what + ", paged").c_str(), splits));
     }
   }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
   EXPECT_THROW(fast_decode_attention_cuda(out, q, st.cache(Device::CUDA).k(0), st.cache(Device::CUDA).v(0), batch,
                                           slots, s, 1, -1, ws, nullptr),
                InputError);
@@ -449,13 +470,19 @@ TEST(FastDecode14Gpu, DISABLED_BenchDecodeAttention1BShape) {
     for (int64_t context : {128, 2048, 8192}) {
       const double per_layer = 2.0 * 2.0 * static_cast<double>(B * context * s.kv_dim()) * 2;  // k+v, both layouts
       const int64_t layers = std::clamp<int64_t>(static_cast<int64_t>(24e9 / per_layer), 1, 16);
-      const PagedDecodeBench r = bench_paged_decode(s, layers, B, context, 16, std::cout);
-      EXPECT_GT(r.fast_paged_gbs, 0.0);
-      std::printf("B %lld ctx %lld: lesson 10 paged %.1f%%, contiguous %.1f%% | lesson 14 paged %.1f%%, "
-                  "contiguous %.1f%% of copy (%.0f GB/s)\n",
-                  static_cast<long long>(B), static_cast<long long>(context), 100.0 * r.paged_gbs / r.copy_gbs,
-                  100.0 * r.contiguous_gbs / r.copy_gbs, 100.0 * r.fast_paged_gbs / r.copy_gbs,
-                  100.0 * r.fast_contiguous_gbs / r.copy_gbs, r.copy_gbs);
+      for (FastDecodePipeline pipeline : {FastDecodePipeline::Registers, FastDecodePipeline::Ring}) {
+        set_fast_decode_pipeline(pipeline);
+        std::printf("\nlesson 14 kernel: %s\n", fast_decode_pipeline_name(pipeline));
+        const PagedDecodeBench r = bench_paged_decode(s, layers, B, context, 16, std::cout);
+        EXPECT_GT(r.fast_paged_gbs, 0.0);
+        std::printf("SUMMARY B %lld ctx %lld layers %lld: lesson 10 paged %.1f%%, contiguous %.1f%% | lesson 14 %s "
+                    "(%d splits) paged %.1f%%, contiguous %.1f%% of copy (%.0f GB/s)\n",
+                    static_cast<long long>(B), static_cast<long long>(context), static_cast<long long>(layers),
+                    100.0 * r.paged_gbs / r.copy_gbs, 100.0 * r.contiguous_gbs / r.copy_gbs,
+                    fast_decode_pipeline_name(pipeline), r.fast_splits, 100.0 * r.fast_paged_gbs / r.copy_gbs,
+                    100.0 * r.fast_contiguous_gbs / r.copy_gbs, r.copy_gbs);
+      }
+      set_fast_decode_pipeline(FastDecodePipeline::Ring);
     }
   }
 }
@@ -465,9 +492,14 @@ TEST(FastDecode14Gpu, DISABLED_BenchDecodeAttentionHeadDim128) {
   install_fast_decode_attention();
   // Llama 3 8B's attention (32 heads, 8 kv heads of 128) and a group of 8 (64 heads / 8 kv heads of 128).
   for (const AttentionShape& s : {AttentionShape{32, 8, 128}, AttentionShape{64, 8, 128}}) {
-    const PagedDecodeBench r = bench_paged_decode(s, 8, 64, 2048, 16, std::cout);
-    EXPECT_GT(r.fast_paged_gbs, 0.0);
+    for (FastDecodePipeline pipeline : {FastDecodePipeline::Registers, FastDecodePipeline::Ring}) {
+      set_fast_decode_pipeline(pipeline);
+      std::printf("\nlesson 14 kernel: %s\n", fast_decode_pipeline_name(pipeline));
+      const PagedDecodeBench r = bench_paged_decode(s, 8, 64, 2048, 16, std::cout);
+      EXPECT_GT(r.fast_paged_gbs, 0.0);
+    }
   }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
 }
 
 }  // namespace

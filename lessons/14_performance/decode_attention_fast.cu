@@ -3,6 +3,7 @@
 #include "decode_attention_fast.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "cache_kv.cuh"
@@ -13,6 +14,12 @@
 namespace tvllm {
 
 namespace {
+
+std::atomic<FastDecodePipeline> g_pipeline{FastDecodePipeline::Ring};
+
+fast_decode::Pipeline pipeline() {
+  return g_pipeline.load() == FastDecodePipeline::Ring ? fast_decode::Pipeline::Ring : fast_decode::Pipeline::Registers;
+}
 
 fast_decode::Params fast_params(const TensorView& out, const TensorView& q, const AttentionBatch& batch,
                                 const AttentionShape& shape, int window, const DecodeWorkspace& workspace) {
@@ -51,17 +58,25 @@ void fast_decode_attention_cuda(const TensorView& out, const TensorView& q, cons
                                 const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
                                 const AttentionShape& shape, int num_splits, int window,
                                 const DecodeWorkspace& workspace, cudaStream_t stream) {
-  fast_decode::launch(fast_params(out, q, batch, shape, window, workspace), cache_kv(cache_k, cache_v, slots, shape),
-                      static_cast<int>(shape.n_kv_heads), batch.batch_size(), num_splits, stream);
+  fast_decode::launch(pipeline(), fast_params(out, q, batch, shape, window, workspace),
+                      cache_kv(cache_k, cache_v, slots, shape), static_cast<int>(shape.n_kv_heads), batch.batch_size(),
+                      num_splits, stream);
 }
 
 void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                       const TensorView& pool_v, const AttentionBatch& batch,
                                       const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
                                       int window, const DecodeWorkspace& workspace, cudaStream_t stream) {
-  fast_decode::launch(fast_params(out, q, batch, shape, window, workspace),
+  fast_decode::launch(pipeline(), fast_params(out, q, batch, shape, window, workspace),
                       paged_kv_policy(pool_k, pool_v, tables, shape), static_cast<int>(shape.n_kv_heads),
                       batch.batch_size(), num_splits, stream);
+}
+
+void set_fast_decode_pipeline(FastDecodePipeline pipeline) { g_pipeline.store(pipeline); }
+FastDecodePipeline fast_decode_pipeline() { return g_pipeline.load(); }
+
+const char* fast_decode_pipeline_name(FastDecodePipeline pipeline) {
+  return pipeline == FastDecodePipeline::Ring ? "v2 cp.async ring" : "v1 register stages";
 }
 
 void install_fast_decode_attention() {

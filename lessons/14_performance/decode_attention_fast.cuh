@@ -11,9 +11,16 @@
 // Why not lesson 10's kernel (README "Decode attention at the memory roofline" has the long story): there, every
 // tile of keys goes load -> scores -> __syncthreads -> softmax by one warp per head -> __syncthreads -> P V ->
 // __syncthreads. While a block computes, it has NO load in flight, and every warp of it waits at the barriers for
-// the slowest. Here a warp, while it computes tile t, already has tile t + 4 (its next) in flight: loads are
-// issued one stage ahead in registers (software pipelining), and nothing but the end of the block waits for
-// another warp.
+// the slowest. Here a warp, while it computes tile t, already has its next tiles in flight (software pipelining),
+// and nothing but the end of the block waits for another warp. Two ways to hold the tiles in flight:
+//
+//   Pipeline::Registers  v1: two stages in registers (A, B): the loads of the next tile are issued before the
+//                        current one is computed. Simple, but every byte in flight is a register (64 per lane
+//                        at 4 rounds), which limits the blocks per SM.
+//   Pipeline::Ring       v2 (default): kRingStages stages per warp in shared memory, filled by cp.async (16
+//                        bytes global -> shared without registers); a lane reads back only the 16-byte pieces it
+//                        copied itself, so a cp.async.wait_group of its own is all the synchronisation it needs.
+//                        Two tiles ahead in flight per warp at no register cost.
 //
 // A warp's tile: U rounds of 32 / TPK keys, each key read by TPK lanes of 8 dims (16 bytes) each, K and V
 // together. With head_dim 64 (TPK 8) and U 4 that is 16 keys: one block of lesson 12's pool, whose block-table
@@ -32,11 +39,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
+#include "common/mma.cuh"  // cp.async (lesson 06)
 #include "kv_cache.h"
 
 namespace tvllm {
@@ -50,6 +59,10 @@ constexpr int kMaxSplits = DecodeWorkspace::kMaxDecodeSplits;
 // A split's share of the keys is rounded up to a multiple of this: with blocks of 16 positions (lesson 12's
 // default) and no window, every warp tile of 16 (or 8, 4) keys then lies inside one block of the pool.
 constexpr int kSplitAlign = 16;
+// Stages of a warp's shared-memory ring (Pipeline::Ring): the tile being computed and kRingStages - 1 in flight.
+constexpr int kRingStages = 3;
+
+enum class Pipeline { Registers, Ring };
 
 // The query side of a launch and the split scratch (the keys and values come through the KV policy).
 struct Params {
@@ -71,10 +84,14 @@ constexpr int rounds_per_stage() {
   return G >= 8 ? 2 : 4;
 }
 
-// Shared memory of the final merge: the 4 warps' outputs [kWarps][G][head_dim], then their m and l [kWarps][G].
+// Shared memory: the ring (Pipeline::Ring: [kWarps][kRingStages][U rounds][K, V][32 lanes] x 16 bytes), which the
+// final merge reuses for the 4 warps' outputs [kWarps][G][head_dim] and their m and l [kWarps][G]. At most 48 KiB
+// (U 4; head_dim 256 with G 8: 33 KiB of merge), the most a block gets without opting in.
 template <int G>
-size_t smem_bytes(int head_dim) {
-  return static_cast<size_t>(kWarps * G * (head_dim + 2)) * sizeof(float);
+size_t smem_bytes(Pipeline pipeline, int head_dim) {
+  const size_t merge = static_cast<size_t>(kWarps * G * (head_dim + 2)) * sizeof(float);
+  const size_t ring = pipeline == Pipeline::Ring ? size_t{kWarps} * kRingStages * rounds_per_stage<G>() * 2 * 32 * 16 : 0;
+  return std::max(merge, ring);
 }
 
 // K and V are read once per step: stream them past L1 (".L1::no_allocate"), through the read-only path (".nc"),
@@ -94,8 +111,8 @@ struct Stage {
 };
 
 // grid: (num_splits, n_kv_heads * ceil(group / G), B); kThreads threads. TPK: threads per key (head_dim / 8
-// rounded up to a power of two); G: query heads per block; U: rounds per stage.
-template <int TPK, int G, int U, class KV>
+// rounded up to a power of two); G: query heads per block; U: rounds per stage; P: where the stages live.
+template <int TPK, int G, int U, Pipeline P, class KV>
 __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, const KV kv) {
   constexpr int kKeysPerRound = 32 / TPK;        // keys a warp reads per load instruction
   constexpr int kTile = U * kKeysPerRound;       // keys per warp tile (one pipeline stage)
@@ -145,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
   }
   const auto seq = kv.sequence(b, p.cu_k[b], kv_head);
 
-  // Issue the loads of tile t (its K and V rows together); keys past the split's end are zeros.
+  // Registers: issue the loads of tile t (its K and V rows together); keys past the split's end are zeros.
   const auto fetch = [&](Stage<U>& s, int t) {
     const int base = key_begin + t * kTile + kg;
 #pragma unroll
@@ -202,22 +219,67 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
     }
   };
 
-  // The warp's tiles: t = warp, warp + kWarps, ... (neighbouring warps read neighbouring keys). Two stages in
-  // registers, A and B: the loads of the next tile are issued before the current one is computed, so every warp
-  // has a tile in flight while it does its arithmetic. (Unrolled by two so that A and B stay in registers
-  // without copies.) Every branch below is the same for the whole warp.
+  // The warp's tiles: t = warp, warp + kWarps, ... (neighbouring warps read neighbouring keys). Every branch
+  // below is the same for the whole warp.
   const int n_tiles = (key_end - key_begin + kTile - 1) / kTile;
-  Stage<U> A, B;
-  int t = warp;
-  if (t < n_tiles) fetch(A, t);
-  for (; t < n_tiles; t += 2 * kWarps) {
-    const int t1 = t + kWarps;
-    if (t1 < n_tiles) fetch(B, t1);
-    consume(A, t);
-    if (t1 >= n_tiles) break;
-    const int t2 = t1 + kWarps;
-    if (t2 < n_tiles) fetch(A, t2);
-    consume(B, t1);
+  if constexpr (P == Pipeline::Registers) {
+    // Two stages in registers, A and B: the loads of the next tile are issued before the current one is
+    // computed. (Unrolled by two so that A and B stay in registers without copies.)
+    Stage<U> A, B;
+    int t = warp;
+    if (t < n_tiles) fetch(A, t);
+    for (; t < n_tiles; t += 2 * kWarps) {
+      const int t1 = t + kWarps;
+      if (t1 < n_tiles) fetch(B, t1);
+      consume(A, t);
+      if (t1 >= n_tiles) break;
+      const int t2 = t1 + kWarps;
+      if (t2 < n_tiles) fetch(A, t2);
+      consume(B, t1);
+    }
+  } else {
+    // The ring: this lane's 16-byte pieces of stage s, round u, K (0) or V (1). Lane-private slots, consecutive
+    // lanes at consecutive 16 bytes: no bank conflicts, and no other lane ever reads them.
+    uint4* ring = reinterpret_cast<uint4*>(fast_smem) + warp * (kRingStages * U * 2 * 32);
+    const auto slot = [&](int stage, int u, int kv_half) { return ring + ((stage * U + u) * 2 + kv_half) * 32 + lane; };
+    // cp.async tile t into `stage`; a key past the end (or a lane past head_dim) reads nothing and gets zeros
+    // (cp.async's src-size 0, from an address that is valid anyway: q).
+    const auto issue = [&](int stage, int t) {
+      const int base = key_begin + t * kTile + kg;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + u * kKeysPerRound;
+        const bool valid = active && j < key_end;
+        cp_async_16(slot(stage, u, 0), valid ? static_cast<const void*>(seq.key(j) + col) : p.q, valid);
+        cp_async_16(slot(stage, u, 1), valid ? static_cast<const void*>(seq.value(j) + col) : p.q, valid);
+      }
+    };
+    // One commit group per tile, empty ones included, so that "the group of the tile now computed" is always
+    // kRingStages - 1 groups behind the newest.
+#pragma unroll
+    for (int i = 0; i < kRingStages - 1; ++i) {
+      if (warp + i * kWarps < n_tiles) issue(i, warp + i * kWarps);
+      cp_async_commit();
+    }
+    int stage = 0;
+    for (int t = warp; t < n_tiles; t += kWarps) {
+      // The stage this lane computed last iteration is free again (its reads were used before this point).
+      const int ahead = t + (kRingStages - 1) * kWarps;
+      if (ahead < n_tiles) issue((stage + kRingStages - 1) % kRingStages, ahead);
+      cp_async_commit();
+      cp_async_wait<kRingStages - 1>();  // this lane's copies of tile t have landed
+      Stage<U> cur;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint4 kw = *slot(stage, u, 0), vw = *slot(stage, u, 1);
+        cur.k[u].word[0] = kw.x, cur.k[u].word[1] = kw.y, cur.k[u].word[2] = kw.z, cur.k[u].word[3] = kw.w;
+        cur.v[u].word[0] = vw.x, cur.v[u].word[1] = vw.y, cur.v[u].word[2] = vw.z, cur.v[u].word[3] = vw.w;
+      }
+      consume(cur, t);
+      stage = (stage + 1) % kRingStages;
+    }
+    cp_async_wait<0>();  // nothing of this lane's left in flight (the groups past the end were empty)
+    __syncthreads();     // every warp is done with its ring: the merge below reuses the memory
   }
 
   // The warp's sum and output: add the key groups' shares (after the butterfly every lane holds the total).
@@ -307,33 +369,40 @@ static __global__ void __launch_bounds__(kThreads) fast_combine_kernel(const Par
 }
 
 template <int TPK, int G, class KV>
-void launch_for(const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits, cudaStream_t stream) {
+void launch_for(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
+                cudaStream_t stream) {
   const int head_tiles = (p.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(n_kv_heads * head_tiles),
                   static_cast<unsigned>(batch_size));
-  // At most 4 * 8 * 258 floats = 33 KiB (head_dim 256, G 8): under the 48 KiB a block gets without opting in.
-  fast_decode_kernel<TPK, G, rounds_per_stage<G>(), KV>
-      <<<grid, kThreads, smem_bytes<G>(p.head_dim), stream>>>(p, kv);
+  constexpr int U = rounds_per_stage<G>();
+  const size_t smem = smem_bytes<G>(pipeline, p.head_dim);
+  if (pipeline == Pipeline::Ring) {
+    fast_decode_kernel<TPK, G, U, Pipeline::Ring, KV><<<grid, kThreads, smem, stream>>>(p, kv);
+  } else {
+    fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV><<<grid, kThreads, smem, stream>>>(p, kv);
+  }
   TVLLM_CHECK_LAUNCH();
 }
 
 // Query heads per block: the group rounded up to a power of two, at most 8 (as lesson 10's kernel).
 template <int TPK, class KV>
-void launch_for_group(const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
-                      cudaStream_t stream) {
-  if (p.group >= 5) launch_for<TPK, 8>(p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else if (p.group >= 3) launch_for<TPK, 4>(p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else if (p.group == 2) launch_for<TPK, 2>(p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else launch_for<TPK, 1>(p, kv, n_kv_heads, batch_size, num_splits, stream);
+void launch_for_group(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size,
+                      int num_splits, cudaStream_t stream) {
+  if (p.group >= 5) launch_for<TPK, 8>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+  else if (p.group >= 3) launch_for<TPK, 4>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+  else if (p.group == 2) launch_for<TPK, 2>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+  else launch_for<TPK, 1>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
 }
 
 // The decode kernel for p.head_dim (a multiple of 8 up to 256), then (num_splits > 1) the combine, on `stream`.
 template <class KV>
-void launch(const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits, cudaStream_t stream) {
-  if (p.head_dim <= 32) launch_for_group<4>(p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else if (p.head_dim <= 64) launch_for_group<8>(p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else if (p.head_dim <= 128) launch_for_group<16>(p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else launch_for_group<32>(p, kv, n_kv_heads, batch_size, num_splits, stream);
+void launch(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
+            cudaStream_t stream) {
+  const int B = batch_size, S = num_splits;
+  if (p.head_dim <= 32) launch_for_group<4>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  else if (p.head_dim <= 64) launch_for_group<8>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  else if (p.head_dim <= 128) launch_for_group<16>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  else launch_for_group<32>(pipeline, p, kv, n_kv_heads, B, S, stream);
   if (num_splits > 1) {
     const dim3 grid(static_cast<unsigned>((p.n_heads + kWarps - 1) / kWarps), static_cast<unsigned>(batch_size));
     fast_combine_kernel<<<grid, kThreads, 0, stream>>>(p, num_splits);

@@ -26,6 +26,14 @@ namespace tvllm {
 // Fills lesson 10's and lesson 12's seams. Idempotent, cheap; call it before asking for DecodeAttention::Fast.
 void install_fast_decode_attention();
 
+// Where a warp keeps the tiles it has in flight (decode_attention_fast.cuh): v1 two stages in registers, v2 (the
+// default) a cp.async ring of 3 stages in shared memory. Process-wide; the benchmark and the tests switch it. The
+// pipeline only moves bytes: both give the same bits.
+enum class FastDecodePipeline { Registers, Ring };
+void set_fast_decode_pipeline(FastDecodePipeline pipeline);
+FastDecodePipeline fast_decode_pipeline();
+const char* fast_decode_pipeline_name(FastDecodePipeline pipeline);
+
 // Splits for a decode step of `batch_size` sequences whose longest context is max_k_len. One block per (sequence,
 // kv head, <= 8 query heads, split): when the step alone gives at least 2 blocks per SM (B x kv heads >= 264 on
 // an H200) there is no split and no combine pass; below that, enough splits for ~4 blocks per SM, each of at least

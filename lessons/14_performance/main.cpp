@@ -328,9 +328,12 @@ void check_decode_attention(Report& report, const ModelConfig& c) {
   const std::vector<float> cpu = run(Device::CPU, DecodeAttention::Split, 0);
   const std::vector<float> lesson10 = run(Device::CUDA, DecodeAttention::Split, 0);
   for (int splits : {0, 1, 7}) {
+    // Both pipelines (decode_attention_fast.h): v1 at 7 splits, v2 (the default) otherwise.
+    set_fast_decode_pipeline(splits == 7 ? FastDecodePipeline::Registers : FastDecodePipeline::Ring);
     const std::vector<float> got = run(Device::CUDA, DecodeAttention::Fast, splits);
-    const std::string name = "fast decode attention, " + std::to_string(s.n_heads) + "/" +
-                             std::to_string(s.n_kv_heads) + " heads of " + std::to_string(s.head_dim) +
+    const std::string name = std::string("fast decode attention ") + fast_decode_pipeline_name(fast_decode_pipeline()) +
+                             ", " + std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " heads of " +
+                             std::to_string(s.head_dim) +
                              (splits == 0 ? ", its own splits" : ", " + std::to_string(splits) + " splits");
     const CompareResult vs_cpu = compare(name + " vs cpu", got, cpu, Tolerance{1e-4, 1.0 / 256 + 1e-4});
     const CompareResult vs_l10 = compare(name + " vs lesson 10", got, lesson10, Tolerance{1e-4, 2.0 / 256 + 1e-4});
@@ -338,6 +341,7 @@ void check_decode_attention(Report& report, const ModelConfig& c) {
                      "max_rel vs cpu " + fmt("%.2e", vs_cpu.max_rel) + ", vs lesson 10's kernel " +
                          fmt("%.2e", vs_l10.max_rel));
   }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
 }
 
 // ---- 5. --bench ------------------------------------------------------------------------------------------
@@ -390,8 +394,13 @@ void bench_decode_attention(const ModelConfig& c) {
   const std::vector<std::pair<int64_t, int64_t>> shapes{{1, 4096}, {8, 4096}, {64, 2048}, {256, 1024}};
   for (const auto& [B, ctx] : shapes) {
     const int64_t context = std::min<int64_t>(ctx, c.max_position_embeddings);
-    bench_paged_decode(s, c.num_hidden_layers, B, context, 16, std::cout);
+    for (FastDecodePipeline pipeline : {FastDecodePipeline::Registers, FastDecodePipeline::Ring}) {
+      set_fast_decode_pipeline(pipeline);
+      std::printf("\nlesson 14 kernel: %s\n", fast_decode_pipeline_name(pipeline));
+      bench_paged_decode(s, c.num_hidden_layers, B, context, 16, std::cout);
+    }
   }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
 }
 
 void bench_progression(const ModelWeights& w, const Ceilings& ceilings) {
