@@ -51,7 +51,8 @@ TEST(FastDecode14, InstallingFillsBothSeamsAndTheGraphSplitsFollowTheKernel) {
   EXPECT_EQ(decode_splits_for(DecodeAttention::Split, kLlama1B, 64, 2048, 132), decode_splits(kLlama1B, 64, 2048, 132));
   EXPECT_EQ(decode_splits_for(DecodeAttention::Fast, kLlama1B, 1, 4096, 0), decode_splits(kLlama1B, 1, 4096, 0));
   // A graph pins the split count of its context bucket (the next power of two), by the kernel's policy.
-  EXPECT_EQ(graph_decode_splits(kLlama1B, 32, 1500, 132, DecodeAttention::Fast), fast_decode_splits(kLlama1B, 32, 2048, 132));
+  EXPECT_EQ(graph_decode_splits(kLlama1B, 32, 1500, 132, DecodeAttention::Fast),
+            fast_decode_splits(kLlama1B, 32, 2048, 132));
   EXPECT_EQ(graph_decode_splits(kLlama1B, 32, 1500, 132), decode_splits(kLlama1B, 32, 2048, 132));
 }
 
@@ -84,7 +85,8 @@ struct CpuStep {
 TEST(FastDecode14, OnTheCpuFastIsLesson10sSplitReference) {
   CpuStep step;
   for (int splits : {0, 1, 3, 64}) {
-    const std::vector<float> fast = step.run(DecodeAttention::Fast, splits), split = step.run(DecodeAttention::Split, splits);
+    const std::vector<float> fast = step.run(DecodeAttention::Fast, splits);
+    const std::vector<float> split = step.run(DecodeAttention::Split, splits);
     EXPECT_EQ(fast, split) << "splits " << splits;
     for (float x : fast) EXPECT_TRUE(std::isfinite(x)) << "splits " << splits;
   }

@@ -98,11 +98,12 @@ class Step {
     }
     cache_gpu_ = KvCache(s_, 1, B, max_cap, Device::CUDA);
     pool_gpu_ = PagedKvPool(s_, 1, blocks, bs_, Device::CUDA);
+    const TensorView cpu_views[] = {cache_cpu_.k(0), cache_cpu_.v(0), pool_cpu_.k(0), pool_cpu_.v(0)};
+    const TensorView gpu_views[] = {cache_gpu_.k(0), cache_gpu_.v(0), pool_gpu_.k(0), pool_gpu_.v(0)};
     for (int i = 0; i < 4; ++i) {
-      const TensorView src = i == 0 ? cache_cpu_.k(0) : i == 1 ? cache_cpu_.v(0) : i == 2 ? pool_cpu_.k(0) : pool_cpu_.v(0);
-      const TensorView dst = i == 0 ? cache_gpu_.k(0) : i == 1 ? cache_gpu_.v(0) : i == 2 ? pool_gpu_.k(0) : pool_gpu_.v(0);
+      const TensorView& src = cpu_views[i];
       const std::vector<float> host(src.ptr<float>(), src.ptr<float>() + src.numel());
-      copy_view(dst, Tensor::from_f32(host, src.shape, DType::BF16, Device::CUDA).view());
+      copy_view(gpu_views[i], Tensor::from_f32(host, src.shape, DType::BF16, Device::CUDA).view());
     }
     tq_ = std::accumulate(q_lens_.begin(), q_lens_.end(), int64_t{0});
     q_ = bf16_values(random_normal(static_cast<size_t>(tq_ * s_.q_dim()), seed + 1, 2.f));

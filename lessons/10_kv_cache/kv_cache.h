@@ -177,8 +177,9 @@ enum class DecodeAttention { Split, Flash, Fast };
 // Attention of the step's queries over the cache (keys 0..k_len[b]-1 of sequence b, already written, this
 // step's included). q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV buffer).
 // Every q_len <= 1 and decode == Split or Fast: decode_attention with that kernel and decode_splits_for()
-// (workspace needed on CUDA); otherwise the flash kernel over the cache (CUDA) or the double-precision reference (CPU). Throws
-// InputError on a bad shape, device, batch (k_len past max_context, more sequences than slots) or head_dim.
+// (workspace needed on CUDA); otherwise the flash kernel over the cache (CUDA) or the double-precision
+// reference (CPU). Throws InputError on a bad shape, device, batch (k_len past max_context, more sequences than
+// slots) or head_dim.
 void cached_attention(const TensorView& out, const TensorView& q, const TensorView& cache_k,
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
                       const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream = nullptr,

@@ -185,9 +185,9 @@ void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const Te
 // Attention of the step's queries over the pool: sequence b's keys 0..k_len[b]-1 (already written, this step's
 // included) through its block table. q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV
 // buffer). Every q_len <= 1 and decode == Split or Fast: paged_decode_attention with that kernel and
-// decode_splits_for() (workspace needed on CUDA); otherwise the flash kernel with the PagedKV policy (CUDA) or the double-precision reference (CPU):
-// lesson 10's DecodeAttention says when to choose Flash. Throws InputError on a bad shape, device, batch, table
-// or head_dim (check_paged_step's checks included).
+// decode_splits_for() (workspace needed on CUDA); otherwise the flash kernel with the PagedKV policy (CUDA) or
+// the double-precision reference (CPU): lesson 10's DecodeAttention says when to choose Flash. Throws InputError
+// on a bad shape, device, batch, table or head_dim (check_paged_step's checks included).
 void paged_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
                      const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
                      DecodeWorkspace* workspace, cudaStream_t stream = nullptr,

@@ -46,6 +46,7 @@
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
 #include "common/mma.cuh"  // cp.async (lesson 06)
+#include "stream_load.cuh"
 #include "kv_cache.h"
 
 namespace tvllm {
@@ -90,19 +91,11 @@ constexpr int rounds_per_stage() {
 template <int G>
 size_t smem_bytes(Pipeline pipeline, int head_dim) {
   const size_t merge = static_cast<size_t>(kWarps * G * (head_dim + 2)) * sizeof(float);
-  const size_t ring = pipeline == Pipeline::Ring ? size_t{kWarps} * kRingStages * rounds_per_stage<G>() * 2 * 32 * 16 : 0;
+  const size_t ring_bytes = size_t{kWarps} * kRingStages * rounds_per_stage<G>() * 2 * 32 * 16;
+  const size_t ring = pipeline == Pipeline::Ring ? ring_bytes : 0;
   return std::max(merge, ring);
 }
 
-// K and V are read once per step: stream them past L1 (".L1::no_allocate"), through the read-only path (".nc"),
-// as lesson 14's GEMV streams its weights. The cache is written by an earlier kernel of the stream, never by this one.
-__device__ __forceinline__ Pack<8> load_streaming(const bf16* p) {
-  Pack<8> r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.word[0]), "=r"(r.word[1]), "=r"(r.word[2]), "=r"(r.word[3])
-      : "l"(p));
-  return r;
-}
 
 // One stage of a warp's pipeline: this lane's 16 bytes of U keys and of their U values.
 template <int U>
