@@ -198,9 +198,10 @@ std::string name_of(const AttentionShape& s, size_t B, const char* what, int spl
          std::to_string(s.n_kv_heads) + " B " + std::to_string(B) + " splits " + std::to_string(splits);
 }
 
-// Contexts that mix the edges: 1 key, a partial block, a block and one, a long one, the rest in [2, longest).
+// Contexts that mix the edges: a long one (alone at B = 1), 1 key, a partial block, a block and one, exactly
+// one block, two and one; the rest in [2, longest).
 std::vector<int64_t> mixed_lengths(int64_t B, int64_t longest, uint64_t seed) {
-  const std::vector<int64_t> edges{1, 15, 17, longest, 16, 33};
+  const std::vector<int64_t> edges{longest, 1, 15, 17, 16, 33};
   std::vector<int64_t> lens;
   Rng rng(seed);
   for (int64_t b = 0; b < B; ++b)
