@@ -200,7 +200,7 @@ int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len
 // ---- lesson 14's seam ------------------------------------------------------------------------------------
 
 namespace {
-// Two atomics rather than one struct behind a mutex: a reader on the decode path pays one relaxed-order load each.
+// Two atomics rather than one struct behind a mutex: a reader on the decode path pays one atomic load each.
 std::atomic<decltype(FastDecodeKernel::splits)> g_fast_splits{nullptr};
 std::atomic<decltype(FastDecodeKernel::contiguous)> g_fast_contiguous{nullptr};
 }  // namespace

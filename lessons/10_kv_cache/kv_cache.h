@@ -169,7 +169,7 @@ int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len
 //   Fast   lesson 14's decode kernel (decode_attention_fast.cuh): the same split arithmetic as Split, read at
 //          the memory roofline, with lesson 14's split count. It lives in lesson 14, which this library cannot
 //          link: lesson 14 installs it through install_fast_decode() below, and asking for Fast before that is
-//          an InputError that says so. lesson 14's use_fast_path makes it the default of decode steps.
+//          an InputError that says so. Lesson 14's use_fast_path makes it the default of decode steps.
 // On the CPU, Flash means the prefill reference (double precision) for every row; Fast and Split both mean
 // decode_attention_cpu (the split reference: the kernels differ in speed, not in arithmetic).
 enum class DecodeAttention { Split, Flash, Fast };

@@ -26,7 +26,7 @@
 // together. With head_dim 64 (TPK 8) and U 4 that is 16 keys: one block of lesson 12's pool, whose block-table
 // entry every lane reads from the same address (one transaction, an L1 hit after the first lane group).
 //
-// Arithmetic (what the CPU reference computes, README "What correct means"): scores in base-2 units, fp32
+// Arithmetic (what the CPU reference computes; README section 11, "What correct means here"): scores in base-2 units, fp32
 // throughout, P never rounded; per split a max m, a sum l and an unnormalised output o relative to m; the
 // combine rescales by 2^(m_s - M). The order of the additions differs from lesson 10's kernel (per warp, then
 // the 4 warps in a fixed order), so the bits may differ from it by fp32 rounding; for a given split count the
@@ -46,8 +46,8 @@
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
 #include "common/mma.cuh"  // cp.async (lesson 06)
-#include "stream_load.cuh"
 #include "kv_cache.h"
+#include "stream_load.cuh"
 
 namespace tvllm {
 namespace fast_decode {
