@@ -96,7 +96,6 @@ size_t smem_bytes(Pipeline pipeline, int head_dim) {
   return std::max(merge, ring);
 }
 
-
 // One stage of a warp's pipeline: this lane's 16 bytes of U keys and of their U values.
 template <int U>
 struct Stage {
