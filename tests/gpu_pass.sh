@@ -11,6 +11,20 @@
 #   6. a random-weight model with Llama 3.2 1B's shapes + its Hugging Face references, made here
 #   7. every lesson executable on that model, then --bench at 1B shapes, then PyTorch's own kernels on the
 #      same shapes for comparison
+# Stage "families" (not in the default list: a few minutes on an H200; FAMILY_PRESETS="qwen3-0.6b" for one
+# family per call if the budget is tight): for each of FAMILY_PRESETS (default
+# "qwen2.5-0.5b qwen3-0.6b mistral-7b"), a random model with the published checkpoint's shapes and
+# FAMILY_LAYERS (default 2) layers, with a tokenizer of the family's style and its chat template
+# (weights/tools/make_random_model.py), and its Hugging Face references (make_reference.py --device cuda, kept in
+# $MODELS/fam-<preset>-l<layers> for the next pass); then every lesson executable that reads the model (01,
+# 03-14) on it, `tiny-vllm generate` (a prompt, then --chat), the engine through `bench
+# throughput` with the contiguous and the paged KV cache (prefix caching on), and `serve` with HTTP requests
+# (tests/server/serve_smoke.py); on qwen3-0.6b also `bench latency` and `bench throughput` figures. A preset
+# "mistral-7b-wN" (e.g. FAMILY_PRESETS="mistral-7b-w64") is Mistral's shapes with a window of N positions, shorter
+# than the references' prompts (101+ tokens), so the windowed prefill, decode, paged and prefix-cached paths run
+# at the real shapes (Mistral-7B-v0.1's own 4096 never binds in a test this short).
+#   STAGES="build families" bash tests/gpu_pass.sh
+#   STAGES=families FAMILY_PRESETS=qwen3-0.6b BUILD=build-gpu bash tests/gpu_pass.sh
 # Logs and a summary (report.md, with each step's time) go to $OUT (default: ./gpu-pass-out). The pass
 # keeps to a time budget (BUDGET seconds, default 540: one device call is at most 10 minutes): each step's
 # limit is cut to what is left, and steps that no longer fit are reported as SKIP (budget).
@@ -18,7 +32,8 @@
 #   bash tests/gpu_pass.sh                       # everything
 #   STAGES="build test tiny" bash tests/gpu_pass.sh
 #   (also, not in the default list: "student", `ctest -L student` with the GPU (quick: every lesson's stubs
-#   fail and solutions pass); "student-full", the three-phase check with --strict, lesson by lesson)
+#   fail and solutions pass); "student-full", the three-phase check with --strict, lesson by lesson;
+#   "families", issue 18's model families, see above)
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
 #
 # Dependencies the machine lacks (CLI11, ..., utf8proc: tests/stage-extra-deps.sh) can travel in .deps/ (see the
@@ -37,6 +52,9 @@ RANDOM_LAYERS=${RANDOM_LAYERS:-16}   # fewer layers make the model and its refer
 CTEST_LABEL=${CTEST_LABEL:-""}       # e.g. CTEST_LABEL=gpu runs only the GPU tests
 MODELS=${MODELS:-/tmp/tvllm-models}  # the F32/F16 copies and the head_dim model
 HEADDIM=${HEADDIM:-80}               # neither 64 nor 128, and not a multiple of 32
+FAMILY_PRESETS=${FAMILY_PRESETS:-"qwen2.5-0.5b qwen3-0.6b mistral-7b"}
+FAMILY_LAYERS=${FAMILY_LAYERS:-2}    # the real widths and vocabularies, 2 layers
+FAMILY_NEW_TOKENS=${FAMILY_NEW_TOKENS:-24}  # greedy tokens per reference prompt (make_reference's default is 64)
 report=$OUT/report.md
 status=0
 skipped=0
@@ -192,6 +210,50 @@ if has_stage random; then
   every_lesson 1b "$RANDOM_MODEL" --device cuda
 fi
 
+# Issue 18: the Llama-like families at their real shapes (see the header). A model is made once per
+# $MODELS/fam-<preset>-l<layers> and kept for the next pass.
+if has_stage families; then
+  tvllm=$BUILD/bin/tiny-vllm
+  for preset in $FAMILY_PRESETS; do
+    model=$MODELS/fam-$preset-l$FAMILY_LAYERS
+    f=fam.$preset
+    window=()  # "mistral-7b-w64": Mistral's shapes with a 64-position window, shorter than the references' prompts
+    if [[ $preset =~ ^(mistral-7b)-w([0-9]+)$ ]]; then
+      preset=${BASH_REMATCH[1]}
+      window=(--sliding-window "${BASH_REMATCH[2]}")
+    fi
+    if [ ! -f "$model/reference/activations.safetensors" ]; then
+      rm -rf "$model"
+      # --no-verify: make_reference.py loads it with transformers next and checks every stage anyway.
+      run "$f.make_model" 180 python3 weights/tools/make_random_model.py --preset "$preset" --out "$model" \
+        --layers "$FAMILY_LAYERS" --device cuda --no-verify "${window[@]}" &&
+      run "$f.make_reference" 240 python3 weights/tools/make_reference.py "$model" --device cuda \
+        --max-new-tokens "$FAMILY_NEW_TOKENS"
+    fi
+    [ -f "$model/reference/activations.safetensors" ] || { note "| $f | FAIL (no model or reference) | 0 s |"; status=1; continue; }
+    # Lessons 00 (the GPU itself) and 02 (every bf16 pattern) do not depend on the model: not run again here.
+    LESSONS=${LESSONS:-"01 03 04 05 06 07 08 09 10 11 12 13 14"} every_lesson "$f" "$model" --device cuda
+    run "$f.generate" 120 "$tvllm" generate --model "$model" --device cuda --prompt "The capital of Portugal is" \
+      --max-tokens 32 --output json
+    run "$f.generate_chat" 120 "$tvllm" generate --model "$model" --device cuda --chat \
+      --prompt "Give me one tip for baking bread." --max-tokens 32 --output json
+    # The engine (lessons 11-12, with lesson 14's fast path) on a short offline workload, both KV caches.
+    for kv in contiguous paged; do
+      run "$f.engine_$kv" 180 "$tvllm" bench throughput --model "$model" --device cuda --kv "$kv" \
+        --num-requests 32 --min-len 16 --max-len 128
+    done
+    thinking=; [ "$preset" = qwen3-0.6b ] && thinking=--thinking
+    run "$f.serve" 180 python3 tests/server/serve_smoke.py --tiny-vllm "$tvllm" --model "$model" --device cuda \
+      --kv paged $thinking
+    if [ "$preset" = qwen3-0.6b ]; then
+      run "$f.bench_latency" 240 "$tvllm" bench latency --model "$model" --device cuda --batch-size 1 8 32 \
+        --context 128 2048 --output-len 32 --prefill-len 2048 --iters 2
+      run "$f.bench_throughput" 240 "$tvllm" bench throughput --model "$model" --device cuda \
+        --num-requests 128 --min-len 64 --max-len 512
+    fi
+  done
+fi
+
 if has_stage bench; then
   bench_model=$RANDOM_MODEL
   [ -f "$bench_model/config.json" ] || bench_model=$root/weights/tiny-llama3
@@ -213,13 +275,25 @@ note "Whole pass: ${SECONDS} s of a ${BUDGET} s budget; ${skipped} step(s) skipp
   echo ""
   echo "## Lesson output (PASS/FAIL lines and benchmark tables)"
   for log in "$OUT"/tiny.*.log "$OUT"/f32.*.log "$OUT"/f16.*.log "$OUT"/hd*.*.log "$OUT"/1b.*.log \
-             "$OUT"/bench.*.log "$OUT"/torch_baseline.log; do
+             "$OUT"/bench.*.log "$OUT"/torch_baseline.log "$OUT"/fam.*.lesson*.log; do
     [ -f "$log" ] || continue
     echo ""
     echo "### $(basename "$log" .log)"
     echo '```'
     # from the first table on: the comparison table, its verdict and any benchmark tables
     sed -n '/^== /,$p' "$log" | grep -v '^[[:space:]]*$' | tail -70
+    echo '```'
+  done
+} >>"$report"
+
+# The families' product commands: their last lines (generate's JSON, the bench tables, serve's checks).
+{
+  for log in "$OUT"/fam.*.generate*.log "$OUT"/fam.*.engine_*.log "$OUT"/fam.*.serve.log "$OUT"/fam.*.bench_*.log; do
+    [ -f "$log" ] || continue
+    echo ""
+    echo "### $(basename "$log" .log)"
+    echo '```'
+    grep -v '^[[:space:]]*$' "$log" | tail -40 | cut -c1-400
     echo '```'
   done
 } >>"$report"

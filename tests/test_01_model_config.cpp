@@ -337,6 +337,71 @@ TEST(ModelConfig, ParsesMistralSlidingWindow) {
   expect_rejected(j, "sliding_window must be a positive integer");
 }
 
+// Issue 18: what none of the families computes is refused with ONE message (one line) that names the field, for
+// the configs users actually download, in both rope spellings (transformers < 5 and 5).
+void expect_one_line_refusal(const json& j, const std::string& needle) {
+  try {
+    parse_model_config(j);
+    ADD_FAILURE() << "accepted: " << j.dump() << "\nexpected an error mentioning: " << needle;
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("config.json: ", 0), 0u) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << "message: " << msg << "\nexpected it to mention: " << needle;
+  }
+}
+
+TEST(ModelConfig, RefusesUnsupportedFamiliesNamingTheField) {
+  // google/gemma-2-2b-it (abridged to the fields that matter): another model type, with soft-capping and GELU.
+  expect_one_line_refusal(json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304, "intermediate_size": 9216, "max_position_embeddings": 8192, "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000})"),
+                          "model_type is \"gemma2\": tiny-vllm runs model_type \"llama\", \"qwen2\", \"qwen3\" "
+                          "and \"mistral\" only");
+  // mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen3-30B-A3B: MoE families of their own model_type.
+  json mixtral = mistral_7b_v0_1();
+  mixtral["model_type"] = "mixtral";
+  mixtral["architectures"] = json::array({"MixtralForCausalLM"});
+  mixtral["num_local_experts"] = 8;
+  mixtral["num_experts_per_tok"] = 2;
+  expect_one_line_refusal(mixtral, "model_type is \"mixtral\"");
+  json qwen3_moe = qwen3_0_6b();
+  qwen3_moe["model_type"] = "qwen3_moe";
+  qwen3_moe["num_experts"] = 128;
+  expect_one_line_refusal(qwen3_moe, "model_type is \"qwen3_moe\"");
+  // Expert fields under a model_type we do run: refused by the field, never run as a dense model.
+  json j = qwen3_0_6b();
+  j["num_experts"] = 128;
+  j["num_experts_per_tok"] = 8;
+  j["moe_intermediate_size"] = 768;
+  expect_one_line_refusal(j, "num_experts is 128: mixture-of-experts models are not supported");
+  j = mistral_7b_v0_1();
+  j["num_local_experts"] = 8;
+  expect_one_line_refusal(j, "num_local_experts is 8");
+  // Qwen2.5's documented long-context setting (YaRN), in both spellings, and other rope types.
+  j = qwen2_5_0_5b();
+  j["rope_scaling"] = json::parse(R"({"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"})");
+  expect_one_line_refusal(
+      j, "rope_scaling.rope_type \"yarn\" is not supported (tiny-vllm implements \"default\" and \"llama3\")");
+  j = qwen3_0_6b();
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = json::parse(R"({"rope_type": "yarn", "rope_theta": 1000000, "factor": 4.0})");
+  expect_one_line_refusal(j, "rope_parameters.rope_type \"yarn\" is not supported");
+  for (const char* type : {"linear", "dynamic", "longrope"}) {
+    j = mistral_7b_v0_1();
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
+    expect_one_line_refusal(j, std::string("rope_scaling.rope_type \"") + type + "\" is not supported");
+  }
+  // A quantized checkpoint of a supported family (Qwen/Qwen2.5-0.5B-Instruct-AWQ).
+  j = qwen2_5_0_5b();
+  j["quantization_config"] = json::parse(R"({"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm"})");
+  expect_one_line_refusal(j, "quantization_config is present (quant_method \"awq\"): quantized checkpoints");
+}
+
 TEST(ModelConfig, ParsesLlamaBiases) {
   json j = tiny();
   EXPECT_FALSE(parse_model_config(j).has_family_extras());
@@ -369,6 +434,33 @@ TEST(ModelConfig, RejectsBadTokenIds) {
 TEST(ModelConfig, RejectsNonObject) {
   expect_rejected(json::array(), "must be a JSON object");
   expect_rejected(json("config"), "must be a JSON object");
+}
+
+// generation_config.json's eos ids join config.json's (transformers' generate stops at them: Qwen2.5's
+// <|im_end|> is only there); a bad one is refused naming that file.
+TEST(ModelConfig, GenerationConfigAddsItsEosIds) {
+  testing::TempDir dir;
+  testing::write_file(dir / "config.json", tiny().dump(2));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2}));
+  testing::write_file(dir / "generation_config.json", std::string(R"({"eos_token_id": [7, 2], "do_sample": true})"));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2, 7}));
+  testing::write_file(dir / "generation_config.json", std::string(R"({"eos_token_id": 9})"));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2, 9}));
+  testing::write_file(dir / "generation_config.json", std::string(R"({"temperature": 0.6})"));
+  EXPECT_EQ(load_model_config(dir.path()).eos_token_ids, (std::vector<int64_t>{2}));
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"eos_token_id": 5000})", "generation_config.json: eos_token_id 5000 is outside the vocabulary"},
+           {R"({"eos_token_id": ["2"]})", "generation_config.json: "},
+           {R"({"eos_token_id": 2,)", "generation_config.json"},
+           {R"([2])", "generation_config.json: expected a JSON object"}}) {
+    testing::write_file(dir / "generation_config.json", text);
+    try {
+      load_model_config(dir.path());
+      ADD_FAILURE() << "loaded with generation_config.json " << text;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what() << "\nexpected: " << needle;
+    }
+  }
 }
 
 TEST(ModelConfig, LoadFromDirectoryAndFile) {

@@ -211,9 +211,13 @@ TEST(Matmul06Cpu, RejectsWrongCudaArgumentsBeforeLaunching) {
   EXPECT_THROW(linear(y, x, w, MatmulKernel::V5Cublas, nullptr), InputError);
   EXPECT_THROW(linear(y, x, w, MatmulKernel::V6CublasLt, nullptr), InputError);
   EXPECT_THROW(linear(y, x, w, MatmulKernel::V7BatchInvariant, nullptr), InputError);  // its workspace
-  for (MatmulKernel k : all_matmul_kernels())
+  EXPECT_THROW(linear(y, x, w, MatmulKernel::V8PinnedLt, nullptr), InputError);
+  for (MatmulKernel k : all_matmul_kernels()) {
     EXPECT_EQ(matmul_kernel_needs_handle(k), k == MatmulKernel::V5Cublas || k == MatmulKernel::V6CublasLt ||
-                                                 k == MatmulKernel::V7BatchInvariant);
+                                                 k == MatmulKernel::V7BatchInvariant || k == MatmulKernel::V8PinnedLt);
+    EXPECT_EQ(matmul_kernel_is_batch_invariant(k), k == MatmulKernel::V4MmaSync ||
+                                                       k == MatmulKernel::V7BatchInvariant || k == MatmulKernel::V8PinnedLt);
+  }
   // The GPU path is bf16 in: fp32 x or w is an error, as is an fp16 y.
   EXPECT_THROW(linear(y, fake_cuda(DType::F32, {2, 8}, 0x10000), w, MatmulKernel::V2Tiled), InputError);
   EXPECT_THROW(linear(y, x, fake_cuda(DType::F16, {4, 8}, 0x20000), MatmulKernel::V2Tiled), InputError);
@@ -247,9 +251,9 @@ TEST(Matmul06Cpu, BatchInvariantSplitCoversKFromTheShapeAlone) {
 }
 
 TEST(Matmul06Cpu, KernelNamesRoundTrip) {
-  ASSERT_EQ(all_matmul_kernels().size(), 7u);
+  ASSERT_EQ(all_matmul_kernels().size(), 8u);
   for (MatmulKernel k : all_matmul_kernels()) EXPECT_EQ(parse_matmul_kernel(matmul_kernel_version(k)), k);
-  // The order of the chapter: v1 naive, v2 tiled, v3 WMMA, v4 mma.sync, v5 cuBLAS, v6 cuBLASLt, v7.
+  // The order of the chapter: v1 naive, v2 tiled, v3 WMMA, v4 mma.sync, v5 cuBLAS, v6 cuBLASLt, v7, v8.
   EXPECT_EQ(parse_matmul_kernel("v3"), MatmulKernel::V3Wmma);
   EXPECT_EQ(parse_matmul_kernel("v4"), MatmulKernel::V4MmaSync);
   EXPECT_EQ(parse_matmul_kernel("v5"), MatmulKernel::V5Cublas);
@@ -257,7 +261,10 @@ TEST(Matmul06Cpu, KernelNamesRoundTrip) {
   EXPECT_EQ(matmul_kernel_description(MatmulKernel::V4MmaSync), "mma.sync");
   EXPECT_EQ(kDefaultMatmulKernel, MatmulKernel::V5Cublas);
   EXPECT_EQ(parse_matmul_kernel("v7"), MatmulKernel::V7BatchInvariant);
-  EXPECT_THROW(parse_matmul_kernel("v8"), InputError);
+  EXPECT_EQ(parse_matmul_kernel("v8"), MatmulKernel::V8PinnedLt);
+  EXPECT_EQ(matmul_kernel_description(MatmulKernel::V8PinnedLt), "batch-invariant cuBLASLt");
+  EXPECT_EQ(kBatchInvariantMatmulKernel, MatmulKernel::V8PinnedLt);  // what lesson 11's batch_invariant runs
+  EXPECT_THROW(parse_matmul_kernel("v9"), InputError);
   EXPECT_THROW(parse_matmul_kernel("v0"), InputError);
   EXPECT_THROW(parse_matmul_kernel(""), InputError);
 }

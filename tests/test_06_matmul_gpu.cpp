@@ -21,6 +21,7 @@
 #include "common/buffer.h"
 #include "common/cublas.h"
 #include "common/cuda_stream.h"
+#include "common/device.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
@@ -313,7 +314,7 @@ TEST_P(Matmul06TensorCore, WithoutAHandleRunsOnTheDefaultStream) {
   EXPECT_TRUE(r.pass()) << describe(r);
 }
 
-// ---- batch invariance (v4 and v7) -----------------------------------------------------------------------
+// ---- batch invariance (v4, v7 and v8) -----------------------------------------------------------------------
 
 // The bits of y's rows [first, first + count) when x holds only those rows.
 std::vector<unsigned char> rows_alone(const Problem& p, int64_t first, int64_t count, MatmulKernel kernel,
@@ -325,7 +326,7 @@ std::vector<unsigned char> rows_alone(const Problem& p, int64_t first, int64_t c
 }
 
 // Lesson 11's engine puts many requests in one step; a request's logits must not depend on who else is in
-// it. v4 and v7 promise that row t of y is the same bits whatever the other rows are and however many: here
+// it. v4, v7 and v8 promise that row t of y is the same bits whatever the other rows are and however many: here
 // against the same rows computed among 300 (3 token tiles). Shapes: K cut in 8 and 16 pieces (o_proj- and
 // down_proj-like), one piece, K not a multiple of the 32-column slice, out not a multiple of the tile.
 // cuBLAS (v5) makes no such promise: how many elements differ is printed, not asserted.
@@ -339,7 +340,8 @@ TEST(Matmul06Gpu, BatchInvariantRowsDoNotDependOnTheOtherRows) {
     SCOPED_TRACE(p.describe() + ", " + std::to_string(batch_invariant_split(s.in, s.out).splits) + " pieces");
     for (const DType dtype : {DType::BF16, DType::F32}) {
       const size_t row_bytes = static_cast<size_t>(p.out) * dtype_size(dtype);
-      for (const MatmulKernel kernel : {MatmulKernel::V4MmaSync, MatmulKernel::V7BatchInvariant, MatmulKernel::V5Cublas}) {
+      for (const MatmulKernel kernel : {MatmulKernel::V4MmaSync, MatmulKernel::V7BatchInvariant, MatmulKernel::V8PinnedLt,
+                                        MatmulKernel::V5Cublas}) {
         SCOPED_TRACE(std::string(matmul_kernel_version(kernel)) + " " + std::string(dtype_name(dtype)));
         Tensor all = run(p, kernel, handle, dtype);
         const CompareResult r = compare_rows("y", all, p.expected, dtype == DType::F32 ? kF32OutVsCpu : kBf16OutVsCpu);
@@ -380,6 +382,104 @@ TEST(Matmul06Gpu, BatchInvariantChunksOfRowsGiveTheSameBits) {
   CublasHandle tiny(size_t{32} << 10);
   Tensor y = poisoned({p.tokens, p.out}, DType::BF16);
   EXPECT_THROW(linear(y, p.x_dev, p.w_dev, MatmulKernel::V7BatchInvariant, &tiny), InputError);
+}
+
+// v8 on the shapes the engine runs (Llama 3.2 1B, lesson 08's fused q|k|v and gate|up; the lm_head with the
+// engine's fp32 logits). x holds 4096 random rows; y computed at T = 4096 is the reference, and every slice
+// of T = 1, 2, 3, 7, 64 and 333 rows (at the start, the end, and across tile boundaries) must be the same bits
+// computed alone. This is the proof that the pinned algorithm keeps one order of additions at every T (the
+// argument in matmul_pinned.cu only holds for kernels that do not change their inner behaviour with T). One
+// row per shape is also checked against the CPU reference: invariant and right. On compute capability 9.0
+// (the H100/H200 the numbers of the chapter come from) the shape must be pinned, not left to v7.
+TEST(Matmul06Gpu, PinnedLtRowsAreTheSameBitsAtEveryT) {
+  TVLLM_REQUIRE_GPU();
+  const DeviceProps props = query_device();
+  const bool hopper = props.compute_major == 9;
+  CublasHandle handle;
+  constexpr int64_t kRows = 4096;
+  struct Shape { const char* name; int64_t in, out; DType dtype; };
+  const Shape shapes[] = {{"q|k|v", 2048, 3072, DType::BF16},   {"o_proj", 2048, 2048, DType::BF16},
+                          {"gate|up", 2048, 16384, DType::BF16}, {"down_proj", 8192, 2048, DType::BF16},
+                          {"lm_head", 2048, 128256, DType::F32}};
+  const int64_t token_counts[] = {1, 2, 3, 7, 64, 333};
+  Tensor x = Tensor::empty({kRows, 8192}, DType::BF16, Device::CUDA);
+  fill_uniform_bf16(x, 21);
+  for (const Shape& s : shapes) {
+    const PinnedMatmulAlgo pin = pinned_matmul_algo(s.in, s.out, s.dtype, handle);
+    std::printf("v8 %s [%lld -> %lld]: %s%s\n", s.name, static_cast<long long>(s.in), static_cast<long long>(s.out),
+                pin.pinned ? "" : "not pinned, runs v7: ", pin.description.c_str());
+    SCOPED_TRACE(std::string(s.name) + ": " + pin.description);
+    if (hopper) {
+      EXPECT_TRUE(pin.pinned);
+    }
+    const TensorView xs = TensorView::contiguous(x.data(), DType::BF16, Device::CUDA, {kRows, s.in});
+    Tensor w = Tensor::empty({s.out, s.in}, DType::BF16, Device::CUDA);
+    fill_uniform_bf16(w, 22 + static_cast<uint64_t>(s.out), -0.05f, 0.05f);
+    Tensor all = poisoned({kRows, s.out}, s.dtype);
+    linear(all, xs, w, MatmulKernel::V8PinnedLt, &handle);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<unsigned char> all_bytes = bytes_of(all);
+    const size_t row_bytes = static_cast<size_t>(s.out) * dtype_size(s.dtype);
+    for (const int64_t tokens : token_counts) {
+      for (const int64_t first : {int64_t{0}, int64_t{127}, kRows - tokens}) {
+        Tensor y = poisoned({tokens, s.out}, s.dtype);
+        linear(y, xs.rows(first, tokens), w, MatmulKernel::V8PinnedLt, &handle);
+        TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto begin = all_bytes.begin() + static_cast<std::ptrdiff_t>(first * row_bytes);
+        const std::vector<unsigned char> expected(begin, begin + static_cast<std::ptrdiff_t>(tokens * row_bytes));
+        EXPECT_TRUE(bytes_of(y) == expected) << "rows " << first << ".." << first + tokens - 1 << " at T = " << tokens;
+      }
+    }
+    // Row 4095 against the CPU reference (the same bf16 values, widened exactly).
+    const Tensor x_row = Tensor::copy_of(xs.rows(kRows - 1, 1), Device::CPU, DType::F32);
+    const Tensor w_host = Tensor::copy_of(w.view(), Device::CPU, DType::BF16);
+    Tensor expected = Tensor::empty({1, s.out}, DType::F32, Device::CPU);
+    linear(expected, x_row, w_host);
+    const CompareResult r = compare_rows("last row", all.view().rows(kRows - 1, 1), expected,
+                                         s.dtype == DType::F32 ? kF32OutVsCpu : kBf16OutVsCpu);
+    EXPECT_TRUE(r.pass()) << describe(r);
+  }
+}
+
+// Lesson 14's graph runner captures a decode step the first time its batch size occurs, so v8 may meet a new T
+// inside a capture: the plan for that T (its descriptors, host work; the algorithm check is left to
+// cublasLtMatmul while capturing) is made there, and the replay must give the bits an eager call gives.
+TEST(Matmul06Gpu, PinnedLtMakesANewTsPlanInsideACapture) {
+  TVLLM_REQUIRE_GPU();
+  CudaStream stream;
+  CublasHandle handle(CublasHandle::kDefaultWorkspaceBytes, stream);
+  const Problem p(65, 1024, 512, 977);
+  {  // the shape's pin, made eagerly at another T (as the engine's warm-up prefill does)
+    Tensor y = poisoned({64, p.out}, DType::BF16);
+    linear(y, p.x_dev.view().rows(0, 64), p.w_dev, MatmulKernel::V8PinnedLt, &handle);
+    stream.synchronize();
+  }
+  EXPECT_TRUE(pinned_matmul_algo(p.in, p.out, DType::BF16, handle).pinned || query_device().compute_major != 9);
+  Tensor replayed = poisoned({p.tokens, p.out}, DType::BF16);
+  const CudaGraph graph =
+      CudaGraph::capture(stream, [&] { linear(replayed, p.x_dev, p.w_dev, MatmulKernel::V8PinnedLt, &handle); });
+  graph.launch(stream);
+  stream.synchronize();
+  const CompareResult r = compare_rows("y", replayed, p.expected, kBf16OutVsCpu);
+  EXPECT_TRUE(r.pass()) << describe(r);
+  Tensor eager = poisoned({p.tokens, p.out}, DType::BF16);
+  linear(eager, p.x_dev, p.w_dev, MatmulKernel::V8PinnedLt, &handle);
+  stream.synchronize();
+  EXPECT_EQ(bytes_of(replayed), bytes_of(eager));
+}
+
+// A shape v8 cannot pin (out not a multiple of 8: rows of y are not 16-byte aligned) runs v7 instead, for every
+// T alike: its bits are v7's.
+TEST(Matmul06Gpu, PinnedLtRunsV7WhereItCannotPin) {
+  TVLLM_REQUIRE_GPU();
+  CublasHandle handle;
+  const PinnedMatmulAlgo pin = pinned_matmul_algo(1000, 100, DType::BF16, handle);
+  EXPECT_FALSE(pin.pinned);
+  EXPECT_NE(pin.description.find("multiples of 8"), std::string::npos) << pin.description;
+  const Problem p(37, 1000, 100, 923);
+  EXPECT_EQ(bytes_of(run(p, MatmulKernel::V8PinnedLt, handle)), bytes_of(run(p, MatmulKernel::V7BatchInvariant, handle)));
+  EXPECT_THROW(pinned_matmul_algo(0, 8, DType::BF16, handle), InputError);
+  EXPECT_THROW(pinned_matmul_algo(8, 8, DType::F16, handle), InputError);
 }
 
 // ---- the cuBLAS handle ----------------------------------------------------------------------------------

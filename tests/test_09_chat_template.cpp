@@ -152,6 +152,32 @@ TEST(ChatTemplate, Qwen3ThinkingAndHistory) {
       "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
 }
 
+// enable_thinking is Qwen3's template variable; every other family's template never reads it, so under
+// transformers apply_chat_template(..., enable_thinking=False) renders the same bytes, and so must we.
+TEST(ChatTemplate, OnlyQwen3HasAThinkingSwitch) {
+  const nlohmann::json data = read_json(cases_dir() / "cases.json");
+  int others = 0;
+  for (const auto& t : data["templates"]) {
+    const ChatTemplate tmpl = *ChatTemplate::from_model_dir(repo_root() / t["dir"].get<std::string>());
+    const bool qwen3 = tmpl.family() == ChatFamily::Qwen3;
+    EXPECT_EQ(tmpl.has_thinking_switch(), qwen3) << t["name"];
+    if (qwen3) continue;
+    for (const auto& [name, conversation] : data["conversations"].items()) {
+      const std::vector<ChatMessage> messages = messages_of(conversation);
+      std::string on;
+      try {
+        on = tmpl.render(messages, true, "26 Jul 2024", true);
+      } catch (const InputError&) {  // the template refuses this conversation: with either setting
+        EXPECT_THROW(tmpl.render(messages, true, "26 Jul 2024", false), InputError) << t["name"] << " / " << name;
+        continue;
+      }
+      EXPECT_EQ(tmpl.render(messages, true, "26 Jul 2024", false), on) << t["name"] << " / " << name;
+      ++others;
+    }
+  }
+  EXPECT_GE(others, 50);
+}
+
 TEST(ChatTemplate, MistralVariantsReadFromTheTemplate) {
   const std::vector<ChatMessage> conv = {
       {"system", "S"}, {"user", "u1"}, {"assistant", " a1 "}, {"user", "u2"}};

@@ -14,6 +14,7 @@
 #include "generate.h"
 #include "generate_check.h"
 #include "model_dir.h"
+#include "testing/family_models.h"
 #include "testing/testing.h"
 #include "tokenizer.h"
 
@@ -98,6 +99,20 @@ TEST(GenerateCli, GreedyPromptIdsEqualHuggingFace) {
     EXPECT_EQ(j["prompt_ids"].get<std::vector<int32_t>>(), g.prompt_ids) << g.name;
     EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), g.output_ids) << g.name;
     EXPECT_EQ(j["finish_reason"], g.stopped_at_eos ? "stop" : "length") << g.name;
+  }
+}
+
+// Issue 18: the transformers-written Qwen2 / Qwen3 / biased-Llama models (tests/data/models, no tokenizer),
+// through lesson 10's cached decode loop: exactly transformers' fp32 greedy ids (its generate ran without an
+// EOS stop, hence --ignore-eos).
+TEST(GenerateCli, FamilyModelsGreedyEqualsTransformers) {
+  for (const std::string& family : testing::computed_families()) {
+    const testing::FamilyReference ref = testing::read_family_reference(family);
+    const Split r = run_split(tiny_vllm() + " generate --model " + q(testing::family_model_dir(family).string()) +
+                              " --device cpu --prompt-ids " + q(ids_arg(ref.prompt_ids)) + " --max-tokens " +
+                              std::to_string(ref.greedy_ids.size()) + " --ignore-eos --output json");
+    ASSERT_EQ(r.exit_code, 0) << family << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int32_t>>(), ref.greedy_ids) << family;
   }
 }
 
@@ -349,6 +364,49 @@ TEST(TokenizeCli, MalformedInputExitsTwoNamingTheLine) {
   EXPECT_TRUE(contains(e.output, "no tokenizer.json")) << e.output;
 }
 
+// --enable-thinking true|false: Qwen3's template switch, exactly what apply_chat_template renders for each (the
+// qwen3 fixture's real template with the bundled weights and tokenizer: the prompt's text is what is checked).
+fs::path qwen3_config() { return testing::test_data_dir() / "chat_templates" / "qwen3" / "tokenizer_config.json"; }
+
+TEST(GenerateCli, EnableThinkingFollowsTheTemplate) {
+  TempDir dir;
+  model_copy(dir.path(), read_file(qwen3_config()));
+  const Tokenizer tok = Tokenizer::from_file(testing::tiny_model_dir() / "tokenizer.json");
+  const std::string base = tiny_vllm() + " generate --model " + q(dir.path().string()) +
+                           " --device cpu --max-tokens 1 --output json --chat --prompt Hi";
+  const auto prompt_text = [&](const std::string& flags) {
+    const Split r = run_split(base + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+    EXPECT_FALSE(contains(r.err, "no thinking switch")) << r.err;
+    return tok.decode(nlohmann::json::parse(r.out)["prompt_ids"].get<std::vector<int32_t>>());
+  };
+  const std::string thinking = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(prompt_text(""), thinking);  // the template's default: true, nothing appended
+  EXPECT_EQ(prompt_text(" --enable-thinking true"), thinking);
+  EXPECT_EQ(prompt_text(" --enable-thinking false"), thinking + "<think>\n\n</think>\n\n");
+
+  // A template without the switch (the bundled llama3 one): the same prompt, and a note saying so.
+  const std::string llama = tiny_vllm() + " generate --model " + model() +
+                            " --device cpu --max-tokens 1 --output json --chat --prompt Hi";
+  const Split plain = run_split(llama);
+  const Split off = run_split(llama + " --enable-thinking false");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_EQ(nlohmann::json::parse(off.out)["prompt_ids"], nlohmann::json::parse(plain.out)["prompt_ids"]);
+  EXPECT_TRUE(contains(off.err, "chat template (llama3) has no thinking switch")) << off.err;
+
+  // Bad usage: without --chat there is no template; only true and false are values.
+  const std::string bare = tiny_vllm() + " generate --model " + model() + " --device cpu --max-tokens 1 ";
+  Split r = run_split(bare + "--prompt hi --enable-thinking false");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "--enable-thinking is a chat template switch: add --chat")) << r.err;
+  for (const char* v : {"maybe", "0", "False", "''"}) {
+    r = run_split(bare + "--chat --prompt hi --enable-thinking " + v);
+    EXPECT_EQ(r.exit_code, 2) << v;
+    EXPECT_TRUE(contains(r.err, "--enable-thinking")) << v << ": " << r.err;
+  }
+}
+
 // ---- chat -------------------------------------------------------------------------------------------------
 
 // What the chat must answer to `history` + `user`, from the library (template, tokenizer, Generator).
@@ -420,6 +478,31 @@ TEST(ChatCli, AFullContextIsReportedNotACrash) {
   const std::vector<std::string> answers = lines_of(r.out);
   ASSERT_EQ(answers.size(), 2u) << r.out;
   EXPECT_EQ(answers[0], answers[1]);
+}
+
+TEST(ChatCli, EnableThinkingAppliesToEveryTurn) {
+  TempDir dir;
+  model_copy(dir.path(), read_file(qwen3_config()));
+  write_file(dir / "in", "Hi\nAgain\n");
+  const Tokenizer tok = Tokenizer::from_file(testing::tiny_model_dir() / "tokenizer.json");
+  const ChatTemplate tmpl = *ChatTemplate::from_model_dir(dir.path());
+  const auto first_prompt = [&](bool thinking) {  // the chat's stderr line: "prompt N tokens"
+    return "prompt " + std::to_string(tok.encode(tmpl.render({{"user", "Hi"}}, true, {}, thinking), false).size()) +
+           " tokens";
+  };
+  ASSERT_NE(first_prompt(true), first_prompt(false));
+  const std::string base =
+      tiny_vllm() + " chat --model " + q(dir.path().string()) + " --device cpu --max-tokens 2";
+  Split r = run_split(base + " --enable-thinking false < " + q((dir / "in").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, first_prompt(false))) << r.err;
+  EXPECT_EQ(lines_of(r.out).size(), 2u) << r.out;  // both turns answered
+  r = run_split(base + " < " + q((dir / "in").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, first_prompt(true))) << r.err;
+  r = run_split(base + " --enable-thinking yes < /dev/null");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "--enable-thinking")) << r.err;
 }
 
 TEST(ChatCli, BadUsageExitsTwo) {

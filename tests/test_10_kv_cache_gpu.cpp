@@ -25,33 +25,19 @@
 #include "kv_cache.h"
 #include "logits_check.h"
 #include "model_dir.h"
+#include "testing/attention_check.h"
 #include "testing/testing.h"
 #include "transformer.h"
 
 namespace tvllm {
 namespace {
 
-// Decode: P stays fp32 (never rounded to bf16); the only bf16 rounding is the output's (at most 2^-8 of it);
-// scores, exp2f and sums in another order add ~1e-6 relative (kFp32Slack covers them with room).
-constexpr double kBf16Rounding = 1.0 / 256;
-constexpr double kFp32Slack = 1e-4;
-const Tolerance kDecodeTol{kFp32Slack, kBf16Rounding + kFp32Slack};
-// Flash over the cache: lesson 07's bound (P rounded to bf16 before P V: up to 2^-8 * max|v| more).
-Tolerance flash_tol(double max_v) { return {(kBf16Rounding + kFp32Slack) * max_v, kBf16Rounding + kFp32Slack}; }
-
-std::vector<float> round_to_bf16(const std::vector<float>& x) {
-  return to_f32_vector(Tensor::from_f32(x, {static_cast<int64_t>(x.size())}, DType::BF16, Device::CPU));
-}
-
-std::string describe(const CompareResult& r, const AttentionShape& s) {
-  std::ostringstream o;
-  o << r.name << ": max_abs " << r.max_abs << ", max_rel " << r.max_rel << ", bad " << r.bad << " of " << r.count;
-  for (const Mismatch& m : r.first_mismatches)
-    o << "\n  row " << m.index / s.q_dim() << " head " << (m.index % s.q_dim()) / s.head_dim << " dim "
-      << m.index % s.head_dim << ": got " << m.actual << ", expected " << m.expected;
-  if (!r.error.empty()) o << "\n  " << r.error;
-  return o.str();
-}
+// The tolerances (decode: the output's bf16 rounding; flash: P rounded to bf16 too) and the mismatch report:
+// testing/attention_check.h.
+using testing::describe;
+using testing::flash_tol;
+using testing::kDecodeTol;
+using testing::round_to_bf16;
 
 // One layer of cache on each side, holding the same (bf16-rounded) random keys and values.
 struct Caches {

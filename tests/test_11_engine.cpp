@@ -124,6 +124,8 @@ TEST(Engine11, BatchInvariantModeEqualsAlone) {
   EngineConfig c = config(16, 8);
   c.batch_invariant = true;
   Engine engine(bundled().w, c, contiguous_kv(8));
+  // Every projection through lesson 06's batch-invariant version (v8; the CPU path ignores the choice).
+  EXPECT_EQ(engine.context().matmul_kernel(), kBatchInvariantMatmulKernel);
   const EngineRunResult run = run_requests(engine, requests);
   const AloneCheck check = check_against_alone(bundled().w, requests, run, invariant_alone, kMaxContext);
   EXPECT_TRUE(check.exact_required);

@@ -57,6 +57,20 @@ TEST(EngineWarmUp, RunsStepsAndLeavesNoTrace) {
   EXPECT_EQ(after.kv.free_blocks, after.kv.total_blocks);
 }
 
+// The prefill warm-up: one prompt of each length 64, 256, ... that a step holds (here max_tokens 300: 64 and 256),
+// so the engine runs more steps than the short requests alone need, and still every block comes back.
+TEST(EngineWarmUp, PrefillsOfEachLengthALongerBudgetRuns) {
+  Engine small(bundled().w, testing::engine_config(32, 4, 128));
+  Engine large(bundled().w, testing::engine_config(300, 4, 512));
+  const int64_t few = small.warm_up(), more = large.warm_up();
+  EXPECT_EQ(more, few + 2) << "a 300-token step holds the 64- and 256-token prefills (one step each: max_tokens 1);"
+                              " a 32-token step holds neither";
+  const EngineStats s = large.stats();
+  EXPECT_EQ(s.steps, 0);
+  EXPECT_EQ(s.kv.free_blocks, s.kv.total_blocks);
+  EXPECT_FALSE(large.has_work());
+}
+
 TEST(EngineWarmUp, OneSequenceAndABusyEngine) {
   Engine one(bundled().w, testing::engine_config(8, 1, 16));  // one sequence, a small context: still runs
   EXPECT_GE(one.warm_up(), 2);

@@ -26,38 +26,18 @@
 #include "model_dir.h"
 #include "paged_attention.h"
 #include "paged_kv.h"
+#include "testing/attention_check.h"
 #include "testing/testing.h"
 #include "transformer.h"
 
 namespace tvllm {
 namespace {
 
-// Decode: P stays fp32; the only bf16 rounding is the output's (2^-8 of it); fp32 sums in another order add ~1e-6
-// relative. Flash: lesson 07's bound (P rounded to bf16 before P V: up to 2^-8 * max|v| more). As lesson 10.
-constexpr double kBf16Rounding = 1.0 / 256;
-constexpr double kFp32Slack = 1e-4;
-const Tolerance kDecodeTol{kFp32Slack, kBf16Rounding + kFp32Slack};
-Tolerance flash_tol(double max_v) { return {(kBf16Rounding + kFp32Slack) * max_v, kBf16Rounding + kFp32Slack}; }
-
-std::vector<float> round_to_bf16(const std::vector<float>& x) {
-  return to_f32_vector(Tensor::from_f32(x, {static_cast<int64_t>(x.size())}, DType::BF16, Device::CPU));
-}
-
-std::string describe(const CompareResult& r, const AttentionShape& s) {
-  std::ostringstream o;
-  o << r.name << ": max_abs " << r.max_abs << ", max_rel " << r.max_rel << ", bad " << r.bad << " of " << r.count;
-  for (const Mismatch& m : r.first_mismatches)
-    o << "\n  row " << m.index / s.q_dim() << " head " << (m.index % s.q_dim()) / s.head_dim << " dim "
-      << m.index % s.head_dim << ": got " << m.actual << ", expected " << m.expected;
-  if (!r.error.empty()) o << "\n  " << r.error;
-  return o.str();
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const AttentionShape& s,
-                  const Tolerance& tol, const std::string& name) {
-  const CompareResult c = compare(name, got, want, tol);
-  EXPECT_TRUE(c.pass()) << describe(c, s);
-}
+using testing::describe;
+using testing::expect_close;
+using testing::flash_tol;
+using testing::kDecodeTol;
+using testing::round_to_bf16;
 
 // Block tables for sequences of these context lengths, blocks handed out from a shuffled pool of num_blocks. With
 // share_from >= 0, the last sequence starts with share_blocks blocks of sequence share_from (a prefix-cache hit).

@@ -140,6 +140,50 @@ TEST(Protocol13, ChatMessages) {
       "400 unsupported_parameter tools");
 }
 
+// vLLM's chat_template_kwargs: enable_thinking (Qwen3's switch) is read, bad types and other variables are 400s
+// that name the field, and the message says what to send instead.
+TEST(Protocol13, ChatTemplateKwargs) {
+  const Endpoint c = Endpoint::ChatCompletions;
+  const json chat = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
+  EXPECT_TRUE(parse(chat, c).enable_thinking);  // absent: the template's default
+  json body = chat;
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  EXPECT_FALSE(parse(body, c).enable_thinking);
+  body["chat_template_kwargs"] = {{"enable_thinking", true}};
+  EXPECT_TRUE(parse(body, c).enable_thinking);
+  body["chat_template_kwargs"] = json::object();
+  EXPECT_TRUE(parse(body, c).enable_thinking);
+  body["chat_template_kwargs"] = nullptr;  // null is "not given", as for every field
+  EXPECT_TRUE(parse(body, c).enable_thinking);
+
+  const std::string base = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(refusal(base + R"("chat_template_kwargs":{"enable_thinking":"false"}})", c),
+            "400 invalid_type chat_template_kwargs.enable_thinking");
+  EXPECT_EQ(refusal(base + R"("chat_template_kwargs":{"enable_thinking":0}})", c),
+            "400 invalid_type chat_template_kwargs.enable_thinking");
+  EXPECT_EQ(refusal(base + R"("chat_template_kwargs":{"enable_thinking":null}})", c),
+            "400 invalid_type chat_template_kwargs.enable_thinking");
+  EXPECT_EQ(refusal(base + R"("chat_template_kwargs":[true]})", c), "400 invalid_type chat_template_kwargs");
+  EXPECT_EQ(refusal(base + R"("chat_template_kwargs":"enable_thinking=false"})", c),
+            "400 invalid_type chat_template_kwargs");
+  EXPECT_EQ(refusal(base + R"("chat_template_kwargs":{"enable_thinking":false,"date_string":"1 Jan"}})", c),
+            "400 unsupported_parameter chat_template_kwargs.date_string");
+  try {
+    parse_generation_request(base + R"("chat_template_kwargs":{"enable_thinking":"no"}})", c);
+    ADD_FAILURE() << "a string enable_thinking was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(std::string(e.what()), "'chat_template_kwargs.enable_thinking' must be a boolean, got string");
+  }
+  try {
+    parse_generation_request(base + R"("chat_template_kwargs":{"thinking":false}})", c);
+    ADD_FAILURE() << "an unknown template variable was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("only chat template variable this server renders is enable_thinking"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Protocol13, RefusesBadFields) {
   const std::string base = R"({"model":"m","prompt":"x",)";
   EXPECT_EQ(refusal("{"), "400 invalid_json ");

@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,6 +107,41 @@ class Server13 : public ::testing::Test {
 };
 
 // ---- endpoints --------------------------------------------------------------------------------------------------
+
+// chat_template_kwargs {"enable_thinking": false} reaches the template: a server whose chat template is Qwen3's
+// (the fixture's real one, on the bundled weights and tokenizer) renders the empty think block into the prompt,
+// exactly as the library does; without the field the template's default (thinking on) holds.
+TEST(Server13Thinking, ChatTemplateKwargsReachTheTemplate) {
+  const std::optional<ChatTemplate> qwen3 =
+      ChatTemplate::from_model_dir(std::filesystem::path(TVLLM_TEST_DATA_DIR) / "chat_templates" / "qwen3");
+  ASSERT_TRUE(qwen3 && qwen3->has_thinking_switch());
+  EngineConfig ec;
+  ec.max_context = kContext;
+  Engine engine(model().weights, ec, paged_kv());
+  ServerConfig sc;
+  sc.port = 0;
+  sc.model_name = kModel;
+  OpenAiServer server(engine, &model().tok, qwen3, sc);
+  const int port = server.start();
+  const std::vector<ChatMessage> messages = {{"user", "Hi"}};
+  json body = {{"model", kModel},
+               {"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+               {"max_tokens", 2},
+               {"temperature", 0},
+               {"return_token_ids", true}};
+  for (const bool thinking : {true, false}) {
+    if (!thinking) body["chat_template_kwargs"] = {{"enable_thinking", false}};
+    const Reply r = post(port, "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.j["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(),
+              model().tok.encode(qwen3->render(messages, true, {}, thinking), false))
+        << "enable_thinking " << thinking;
+  }
+  body["chat_template_kwargs"] = {{"enable_thinking", "false"}};
+  const Reply bad = post(port, "/v1/chat/completions", body);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.j["error"]["param"], "chat_template_kwargs.enable_thinking") << bad.body;
+}
 
 TEST_F(Server13, Endpoints) {
   const Reply health = get(h->port, "/health");

@@ -304,6 +304,13 @@ TEST(ServeCli13, BenchThroughput) {
     EXPECT_GT(j["output_tok_s"].get<double>(), 0.0);
     EXPECT_NEAR(j["total_tok_s"].get<double>() * j["seconds"].get<double>(),
                 j["prompt_tokens"].get<double>() + j["output_tokens"].get<double>(), 1.0);
+    // The host-time split of the steps: its parts add up to the steps' time, which fits in the run's.
+    const json& t = j["step_seconds"];
+    const double parts = t["prepare"].get<double>() + t["launch"].get<double>() + t["wait"].get<double>() +
+                         t["other"].get<double>();
+    EXPECT_GT(t["launch"].get<double>(), 0.0);  // on the CPU the forward pass itself runs in "launch"
+    EXPECT_NEAR(parts, t["total"].get<double>(), 1e-6 + 1e-9 * t["total"].get<double>());
+    EXPECT_LE(t["total"].get<double>(), j["seconds"].get<double>());
   }
   EXPECT_EQ(run(base + " --kv nowhere").status, 2);
   EXPECT_EQ(run(base + " --max-len 100000").status, 2);  // longer than the model's context

@@ -31,6 +31,12 @@ TEST(FastDecode14, SplitPolicyCoversTheSmsAndDropsTheCombineWhenTheBatchDoes) {
   EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 200, 132), 4);
   EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 64, 132), 1);
   EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 1, 132), 1);
+  // A sliding window: only min(context, window) keys are read, so only those are split (as decode_splits does).
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 132), 4);
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 64}, 1, 8192, 132), 1);
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 100000}, 1, 200, 132), 4);
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 0),
+            decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 0));
   // A group of 16 needs two blocks of 8 heads per kv head: twice the blocks.
   EXPECT_EQ(fast_decode_splits(AttentionShape{32, 2, 64}, 33, 4096, 132), 4);  // 132 blocks: 528 / 132 -> 4
   EXPECT_EQ(fast_decode_splits(AttentionShape{32, 2, 64}, 66, 4096, 132), 1);  // 264 blocks

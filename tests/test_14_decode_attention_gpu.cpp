@@ -4,7 +4,7 @@
 //   - head_dim 64, 80 and 128 (and 32, 256), GQA groups 1 to 16, batches of 1, 3, 64 and 130 sequences whose
 //     contexts mix 1 key, partial blocks and thousands of keys; the op's own split count and pinned ones;
 //   - every pinned split count 1..64 on Llama 3.2 1B's heads; blocks of 1 and 32 positions; a sequence without a
-//     query; a sliding window (the kernel's first-key parameter);
+//     query; a sliding window (the kernel's first-key parameter, and the shape's window through the ops' hooks);
 //   - paged and contiguous give the same bits (only the addresses differ), two runs give the same bits, and a
 //     decode step captured in a CUDA graph (global capture mode: no allocation, no synchronisation inside)
 //     replays the eager bits at the captured length and at the next one;
@@ -347,8 +347,8 @@ std::vector<float> windowed_reference(const Step& st, int window) {
 
 TEST(FastDecode14Gpu, AWindowReadsOnlyTheLastKeys) {
   TVLLM_REQUIRE_GPU();
-  // The kernel's first-key parameter, called directly (the ops pass 0 until the course's forward has windows):
-  // window W keeps keys [k_len - W, k_len); a W beyond the context keeps them all, as does 0.
+  // The kernel's first-key parameter, called directly (the ops pass shape.window: the next test): window W keeps
+  // keys [k_len - W, k_len); a W beyond the context keeps them all, as does 0.
   const AttentionShape s{32, 8, 64};
   const Step st(s, {1, 1, 1, 1}, {1, 100, 1000, 4097}, 41);
   const auto B = static_cast<int64_t>(st.k_lens().size());
@@ -380,6 +380,30 @@ TEST(FastDecode14Gpu, AWindowReadsOnlyTheLastKeys) {
   EXPECT_THROW(fast_decode_attention_cuda(out, q, st.cache(Device::CUDA).k(0), st.cache(Device::CUDA).v(0), batch,
                                           slots, s, 1, -1, ws, nullptr),
                InputError);
+}
+
+TEST(FastDecode14Gpu, TheOpsPassTheShapesSlidingWindowToTheKernel) {
+  TVLLM_REQUIRE_GPU();
+  install_fast_decode_attention();
+  // Mistral's case: AttentionShape::window set, and DecodeAttention::Fast reached through lesson 10's and lesson
+  // 12's ops (cached_attention / paged_attention pick the split count, decode_attention / paged_decode_attention
+  // pin it), so the hooks must hand the kernel shape.window. Contexts below, at and past the window, and one far
+  // past it; the windowed answer must differ from the full one, or this test could not see a dropped window.
+  for (const AttentionShape& s : {AttentionShape{32, 8, 64, 300}, AttentionShape{16, 4, 128, 37}}) {
+    const Step st(s, {1, 1, 1, 1, 1}, {1, s.window - 1, s.window, s.window + 1, 2500}, 90 + s.window);
+    const std::vector<float> cpu = cpu_reference(st);  // lesson 10's CPU reference applies the shape's window
+    const std::vector<float> exact = windowed_reference(st, static_cast<int>(s.window));
+    expect_close(cpu, exact, s, Tolerance{1e-5, 1e-5}, name_of(s, 5, "cpu reference == windowed double", 0));
+    const AttentionShape full{s.n_heads, s.n_kv_heads, s.head_dim, 0};
+    const Step unwindowed(full, {1, 1, 1, 1, 1}, st.k_lens(), 90 + s.window);  // the same seed: the same values
+    const CompareResult differs = compare("full vs windowed", cpu_reference(unwindowed), cpu, kVsCpu);
+    EXPECT_GT(differs.bad, 0) << "the window changes nothing here: the test would not catch a dropped window";
+    for (int splits : {0, 1, 7}) {
+      check_step(st, splits, cpu);  // Fast vs cpu and lesson 10's (windowed) kernel, paged == contiguous, v1 == v2
+      expect_close(attend(st, Device::CUDA, Layout::Paged, DecodeAttention::Fast, splits), exact, s, kVsCpu,
+                   name_of(s, 5, "fast paged, window, vs double", splits));
+    }
+  }
 }
 
 TEST(FastDecode14Gpu, AGraphReplaysTheEagerBitsAtTheCapturedAndTheNextLength) {

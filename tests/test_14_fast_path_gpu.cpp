@@ -6,7 +6,8 @@
 //     other (both within eps of the exact logits), the same argmax wherever the margin exceeds that;
 //   - lesson 11's engine with the fast path: 24 concurrent requests each agree with the readable Generator
 //     alone (lesson 11's teacher-forced rule), every KV block back in the pool;
-//   - graphs never change the tokens: the fast path with and without graphs, sampled, id for id.
+//   - graphs never change the tokens: the fast path with and without graphs, sampled, id for id;
+//   - models with biases or q/k norms (issue 18) decline the fused path and keep graphs, still correct.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -23,6 +24,7 @@
 #include "graph_runner.h"
 #include "logits_check.h"
 #include "testing/engine_fixture.h"
+#include "testing/family_models.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -117,6 +119,68 @@ TEST(FastPath14Gpu, TheEngineWithTheFastPathAgreesWithEachRequestAlone) {
     auto* runner = dynamic_cast<const GraphRunner*>(engine.context().launcher());
     ASSERT_NE(runner, nullptr);
     EXPECT_GT(runner->stats().replays, 0);
+  }
+}
+
+// Batch-invariant mode with the whole fast path installed, as `bench throughput --batch-invariant` runs it: the
+// fused GEMV decode steps aside (fast_forward runs only with the default matmul kernel: a request alone at
+// T = 1 through the GEMV and in a batch through the GEMM would differ), decode steps replay CUDA graphs of
+// lesson 06's v8, and every request equals the readable Generator alone, set batch-invariant, id for id.
+TEST(FastPath14Gpu, TheBatchInvariantEngineWithTheFastPathEqualsAloneExactly) {
+  TVLLM_REQUIRE_GPU();
+  const auto requests = make_check_requests(24, 2, 150, 1, 60, workload_id_high(bundled().w.config), 19, 0, {13});
+  const AloneResults alone = run_alone(bundled().w, requests, 512, /*batch_invariant=*/true);
+  for (const bool paged : {false, true}) {
+    EngineConfig config = testing::engine_config(64, 16, 512);
+    config.batch_invariant = true;
+    Engine engine(bundled().w, config, paged ? paged_kv() : contiguous_kv());
+    use_fast_path(engine);
+    EXPECT_EQ(engine.context().matmul_kernel(), kBatchInvariantMatmulKernel);
+    const EngineRunResult run = run_requests(engine, requests);
+    EXPECT_TRUE(run.events_ok) << run.events_error;
+    const AloneCheck check = check_against_alone(bundled().w, requests, run, alone, 512);
+    EXPECT_TRUE(check.pass()) << (paged ? "paged: " : "contiguous: ") << check.summary();
+    EXPECT_EQ(check.exact, check.requests) << (paged ? "paged: " : "contiguous: ") << check.summary();
+    auto* runner = dynamic_cast<const GraphRunner*>(engine.context().launcher());
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().replays, 0);
+  }
+}
+
+// Issue 18: models with biases or q/k norms (tests/data/models) decline the fused GEMV path, which computes
+// Llama's layer only, and run the composed forward with CUDA graphs and the fast sampler: greedy ids the same
+// with graphs as eager (pinned splits), teacher-forced logits within lesson 08's GPU bound of the fp32 CPU
+// generator's (0.2 x rms(logits); transformers' own bf16 run is within 0.085 of its fp32 run here), the same
+// argmax wherever the CPU's margin exceeds twice that.
+TEST(FastPath14Gpu, FamilyModelsDeclineTheFusedPathAndKeepGraphs) {
+  TVLLM_REQUIRE_GPU();
+  for (const std::string& family : testing::computed_families()) {
+    if (family == "mistral") continue;  // no extra the fused path lacks (its window is the attention backend's)
+    SCOPED_TRACE(family);
+    const testing::FamilyReference ref = testing::read_family_reference(family);
+    const ModelDir model = ModelDir::open(testing::family_model_dir(family));
+    const ModelWeights gpu = ModelWeights::bind(model, Device::CUDA), cpu = ModelWeights::bind(model, Device::CPU);
+    EXPECT_FALSE(fast_forward_supported(gpu));
+    const EngineLimits lim = Generator::limits_for(model.config, 64, 1, 64);
+    Generator graphs(gpu, lim), eager(gpu, lim), reference(cpu, lim);
+    use_fast_path(graphs);
+    FastPathOptions no_graphs;
+    no_graphs.graphs = false;
+    use_fast_path(eager, no_graphs);
+    EXPECT_EQ(graphs.context().forward_fn(), nullptr) << "the fused path must not be installed";
+    GenerateOptions opt;
+    opt.max_new_tokens = static_cast<int64_t>(ref.greedy_ids.size());
+    opt.ignore_eos = true;
+    EXPECT_EQ(graphs.generate(ref.prompt_ids, opt).ids, eager.generate(ref.prompt_ids, opt).ids);
+    auto* runner = dynamic_cast<const GraphRunner*>(graphs.context().launcher());
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().replays, 0);
+    const Tensor a = graphs.forced_logits(ref.prompt_ids, ref.greedy_ids);
+    const Tensor b = reference.forced_logits(ref.prompt_ids, ref.greedy_ids);
+    const double eps = gpu_logit_bound(rms(b.view()), nullptr).epsilon;
+    const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * eps);
+    EXPECT_LE(t.max_abs_error, eps) << t.summary();
+    EXPECT_TRUE(t.pass()) << t.summary();
   }
 }
 

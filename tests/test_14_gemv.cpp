@@ -169,7 +169,8 @@ TEST(Gemv14Cpu, SupportedNeedsKMultipleOfEightAndAlignedRows) {
 
 TEST(Gemv14Cpu, NamesAndBytes) {
   for (GemvKernel k : all_gemv_kernels()) EXPECT_EQ(parse_gemv_kernel(gemv_kernel_name(k)), k);
-  EXPECT_THROW(parse_gemv_kernel("v4"), InputError);
+  EXPECT_EQ(parse_gemv_kernel("v4"), GemvKernel::V4TensorCore);
+  EXPECT_THROW(parse_gemv_kernel("v5"), InputError);
   EXPECT_EQ(gemv_bytes_moved(1, 8192, 2048, DType::BF16), 2 * 8192 * 2048 + 2 * 2048 + 2 * 8192);
   EXPECT_EQ(gemv_bytes_moved(2, 10, 8, DType::F32), 2 * 10 * 8 + 2 * 2 * 8 + 4 * 2 * 10);
 }

@@ -1,8 +1,9 @@
 // Lesson 14, the fast sampler: FastSampler must choose EXACTLY the id lesson 09's CPU reference (sample_cpu)
 // chooses, on every row: both compute the same integer masses (sampling_math.h), and every decision after
 // that is integer arithmetic, so there is no tolerance and no near-tie exception. The tests count
-// mismatching rows and require none, over thousands of rows: vocab 1 to 151936, batch 1, 3 and 64 (1 row
-// gets ~100 blocks, 64 rows a few each: both layouts of the grid), every knob, ties at the thresholds.
+// mismatching rows and require none, over thousands of rows: vocab 1 to 151936, batch 1, 3, 7, 64 and 257,
+// every knob, ties at the thresholds; on BOTH paths: the cluster path (one launch, a cluster of 1-16 blocks
+// per row) and the multi-pass path (1 row gets ~100 blocks, 64 rows a few each).
 //
 // No chi-square test here: lesson 09's tests show that sample_cpu's draws follow the renormalised
 // distribution; a sampler that returns sample_cpu's id for every (row, seed, step) draws from the same
@@ -54,7 +55,11 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
   static const float kScales[] = {1e-3f, 0.5f, 2.0f, 6.0f, 40.0f};
   return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
-using testing::random_row_params;
+
+constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kMultiPass};
+const char* path_name(FastSampler::Path p) {
+  return p == FastSampler::Path::kAuto ? "default" : "multi-pass";
+}
 
 TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
   TVLLM_REQUIRE_GPU();
@@ -63,31 +68,66 @@ TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
     int batch;
     int calls;  // calls of `batch` random rows each
   };
-  // 64 rows: a few blocks per row; 3 rows: tens; 1 row: a hundred blocks. About 3000 rows in all.
-  for (const Case& c : {Case{1, 64, 4}, Case{7, 64, 4}, Case{7, 3, 20}, Case{1000, 64, 8}, Case{1000, 1, 100},
-                        Case{4099, 3, 30}, Case{32000, 64, 4}, Case{32000, 3, 20}, Case{32000, 1, 40},
-                        Case{128256, 64, 1}, Case{128256, 3, 6}, Case{128256, 1, 20}, Case{151936, 64, 1},
-                        Case{151936, 1, 10}}) {
-    FastSampler sampler(c.batch, c.vocab);
-    Rng rng(static_cast<uint64_t>(c.vocab) * 131 + static_cast<uint64_t>(c.batch));
-    std::vector<int32_t> fast_all, cpu_all;
-    std::vector<SamplingRow> rows_all;
-    for (int call = 0; call < c.calls; ++call) {
-      std::vector<float> logits;
-      std::vector<SamplingRow> rows;
-      for (int b = 0; b < c.batch; ++b) {
-        const std::vector<float> row = model_like_row(c.vocab, rng.next_u64() % 1000000);
-        logits.insert(logits.end(), row.begin(), row.end());
-        rows.push_back(random_row_params(rng, c.vocab));
+  // Multi-pass: 64 rows get a few blocks per row, 3 rows tens, 1 row a hundred. Cluster path: 1 row gets
+  // 16 blocks, 7 rows 16 each, 64 rows 8, 257 rows 4 (vocab 128256). About 4000 rows per path.
+  for (const Case& c :
+       {Case{1, 64, 4}, Case{7, 64, 4}, Case{7, 3, 20}, Case{1000, 64, 8}, Case{1000, 1, 100},
+        Case{4099, 3, 30}, Case{4099, 7, 10}, Case{32000, 64, 4}, Case{32000, 3, 20}, Case{32000, 1, 40},
+        Case{128256, 64, 1}, Case{128256, 3, 6}, Case{128256, 7, 3}, Case{128256, 1, 20},
+        Case{128256, 257, 1}, Case{151936, 64, 1}, Case{151936, 1, 10}}) {
+    for (FastSampler::Path path : kBothPaths) {
+      FastSampler sampler(c.batch, c.vocab, path);
+      Rng rng(static_cast<uint64_t>(c.vocab) * 131 + static_cast<uint64_t>(c.batch));
+      std::vector<int32_t> fast_all, cpu_all;
+      std::vector<SamplingRow> rows_all;
+      for (int call = 0; call < c.calls; ++call) {
+        std::vector<float> logits;
+        std::vector<SamplingRow> rows;
+        testing::append_random_rows(
+            rng, c.vocab, c.batch, [&](uint64_t seed) { return model_like_row(c.vocab, seed); }, &logits,
+            &rows);
+        const std::vector<int32_t> fast = sample_fast(sampler, logits, c.vocab, c.vocab, rows);
+        const std::vector<int32_t> cpu = sample_on_cpu(logits, c.vocab, c.vocab, rows);
+        fast_all.insert(fast_all.end(), fast.begin(), fast.end());
+        cpu_all.insert(cpu_all.end(), cpu.begin(), cpu.end());
+        rows_all.insert(rows_all.end(), rows.begin(), rows.end());
       }
-      const std::vector<int32_t> fast = sample_fast(sampler, logits, c.vocab, c.vocab, rows);
-      const std::vector<int32_t> cpu = sample_on_cpu(logits, c.vocab, c.vocab, rows);
-      fast_all.insert(fast_all.end(), fast.begin(), fast.end());
-      cpu_all.insert(cpu_all.end(), cpu.begin(), cpu.end());
-      rows_all.insert(rows_all.end(), rows.begin(), rows.end());
+      expect_same_ids(fast_all, cpu_all, rows_all,
+                      std::string(path_name(path)) + " (cluster " +
+                          std::to_string(sampler.cluster_per_row(c.batch, c.vocab)) + ") vocab " +
+                          std::to_string(c.vocab) + " batch " + std::to_string(c.batch));
     }
-    expect_same_ids(fast_all, cpu_all, rows_all,
-                    "vocab " + std::to_string(c.vocab) + " batch " + std::to_string(c.batch));
+  }
+}
+
+TEST(FastSampler14Gpu, TheClusterPathIsTakenOnHopperAndTooBigRowsFallBack) {
+  TVLLM_REQUIRE_GPU();
+  int device = 0, major = 0;
+  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FastSampler sampler(64, 128256);
+  if (major >= 9) {  // the H100 / H200: 8 blocks per row at batch 64, 8 or 16 at batch 1, one launch
+    EXPECT_EQ(sampler.cluster_per_row(64, 128256), 8);
+    EXPECT_GE(sampler.cluster_per_row(1, 128256), 8);
+    EXPECT_EQ(sampler.launches(64, 128256), 1);
+  }
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).cluster_per_row(64, 128256), 0);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).launches(64, 128256),
+            FastSampler::kMultiPassLaunches);
+  // A row too big for 16 blocks' shared memory takes the multi-pass path, and is still exact.
+  const int64_t vocab = 16 * 40960 + 1000;
+  FastSampler big(2, vocab);
+  EXPECT_EQ(big.cluster_per_row(2, vocab), 0);
+  std::vector<float> logits;
+  std::vector<SamplingRow> rows;
+  for (int b = 0; b < 2; ++b) {
+    const std::vector<float> row = model_like_row(vocab, 70 + b);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  for (const SamplingRow& r : {row_of(0.8f, 50, 1.0f, 1, 2), row_of(1.0f, 0, 0.9f, 3, 4)}) {
+    std::vector<SamplingRow> pair = {r, row_of(0.0f, 0, 1.0f, 0, 0)};
+    expect_same_ids(sample_fast(big, logits, vocab, vocab, pair), sample_on_cpu(logits, vocab, vocab, pair),
+                    pair, "vocab " + std::to_string(vocab));
   }
 }
 
@@ -102,15 +142,18 @@ TEST(FastSampler14Gpu, EveryKnobAtVocab128256MatchesTheOracleAndLesson09) {
     for (int k : {0, 1, 40, 50, 5000, 128255})
       for (float p : {1.0f, 0.95f, 0.9f, 0.6f, 0.2f, 1e-6f})
         for (uint64_t step = 0; step < 2; ++step) rows.push_back(row_of(t, k, p, 42, step));
-  FastSampler sampler(64, vocab);
-  for (size_t start = 0; start < rows.size(); start += 64) {
-    const std::vector<SamplingRow> part(rows.begin() + static_cast<int64_t>(start),
-                                        rows.begin() + static_cast<int64_t>(std::min(rows.size(), start + 64)));
-    std::vector<float> logits;
-    for (size_t b = 0; b < part.size(); ++b) logits.insert(logits.end(), row.begin(), row.end());
-    const std::vector<int32_t> fast = sample_fast(sampler, logits, vocab, vocab, part);
-    expect_same_ids(fast, sample_on_cpu(logits, vocab, vocab, part), part, "every knob vs cpu");
-    expect_same_ids(fast, sample_lesson09(logits, vocab, vocab, part), part, "every knob vs lesson 09");
+  for (FastSampler::Path path : kBothPaths) {
+    FastSampler sampler(64, vocab, path);
+    for (size_t start = 0; start < rows.size(); start += 64) {
+      const std::vector<SamplingRow> part(
+          rows.begin() + static_cast<int64_t>(start),
+          rows.begin() + static_cast<int64_t>(std::min(rows.size(), start + 64)));
+      std::vector<float> logits;
+      for (size_t b = 0; b < part.size(); ++b) logits.insert(logits.end(), row.begin(), row.end());
+      const std::vector<int32_t> fast = sample_fast(sampler, logits, vocab, vocab, part);
+      expect_same_ids(fast, sample_on_cpu(logits, vocab, vocab, part), part, "every knob vs cpu");
+      expect_same_ids(fast, sample_lesson09(logits, vocab, vocab, part), part, "every knob vs lesson 09");
+    }
   }
 }
 
@@ -142,8 +185,8 @@ TEST(FastSampler14Gpu, TiesAtTheThresholdsAndEdgeRows) {
     std::vector<float> nans = random_normal(vocab, 3, 2.0f);
     for (int64_t i = 0; i < vocab; i += 7) nans[static_cast<size_t>(i)] = std::nanf("");  // NaN: -inf
     edge.push_back(nans);
-    edge.push_back(random_normal(vocab, 4, 1e38f));   // overflows to inf at temperature < 1
-    edge.push_back(random_normal(vocab, 5, 1e-30f));  // all but equal
+    edge.push_back(random_normal(vocab, 4, 1e38f));            // overflows to inf at temperature < 1
+    edge.push_back(random_normal(vocab, 5, 1e-30f));           // all but equal
     std::vector<float> zeros = random_normal(vocab, 6, 1.0f);  // -0 and +0 must tie
     for (int64_t i = 0; i < vocab; i += 3) zeros[static_cast<size_t>(i)] = i % 2 ? -0.0f : 0.0f;
     edge.push_back(zeros);
@@ -158,27 +201,31 @@ TEST(FastSampler14Gpu, TiesAtTheThresholdsAndEdgeRows) {
           rows.push_back(row_of(t, k, p, e * 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(t * 10)));
         }
   // Batches of 64 (a few blocks per row), then the same rows one at a time (many blocks per row).
-  FastSampler sampler(64, vocab);
-  DeviceBatch d(logits, rows);
-  for (int start = 0; start < d.batch; start += 64)
-    sampler.sample(d.logits() + static_cast<int64_t>(start) * vocab, vocab, vocab, std::min(64, d.batch - start),
-                   d.rows() + start, d.out() + start);
-  const std::vector<int32_t> batched = d.ids();
-  for (int32_t id : batched) ASSERT_TRUE(id >= 0 && id < vocab) << id;
-  const std::vector<int32_t> cpu = sample_on_cpu(logits, vocab, vocab, rows);
-  expect_same_ids(batched, cpu, rows, "edge rows, batch 64");
-  d.poison();
-  for (int b = 0; b < d.batch; b += 5)  // every 5th row alone (the run time stays short)
-    sampler.sample(d.logits() + static_cast<int64_t>(b) * vocab, vocab, vocab, 1, d.rows() + b, d.out() + b);
-  const std::vector<int32_t> alone = d.ids();
-  for (int b = 0; b < d.batch; b += 5)
-    EXPECT_EQ(alone[static_cast<size_t>(b)], cpu[static_cast<size_t>(b)]) << "alone, row " << b << " "
-                                                                         << describe(rows[static_cast<size_t>(b)]);
-  // The favourite row with top-p 1e-6 (and 0.3): only the favourite is kept.
-  for (size_t b = 0; b < rows.size(); ++b) {
-    if (logits[b * vocab + 13337] == 40.0f && rows[b].temperature >= 0.7f && rows[b].temperature <= 1.0f &&
-        rows[b].top_p < 0.5f) {
-      EXPECT_EQ(batched[b], 13337) << describe(rows[b]);
+  for (FastSampler::Path path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FastSampler sampler(64, vocab, path);
+    DeviceBatch d(logits, rows);
+    for (int start = 0; start < d.batch; start += 64)
+      sampler.sample(d.logits() + static_cast<int64_t>(start) * vocab, vocab, vocab,
+                     std::min(64, d.batch - start), d.rows() + start, d.out() + start);
+    const std::vector<int32_t> batched = d.ids();
+    for (int32_t id : batched) ASSERT_TRUE(id >= 0 && id < vocab) << id;
+    const std::vector<int32_t> cpu = sample_on_cpu(logits, vocab, vocab, rows);
+    expect_same_ids(batched, cpu, rows, "edge rows, batch 64");
+    d.poison();
+    for (int b = 0; b < d.batch; b += 5)  // every 5th row alone (the run time stays short)
+      sampler.sample(d.logits() + static_cast<int64_t>(b) * vocab, vocab, vocab, 1, d.rows() + b,
+                     d.out() + b);
+    const std::vector<int32_t> alone = d.ids();
+    for (int b = 0; b < d.batch; b += 5)
+      EXPECT_EQ(alone[static_cast<size_t>(b)], cpu[static_cast<size_t>(b)])
+          << "alone, row " << b << " " << describe(rows[static_cast<size_t>(b)]);
+    // The favourite row with top-p 1e-6 (and 0.3): only the favourite is kept.
+    for (size_t b = 0; b < rows.size(); ++b) {
+      if (logits[b * vocab + 13337] == 40.0f && rows[b].temperature >= 0.7f && rows[b].temperature <= 1.0f &&
+          rows[b].top_p < 0.5f) {
+        EXPECT_EQ(batched[b], 13337) << describe(rows[b]);
+      }
     }
   }
 }
@@ -199,13 +246,16 @@ TEST(FastSampler14Gpu, PaddedRowsAndRowsAlone) {
     for (int64_t j = vocab; j < stride; ++j) padded.push_back(j % 2 ? INFINITY : std::nanf(""));
     rows.push_back(row_of(0.9f, b == 1 ? 50 : 0, b == 2 ? 0.9f : 1.0f, 7, static_cast<uint64_t>(b)));
   }
-  FastSampler sampler(batch, vocab);
-  const std::vector<int32_t> fast = sample_fast(sampler, padded, stride, vocab, rows);
-  expect_same_ids(fast, sample_on_cpu(packed, vocab, vocab, rows), rows, "padded");
-  DeviceBatch d(padded, rows);
-  for (int b = 0; b < batch; ++b)
-    sampler.sample(d.logits() + b * stride, stride, vocab, 1, d.rows() + b, d.out() + b);
-  EXPECT_EQ(d.ids(), fast);
+  for (FastSampler::Path path : kBothPaths) {
+    FastSampler sampler(batch, vocab, path);
+    const std::vector<int32_t> fast = sample_fast(sampler, padded, stride, vocab, rows);
+    expect_same_ids(fast, sample_on_cpu(packed, vocab, vocab, rows), rows,
+                    std::string("padded ") + path_name(path));
+    DeviceBatch d(padded, rows);
+    for (int b = 0; b < batch; ++b)
+      sampler.sample(d.logits() + b * stride, stride, vocab, 1, d.rows() + b, d.out() + b);
+    EXPECT_EQ(d.ids(), fast) << path_name(path);
+  }
 }
 
 TEST(FastSampler14Gpu, CapturedGraphReplaysEqualEagerCalls) {
@@ -221,29 +271,24 @@ TEST(FastSampler14Gpu, CapturedGraphReplaysEqualEagerCalls) {
     logits.insert(logits.end(), row.begin(), row.end());
     rows.push_back(row_of(b == 0 ? 0.0f : 0.9f, b % 3 == 1 ? 50 : 0, b % 2 ? 0.9f : 1.0f, 1000 + b, 0));
   }
-  DeviceBatch d(logits, rows);
-  FastSampler sampler(batch, vocab);
-  CudaStream stream;
-  HostBuffer pinned_rows(sizeof(SamplingRow) * batch, HostBuffer::Kind::Pinned);
-  HostBuffer pinned_ids(sizeof(int32_t) * batch, HostBuffer::Kind::Pinned);
-  CudaGraph graph = CudaGraph::capture(
-      stream, [&] { sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream); });
-  EXPECT_EQ(graph.num_nodes(), static_cast<size_t>(FastSampler::kLaunches));
-  for (uint64_t step = 0; step < 6; ++step) {
-    for (SamplingRow& r : rows) r.step = step;
-    std::copy(rows.begin(), rows.end(), pinned_rows.as<SamplingRow>());
-    TVLLM_CUDA_CHECK(cudaMemcpyAsync(d.rows_d.data(), pinned_rows.data(), pinned_rows.bytes(),
-                                     cudaMemcpyHostToDevice, stream));
-    graph.launch(stream);
-    TVLLM_CUDA_CHECK(
-        cudaMemcpyAsync(pinned_ids.data(), d.out(), pinned_ids.bytes(), cudaMemcpyDeviceToHost, stream));
-    stream.synchronize();
-    const std::vector<int32_t> replayed(pinned_ids.as<int32_t>(), pinned_ids.as<int32_t>() + batch);
-    d.poison();
-    sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream);
-    stream.synchronize();
-    EXPECT_EQ(d.ids(), replayed) << "step " << step << ": eager on a stream";
-    expect_same_ids(replayed, sample_on_cpu(logits, vocab, vocab, rows), rows, "graph step " + std::to_string(step));
+  for (FastSampler::Path path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    DeviceBatch d(logits, rows);
+    FastSampler sampler(batch, vocab, path);
+    CudaStream stream;
+    CudaGraph graph = CudaGraph::capture(
+        stream, [&] { sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream); });
+    EXPECT_EQ(graph.num_nodes(), static_cast<size_t>(sampler.launches(batch, vocab)));
+    for (uint64_t step = 0; step < 6; ++step) {
+      for (SamplingRow& r : rows) r.step = step;
+      const std::vector<int32_t> replayed = testing::replay_sampler_graph(graph, d, rows, stream);
+      d.poison();
+      sampler.sample(d.logits(), vocab, vocab, batch, d.rows(), d.out(), stream);
+      stream.synchronize();
+      EXPECT_EQ(d.ids(), replayed) << "step " << step << ": eager on a stream";
+      expect_same_ids(replayed, sample_on_cpu(logits, vocab, vocab, rows), rows,
+                      "graph step " + std::to_string(step));
+    }
   }
 }
 
@@ -259,8 +304,9 @@ TEST(FastSampler14Gpu, ArgumentErrors) {
   EXPECT_THROW(sampler.sample(d.logits(), 999, 1000, 1, d.rows(), d.out()), InputError);   // stride < vocab
   EXPECT_THROW(sampler.sample(nullptr, 1000, 1000, 1, d.rows(), d.out()), InputError);
   EXPECT_NO_THROW(sampler.sample(d.logits(), 1000, 1000, 0, d.rows(), d.out()));  // empty batch: nothing
-  // The grid: one row spreads over many blocks, 64 rows over a few each, never below 1024 tokens a block.
-  FastSampler big(64, 128256);
+  // The multi-pass grid: one row spreads over many blocks, 64 rows over a few each, never below 1024 tokens
+  // a block.
+  FastSampler big(64, 128256, FastSampler::Path::kMultiPass);
   EXPECT_GE(big.chunks_per_row(1, 128256), 64);
   EXPECT_LE(big.chunks_per_row(1, 128256), 128256 / 1024);
   EXPECT_GE(big.chunks_per_row(64, 128256), 2);
@@ -286,8 +332,10 @@ TEST(FastSampler14Gpu, PrintsTimings) {
       params.top_k = s.k;
       params.top_p = s.p;
       const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
-      std::printf("sampler vocab 128256 batch %2d %-22s fast %8.1f us   lesson 09 %8.1f us\n", batch, s.name,
-                  timing.fast_us, timing.lesson09_us);
+      std::printf(
+          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   multi-pass %8.1f us   "
+          "lesson 09 %8.1f us\n",
+          batch, s.name, timing.fast_us, timing.cluster, timing.multipass_us, timing.lesson09_us);
       EXPECT_GT(timing.fast_us, 0.0);
     }
 }

@@ -2,6 +2,7 @@
 //   config.json: num_key_value_heads must be a positive integer, got "8"
 #include "model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -138,6 +139,15 @@ ModelConfig parse_model_config(const json& j) {
     }
   }
 
+  // Quantized checkpoints (AWQ, GPTQ, bitsandbytes, FP8, compressed-tensors) store packed weights and scales
+  // that the forward would have to dequantize: refused by name rather than met later as odd tensors.
+  if (const json* qc = optional_field(j, "quantization_config")) {
+    const json* method = qc->is_object() ? optional_field(*qc, "quant_method") : nullptr;
+    throw InputError(kWhere + "quantization_config is present" +
+                     (method ? " (quant_method " + json_snippet(*method) + ")" : std::string()) +
+                     ": quantized checkpoints are not supported (tiny-vllm reads BF16, F16 and F32 weights)");
+  }
+
   c.vocab_size = required_positive_int(j, "vocab_size");
   c.hidden_size = required_positive_int(j, "hidden_size");
   c.intermediate_size = required_positive_int(j, "intermediate_size");
@@ -247,20 +257,61 @@ ModelConfig parse_model_config(const json& j) {
   return c;
 }
 
-ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
-  std::error_code ec;
-  std::filesystem::path file = std::filesystem::is_directory(dir_or_file, ec) ? dir_or_file / "config.json" : dir_or_file;
-  if (!std::filesystem::exists(file, ec)) throw InputError(file.string() + ": no such file");
+namespace {
+
+json read_json_file(const std::filesystem::path& file) {
   MappedFile mapped(file);
   std::string_view text(reinterpret_cast<const char*>(mapped.data()), mapped.size());
-  json j = parse_json_strict(text, file.string());
+  return parse_json_strict(text, file.string());
+}
+
+// generation_config.json's eos_token_id (one id or a list) joins config.json's: transformers' generate() stops
+// at the generation config's ids (Qwen2.5's config.json names <|endoftext|> only, its generation_config.json
+// adds <|im_end|>, the end of an assistant turn), so an engine that read config.json alone would run past it.
+void add_generation_eos(ModelConfig& c, const std::filesystem::path& file) {
+  const json j = read_json_file(file);
+  const std::string where = file.string() + ": ";
+  if (!j.is_object()) throw InputError(where + "expected a JSON object");
+  const json* eos = optional_field(j, "eos_token_id");
+  if (eos == nullptr) return;
+  std::vector<int64_t> ids;
   try {
-    return parse_model_config(j);
+    if (eos->is_array()) {
+      for (size_t i = 0; i < eos->size(); ++i) ids.push_back(token_id((*eos)[i], "eos_token_id[" + std::to_string(i) + "]"));
+    } else {
+      ids.push_back(token_id(*eos, "eos_token_id"));
+    }
+  } catch (const InputError& e) {
+    throw InputError(where + e.what());
+  }
+  for (int64_t id : ids) {
+    if (id >= c.vocab_size)
+      throw InputError(where + "eos_token_id " + std::to_string(id) + " is outside the vocabulary (vocab_size " +
+                       std::to_string(c.vocab_size) + ")");
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+  }
+}
+
+}  // namespace
+
+ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
+  std::error_code ec;
+  const bool dir = std::filesystem::is_directory(dir_or_file, ec);
+  std::filesystem::path file = dir ? dir_or_file / "config.json" : dir_or_file;
+  if (!std::filesystem::exists(file, ec)) throw InputError(file.string() + ": no such file");
+  const json j = read_json_file(file);
+  ModelConfig c;
+  try {
+    c = parse_model_config(j);
   } catch (const InputError& e) {
     // Keep "config.json: field ..." and say which file it was when it is not literally config.json.
     if (file.filename() == "config.json") throw InputError(file.parent_path().string() + "/" + e.what());
     throw InputError(file.string() + ": " + e.what());
   }
+  const std::filesystem::path generation = file.parent_path() / "generation_config.json";
+  if (std::filesystem::exists(generation, ec)) add_generation_eos(c, generation);
+  return c;
 }
 
 }  // namespace tvllm

@@ -65,7 +65,7 @@ struct Case {
   std::string label;  // "p0.layers.0"
   int64_t tokens = 0;
   std::vector<int32_t> positions;   // [T]
-  std::vector<float> q_in, k_in;    // [T, q_dim], [T, kv_dim]   (q_proj, k_proj)
+  std::vector<float> q_in, k_in;    // [T, q_dim], [T, kv_dim]   (q_proj, k_proj; Qwen3: q_norm, k_norm)
   std::vector<float> q_ref, k_ref;  // the same after RoPE       (q_rope, k_rope)
 };
 
@@ -90,8 +90,11 @@ std::vector<Case> load_cases(const ReferenceSet& ref, const ModelConfig& cfg) {
       c.label = "p" + std::to_string(i) + ".layers." + std::to_string(l);
       c.tokens = T;
       c.positions = positions;
-      c.q_in = load_reference(ref, c.label + ".q_proj", {T, cfg.q_dim()});
-      c.k_in = load_reference(ref, c.label + ".k_proj", {T, cfg.kv_dim()});
+      // RoPE rotates what reaches it: q_proj / k_proj, or in Qwen3 their per-head RMSNorm (q_norm / k_norm,
+      // which the reference captures for such models).
+      const bool normed = ref.has(c.label + ".q_norm");
+      c.q_in = load_reference(ref, c.label + (normed ? ".q_norm" : ".q_proj"), {T, cfg.q_dim()});
+      c.k_in = load_reference(ref, c.label + (normed ? ".k_norm" : ".k_proj"), {T, cfg.kv_dim()});
       c.q_ref = load_reference(ref, c.label + ".q_rope", {T, cfg.q_dim()});
       c.k_ref = load_reference(ref, c.label + ".k_rope", {T, cfg.kv_dim()});
       cases.push_back(std::move(c));

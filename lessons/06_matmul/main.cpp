@@ -1,6 +1,6 @@
 // lesson06_matmul: every linear layer of the captured layers, and the lm_head, against Hugging Face.
 //
-//   build/bin/lesson06_matmul [--model DIR] [--device auto|cpu|cuda] [--kernel v1|...|v6] [--bench]
+//   build/bin/lesson06_matmul [--model DIR] [--device auto|cpu|cuda] [--kernel v1|...|v8] [--bench]
 //                             [--tokens N]
 //
 // For every prompt of the reference and every captured layer l it feeds the reference's own input of
@@ -11,7 +11,9 @@
 //   layers.l.mlp_act                  -> down_proj
 //   norm                              -> logits (lm_head; tied: model.embed_tokens.weight)
 // On the CPU it runs the fp32 reference; on CUDA the chosen kernel (one row per projection) and every
-// other version (one row each, over all projections).
+// other version (one row each, over all projections). A projection with a bias (Qwen2's q/k/v, a Llama with
+// attention_bias or mlp_bias) is compared with the reference's output minus that bias: this lesson computes
+// x W^T, and adding the bias is one step of lesson 08's forward.
 //
 // --bench (CUDA): each version on the model's projection shapes at prefill size (T = 4096 tokens
 // unless --tokens is given; 4096 is the usual prefill chunk, and 16384 tokens through the lm_head would
@@ -43,6 +45,7 @@ struct Projection {
   std::string output;  // "layers.0.q_proj" (also the row's name in the report)
   std::string input;   // "layers.0.input_layernorm"
   std::string weight;  // "model.layers.0.self_attn.q_proj.weight"
+  std::string bias;    // "model.layers.0.self_attn.q_proj.bias", or "" when the checkpoint has none
 };
 
 std::vector<Projection> projections_to_check(const ModelConfig& config, const std::vector<int>& layers,
@@ -52,15 +55,19 @@ std::vector<Projection> projections_to_check(const ModelConfig& config, const st
     const std::string ref = "layers." + std::to_string(l) + ".";
     const std::string w = "model.layers." + std::to_string(l) + ".";
     for (const char* p : {"q_proj", "k_proj", "v_proj"})
-      list.push_back({ref + p, ref + "input_layernorm", w + "self_attn." + p + ".weight"});
-    list.push_back({ref + "o_proj", ref + "attn", w + "self_attn.o_proj.weight"});
+      list.push_back({ref + p, ref + "input_layernorm", w + "self_attn." + p + ".weight", ""});
+    list.push_back({ref + "o_proj", ref + "attn", w + "self_attn.o_proj.weight", ""});
     for (const char* p : {"gate_proj", "up_proj"})
-      list.push_back({ref + p, ref + "post_attention_layernorm", w + "mlp." + p + ".weight"});
-    list.push_back({ref + "down_proj", ref + "mlp_act", w + "mlp.down_proj.weight"});
+      list.push_back({ref + p, ref + "post_attention_layernorm", w + "mlp." + p + ".weight", ""});
+    list.push_back({ref + "down_proj", ref + "mlp_act", w + "mlp.down_proj.weight", ""});
+  }
+  for (Projection& p : list) {
+    const std::string bias = p.weight.substr(0, p.weight.size() - std::string("weight").size()) + "bias";
+    if (weights.contains(bias)) p.bias = bias;
   }
   // Tied embeddings: the lm_head is the embedding matrix itself, [vocab, hidden], used as W.
   const bool tied = config.tie_word_embeddings && !weights.contains("lm_head.weight");
-  list.push_back({"logits", "norm", tied ? "model.embed_tokens.weight" : "lm_head.weight"});
+  list.push_back({"logits", "norm", tied ? "model.embed_tokens.weight" : "lm_head.weight", ""});
   return list;
 }
 
@@ -74,14 +81,32 @@ std::string tolerance_line(const LinearTolerance& tol) {
 
 // ---- the check -----------------------------------------------------------------------------------
 
+// The reference's output of p for prompt i, without p's bias when it has one: what x W^T alone must give
+// (then copied into `storage`, which the view points into; fp32 subtraction of the stored bias, an error of
+// about one ulp of the output, far inside the tolerance). Without a bias: the reference's own view, no copy.
+TensorView expected_output(const ReferenceSet& ref, int i, const Projection& p, const WeightStore& weights,
+                           Tensor& storage) {
+  const TensorView out = ref.prompt(i, p.output);
+  if (p.bias.empty()) return out;
+  std::vector<float> y = to_f32_vector(out);
+  const std::vector<float> b = to_f32_vector(weights.host(p.bias));
+  TVLLM_REQUIRE(out.rank() == 2 && static_cast<int64_t>(b.size()) == out.dim(1),
+                p.bias + " has " + std::to_string(b.size()) + " values for " + out.describe());
+  for (size_t r = 0; r < y.size(); r += b.size())
+    for (size_t o = 0; o < b.size(); ++o) y[r + o] -= b[o];
+  storage = Tensor::from_f32(y, out.shape, DType::F32, Device::CPU);
+  return storage.view();
+}
+
 int check_cpu(const ModelDir& model, const ReferenceSet& ref, const std::vector<Projection>& projections) {
   Report report("lesson06_matmul: y = x W^T, fp32 CPU reference vs Hugging Face fp32");
   for (const Projection& p : projections) {
     RowScaledComparison comparison(p.output, kF32VsReference);
     const TensorView w = model.weights.host(p.weight);  // [out, in] as stored (bf16), widened by linear()
     for (int i = 0; i < ref.num_prompts(); ++i) {
-      const TensorView x = ref.prompt(i, p.input);          // [T, in] fp32
-      const TensorView expected = ref.prompt(i, p.output);  // [T, out] fp32
+      const TensorView x = ref.prompt(i, p.input);  // [T, in] fp32
+      Tensor storage;
+      const TensorView expected = expected_output(ref, i, p, model.weights, storage);  // [T, out] fp32
       Tensor y = Tensor::empty({x.dim(0), w.dim(0)}, DType::F32, Device::CPU);
       linear(y, x, w);
       comparison.add(y, expected);
@@ -121,7 +146,8 @@ int check_cuda(ModelDir& model, const ReferenceSet& ref, const std::vector<Proje
         found = inputs.emplace(p.input, Tensor::copy_of(ref.prompt(i, p.input), Device::CUDA, DType::BF16)).first;
       const TensorView& x = found->second.view();  // [T, in] bf16
       const TensorView w = model.weights.device(p.weight);  // [out, in] bf16
-      const TensorView expected = ref.prompt(i, p.output);  // [T, out] fp32
+      Tensor storage;
+      const TensorView expected = expected_output(ref, i, p, model.weights, storage);  // [T, out] fp32
       for (MatmulKernel k : all_matmul_kernels()) {
         Tensor y = Tensor::empty({x.dim(0), w.dim(0)}, DType::BF16, Device::CUDA);
         // Poison: 0xFFFF is a bf16 NaN, so an element the kernel forgets to write fails the check.
@@ -184,6 +210,12 @@ void run_bench(const ModelConfig& c, int64_t prefill_tokens) {
   fill_uniform_bf16(x_buf, 11);
   fill_uniform_bf16(w_buf, 12);
   CublasHandle handle;
+  // v8 runs one cuBLASLt algorithm per weight shape at every T: which one (or why none, then v7 runs).
+  for (const BenchShape& s : shapes) {
+    const PinnedMatmulAlgo pin = pinned_matmul_algo(s.in, s.out, DType::BF16, handle);
+    std::printf("v8 %s [%lld -> %lld]: %s%s\n", s.name.c_str(), static_cast<long long>(s.in),
+                static_cast<long long>(s.out), pin.pinned ? "" : "not pinned, runs v7: ", pin.description.c_str());
+  }
 
   const double naive_flop_limit = 5e11;  // v1 beyond this takes seconds per run: skipped
   std::vector<std::string> notes;
@@ -247,7 +279,7 @@ int main(int argc, char** argv) {
   LessonCli cli("lesson06_matmul",
                 "Linear layers y = x W^T: naive, tiled, WMMA, mma.sync, cuBLAS (row-major trick) and cuBLASLt "
                 "vs Hugging Face");
-  cli.kernels({"v1", "v2", "v3", "v4", "v5", "v6", "v7"}, std::string(matmul_kernel_version(kDefaultMatmulKernel)));
+  cli.kernels({"v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"}, std::string(matmul_kernel_version(kDefaultMatmulKernel)));
   return cli.run(argc, argv, [&](const LessonOptions& opt) {
     ModelDir model = ModelDir::open(opt.model_dir);
     const ReferenceSet ref = ReferenceSet::open(opt.model_dir);

@@ -1,5 +1,5 @@
 // Lesson 06 on the GPU: y = x W^T in seven versions, from one thread per output to the tensor cores, and
-// one whose rows do not depend on the batch.
+// one whose rows do not depend on the batch (v8, the same promise through cuBLASLt: matmul_pinned.cu).
 //
 // Shapes throughout: x [T, in], w [out, in], y [T, out], all row-major. In GEMM letters:
 // M = T (tokens), N = out, K = in. All seven versions below read x and w along K, their contiguous
@@ -20,6 +20,7 @@
 #include "common/errors.h"
 #include "common/exercise.h"
 #include "common/mma.cuh"
+#include "lt_plan.h"
 #include "matmul.h"
 
 namespace tvllm {
@@ -27,6 +28,9 @@ namespace tvllm {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using lt::cuda_type;
+using lt::LtPlan;
+using lt::LtPreference;
 
 // Writes one fp32 accumulator to the output: rounded to nearest-even bf16, or kept as fp32.
 [[maybe_unused]] __device__ __forceinline__ void store_output(bf16* p, float v) { *p = __float2bfloat16(v); }
@@ -425,7 +429,7 @@ __device__ __forceinline__ void linear_mma_tiles(OutT* __restrict__ y,        //
   // Hint: wait for the stage you are about to read (cp.async wait + __syncthreads) and issue the next
   //   stage's copies only after every warp is done reading the buffer they overwrite.
   // Tests: AllVersions/Matmul06Kernel.*/v4 TensorCores/Matmul06TensorCore.*/v4
-  // Tests: AllVersions/Matmul06Kernel.*/v7
+  // Tests: AllVersions/Matmul06Kernel.*/v7 AllVersions/Matmul06Kernel.*/v8 Matmul06Gpu.PinnedLt*
   // Tests: Matmul06Gpu.TensorCoresAgreeWithTheTiledKernel Matmul06Gpu.BatchInvariant* lesson06_matmul.gpu
   // Needs: 06.1 06.3
   // Stub: device
@@ -523,8 +527,6 @@ __global__ void __launch_bounds__(kTcThreads)
   linear_mma_tiles<OutT, kCopy>(y + static_cast<size_t>(blockIdx.z) * tokens * out, x + k0, w + k0, tokens,
                                 min(split_len, in - k0), in, out);
 }
-
-cudaDataType_t cuda_type(DType dtype) { return dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
 // Grid rows: one per token tile, at most 65535 (the kernels stride over the rest).
 unsigned token_blocks(int tokens, int tile) {
@@ -690,41 +692,7 @@ void gemm_cublas(const TensorView& y, const TensorView& x, const TensorView& w, 
 // The answer depends only on those, so we ask once per (device, shape, dtype, alignment, workspace)
 // and cache the plan (LtPlanCache below).
 
-// RAII wrappers for the three cuBLASLt descriptor kinds.
-struct LtMatmulDesc {
-  cublasLtMatmulDesc_t desc = nullptr;
-  LtMatmulDesc() { TVLLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
-  ~LtMatmulDesc() { if (desc) cublasLtMatmulDescDestroy(desc); }
-  LtMatmulDesc(const LtMatmulDesc&) = delete;
-  LtMatmulDesc& operator=(const LtMatmulDesc&) = delete;
-};
-struct LtLayout {
-  cublasLtMatrixLayout_t layout = nullptr;
-  LtLayout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld) {
-    TVLLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
-  }
-  ~LtLayout() { if (layout) cublasLtMatrixLayoutDestroy(layout); }
-  LtLayout(const LtLayout&) = delete;
-  LtLayout& operator=(const LtLayout&) = delete;
-};
-struct LtPreference {
-  cublasLtMatmulPreference_t pref = nullptr;
-  LtPreference() { TVLLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)); }
-  ~LtPreference() { if (pref) cublasLtMatmulPreferenceDestroy(pref); }
-  LtPreference(const LtPreference&) = delete;
-  LtPreference& operator=(const LtPreference&) = delete;
-};
-
-// Everything cuBLASLt needs for one (shape, dtype, alignment): descriptors and the chosen algorithm.
-struct LtPlan {
-  LtMatmulDesc op;
-  LtLayout a, b, c;
-  cublasLtMatmulAlgo_t algo{};
-  LtPlan(int tokens, int in, int out, cudaDataType_t out_type)
-      : a(CUDA_R_16BF, in, out, in),       // w as stored: column-major [in, out] (OP_T makes it [out, in])
-        b(CUDA_R_16BF, in, tokens, in),    // x as stored: column-major [in, T]
-        c(out_type, out, tokens, out) {}   // y: column-major [out, T]
-};
+// The descriptors (LtMatmulDesc, LtLayout, LtPreference) and LtPlan live in lt_plan.h: v8 uses them too.
 
 // (device, T, in, out, output dtype, alignment of w, x, y, workspace bytes): everything the choice
 // of algorithm depends on.
@@ -765,10 +733,7 @@ class LtPlanCache {
   static std::shared_ptr<const LtPlan> make_plan(const CublasHandle& handle, int tokens, int in, int out,
                                                  DType out_dtype, uint32_t align_w, uint32_t align_x,
                                                  uint32_t align_y) {
-    auto plan = std::make_shared<LtPlan>(tokens, in, out, cuda_type(out_dtype));
-    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;  // the row-major trick, as in v5
-    TVLLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
-    TVLLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+    auto plan = std::make_shared<LtPlan>(tokens, in, out, cuda_type(out_dtype));  // transposes set (lt_plan.h)
 
     LtPreference pref;
     const uint64_t workspace_bytes = handle.workspace_bytes();
@@ -840,6 +805,9 @@ void run_kernel(OutT* y_ptr, const TensorView& y, const TensorView& x, const Ten
     case MatmulKernel::V5Cublas: gemm_cublas(y, x, w, handle->blas()); break;  // blas() runs on stream()
     case MatmulKernel::V6CublasLt: gemm_cublaslt(y, x, w, *handle); break;
     case MatmulKernel::V7BatchInvariant: launch_batch_invariant(y_ptr, x, w, *handle); break;
+    case MatmulKernel::V8PinnedLt:  // matmul_pinned.cu; v7 where no algorithm is pinned for this shape
+      if (!detail::linear_pinned_lt(y, x, w, *handle)) launch_batch_invariant(y_ptr, x, w, *handle);
+      break;
   }
 }
 

@@ -22,6 +22,7 @@ std::string_view matmul_kernel_version(MatmulKernel kernel) {
     case MatmulKernel::V5Cublas: return "v5";
     case MatmulKernel::V6CublasLt: return "v6";
     case MatmulKernel::V7BatchInvariant: return "v7";
+    case MatmulKernel::V8PinnedLt: return "v8";
   }
   return "?";
 }
@@ -35,27 +36,33 @@ std::string_view matmul_kernel_description(MatmulKernel kernel) {
     case MatmulKernel::V5Cublas: return "cuBLAS GemmEx";
     case MatmulKernel::V6CublasLt: return "cuBLASLt";
     case MatmulKernel::V7BatchInvariant: return "batch-invariant";
+    case MatmulKernel::V8PinnedLt: return "batch-invariant cuBLASLt";
   }
   return "?";
 }
 
 bool matmul_kernel_needs_handle(MatmulKernel kernel) {
   return kernel == MatmulKernel::V5Cublas || kernel == MatmulKernel::V6CublasLt ||
-         kernel == MatmulKernel::V7BatchInvariant;
+         kernel == MatmulKernel::V7BatchInvariant || kernel == MatmulKernel::V8PinnedLt;
+}
+
+bool matmul_kernel_is_batch_invariant(MatmulKernel kernel) {
+  return kernel == MatmulKernel::V4MmaSync || kernel == MatmulKernel::V7BatchInvariant ||
+         kernel == MatmulKernel::V8PinnedLt;
 }
 
 const std::vector<MatmulKernel>& all_matmul_kernels() {
   static const std::vector<MatmulKernel> all = {MatmulKernel::V1Naive,   MatmulKernel::V2Tiled,
                                                 MatmulKernel::V3Wmma,    MatmulKernel::V4MmaSync,
                                                 MatmulKernel::V5Cublas,  MatmulKernel::V6CublasLt,
-                                                MatmulKernel::V7BatchInvariant};
+                                                MatmulKernel::V7BatchInvariant, MatmulKernel::V8PinnedLt};
   return all;
 }
 
 MatmulKernel parse_matmul_kernel(std::string_view version) {
   for (MatmulKernel k : all_matmul_kernels())
     if (matmul_kernel_version(k) == version) return k;
-  throw InputError("unknown matmul kernel '" + std::string(version) + "' (expected v1, v2, v3, v4, v5, v6 or v7)");
+  throw InputError("unknown matmul kernel '" + std::string(version) + "' (expected v1, v2, v3, v4, v5, v6, v7 or v8)");
 }
 
 SplitK batch_invariant_split(int64_t in, int64_t out) {

@@ -30,6 +30,7 @@ AttentionShape AttentionShape::from_config(const ModelConfig& config) {
   s.n_heads = config.num_attention_heads;
   s.n_kv_heads = config.num_key_value_heads;
   s.head_dim = config.head_dim;
+  s.window = config.sliding_window;  // 0 when config.json has none (or null)
   s.validate();
   return s;
 }
@@ -44,6 +45,9 @@ void AttentionShape::validate() const {
                                                ") must be a multiple of n_kv_heads (" +
                                                std::to_string(n_kv_heads) + ")");
   TVLLM_REQUIRE(n_heads <= 65535, "attention: at most 65535 heads, got " + std::to_string(n_heads));
+  TVLLM_REQUIRE(window >= 0 && window <= std::numeric_limits<int32_t>::max(),
+                "attention: window must be 0 (none) or a positive position count below 2^31, got " +
+                    std::to_string(window));
 }
 
 // ---- views into a fused QKV buffer -----------------------------------------------------------------

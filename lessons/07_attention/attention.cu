@@ -44,15 +44,18 @@ constexpr int kSoftmaxItems = 4;  // values each thread has in flight per chunk 
 
 // One block per (query row i, head h) of one sequence with q_len queries and k_len keys. scores:
 // [n_heads, q_len, k_len] fp32, row i of head h at (h*q_len + i)*k_len. Query i sits at position
-// k_len - q_len + i (the queries are the last q_len tokens) and sees keys j <= that position. Computes
+// k_len - q_len + i (the queries are the last q_len tokens) and sees keys j <= that position (and, with a
+// sliding window W > 0, only j > position - W: the first `lo` keys of its row are masked too). Computes
 // p_j = exp(s_j - max) / sum over the visible keys and writes it as bf16 OVER THE SAME ROW: the bf16 row
 // occupies the first half of the fp32 row's bytes, so the P V GEMM reads P with a leading dimension of
 // 2*k_len bf16 elements. Masked keys get p = 0.
-__global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel(float* scores, int q_len, int k_len) {
+__global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel(float* scores, int q_len, int k_len,
+                                                                                        int window) {
   // --- exercise 07.2: v1's causal softmax, in place ----------------------------------------------------
   // Task: block (i, h) turns row i of head h of the fp32 scores [n_heads, q_len, k_len] into
   //   probabilities: over the visible keys j < k_len - q_len + i + 1, p_j = exp(s_j - max) / sum;
-  //   masked keys get 0. Write p as bf16 OVER the same row (the bf16 row fills the first half of the
+  //   masked keys get 0. With a sliding window (window > 0) the keys j < k_len - q_len + i + 1 - window
+  //   are masked as well. Write p as bf16 OVER the same row (the bf16 row fills the first half of the
   //   fp32 row's bytes: the P V GEMM reads it with leading dimension 2 * k_len). A row with no visible
   //   key writes zeros, never NaN.
   // Hint: one pass for (max, sum) per thread (online: when the max grows, rescale the sum), merge the
@@ -67,10 +70,11 @@ __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel
   const int n = k_len;  // the row length
   float* row = scores + (static_cast<size_t>(blockIdx.y) * q_len + i) * static_cast<size_t>(n);
   const int visible = k_len - q_len + i + 1;  // the causal mask: keys 0..position(i)
+  const int lo = window > 0 ? max(0, visible - window) : 0;  // the sliding window: keys lo..position(i)
 
   // Pass 1: each thread folds its keys into a running (max, sum), the online softmax of README.md.
   float m = -INFINITY, l = 0.f;
-  for (int j = threadIdx.x; j < visible; j += blockDim.x) {
+  for (int j = lo + static_cast<int>(threadIdx.x); j < visible; j += blockDim.x) {
     const float s = row[j];
     if (s > m) {
       l = l * expf(m - s) + 1.f;  // the first key: m = -inf, exp(-inf) = 0
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads) causal_softmax_inplace_kernel
 #pragma unroll
     for (int it = 0; it < kSoftmaxItems; ++it) {
       const int j = c0 + it * kSoftmaxThreads + threadIdx.x;
-      p[it] = j < visible ? expf(row[j] - row_max) * inv_sum : 0.f;  // masked keys: not even read
+      p[it] = j >= lo && j < visible ? expf(row[j] - row_max) * inv_sum : 0.f;  // masked keys: not even read
     }
     __syncthreads();
 #pragma unroll
@@ -172,7 +176,7 @@ void attention_v1_materialized(const TensorView& out, const TensorView& q, const
           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     causal_softmax_inplace_kernel<<<dim3(nq, static_cast<unsigned>(shape.n_heads)), kSoftmaxThreads, 0, stream>>>(
-        scores, nq, nk);
+        scores, nq, nk, static_cast<int>(shape.window));
     TVLLM_CHECK_LAUNCH();
     // Row-major O_h = P_h V is column-major O^T = V^T P^T: A = V^T (OP_N, m = head_dim, k = keys), B = P^T
     // (OP_N, n = queries) with leading dimension 2*nk (bf16 P sits in the first half of each fp32 row).

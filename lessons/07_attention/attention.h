@@ -3,7 +3,8 @@
 //
 //   out[t, h] = sum_{j <= pos(t)} softmax_j( q[t,h] . k[j, h/group] * scale ) * v[j, h/group]
 //
-// for head h, scale = 1/sqrt(head_dim). Sequence b has q_len[b] new queries and k_len[b] >= q_len[b]
+// for head h, scale = 1/sqrt(head_dim). With a sliding window W > 0 (Mistral; AttentionShape::window) the
+// sum runs over pos(t) - W < j <= pos(t) only: a query sees at most the last W positions, itself included. Sequence b has q_len[b] new queries and k_len[b] >= q_len[b]
 // keys. Its queries are the LAST q_len[b] tokens of its context: query i (0-based within the sequence)
 // sits at position pos = k_len[b] - q_len[b] + i and sees keys 0..pos (causal, "bottom-right aligned",
 // as FlashAttention's varlen API). Prefill is q_len == k_len; a chunk of a long prompt after earlier
@@ -61,6 +62,9 @@ struct AttentionShape {
   int64_t n_heads = 0;     // query heads
   int64_t n_kv_heads = 0;  // key/value heads; query head h reads kv head h / group_size()
   int64_t head_dim = 0;
+  // Sliding window (Mistral's sliding_window): a query at position pos sees keys pos - window < j <= pos, at
+  // most `window` of them, itself included. 0 = no window (every key 0..pos).
+  int64_t window = 0;
 
   static AttentionShape from_config(const ModelConfig& config);
   int64_t q_dim() const { return n_heads * head_dim; }
@@ -68,10 +72,12 @@ struct AttentionShape {
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }  // width of a fused QKV row
   int64_t group_size() const { return n_kv_heads > 0 ? n_heads / n_kv_heads : 0; }
   double scale() const;  // 1 / sqrt(head_dim)
-  // Throws InputError unless every count is positive and n_heads is a multiple of n_kv_heads.
+  // The first key a query at position `pos` sees: 0 without a window, else max(0, pos - window + 1).
+  int64_t first_key(int64_t pos) const { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; }
+  // Throws InputError unless every count is positive, n_heads is a multiple of n_kv_heads and window >= 0.
   void validate() const;
   bool operator==(const AttentionShape& o) const {
-    return n_heads == o.n_heads && n_kv_heads == o.n_kv_heads && head_dim == o.head_dim;
+    return n_heads == o.n_heads && n_kv_heads == o.n_kv_heads && head_dim == o.head_dim && window == o.window;
   }
 };
 

@@ -2,7 +2,8 @@
 //
 // It is the formula, written as plainly as possible, for one (sequence, head, query) at a time:
 //   scores_j = q . k_j * scale              for the keys j <= pos of the same sequence (causal), where
-//                                           pos = k_len - q_len + i is the position of query i
+//                                           pos = k_len - q_len + i is the position of query i, and
+//                                           j > pos - W when the shape has a sliding window W
 //   p_j      = exp(scores_j - max) / sum    (softmax, max-subtracted)
 //   out      = sum_j p_j v_j
 //
@@ -27,7 +28,8 @@ void attention_cpu(const TensorView& out, const TensorView& q, const TensorView&
                    const AttentionBatch& batch, const AttentionShape& shape) {
   // --- exercise 07.1: the reference, one query at a time -----------------------------------------------
   // Task: for every sequence b of the batch, head h and query i < q_len(b): the query sits at
-  //   position pos = k_len - q_len + i and sees keys j = 0..pos of its own sequence (causal).
+  //   position pos = k_len - q_len + i and sees keys j = 0..pos of its own sequence (causal); with a
+  //   sliding window (shape.window > 0) only j = shape.first_key(pos)..pos, the last `window` of them.
   //   scores_j = (q . k_j) * shape.scale(), p = softmax(scores) with the max subtracted, and
   //   out = sum_j p_j v_j. Query head h reads kv head h / shape.group_size() (grouped-query attention).
   //   q, k, v, out are fp32 with rows strides[0] elements apart; head h is columns [h*D, (h+1)*D).
@@ -63,12 +65,14 @@ void attention_cpu(const TensorView& out, const TensorView& q, const TensorView&
       const int64_t kvh = h / group;  // grouped-query attention: `group` query heads share one kv head
       for (int64_t i = 0; i < q_len; ++i) {
         // The queries are the last q_len of the k_len tokens: query i sits at this position and sees
-        // the keys j = 0..pos (the causal mask: the future does not exist yet).
+        // the keys j = first..pos (the causal mask: the future does not exist yet; a sliding window
+        // also hides what lies `window` or more positions back).
         const int64_t pos = k_len - q_len + i;
+        const int64_t first = shape.first_key(pos);
         const float* qi = Q + (q_begin + i) * q_ld + h * D;
-        p.assign(static_cast<size_t>(pos + 1), 0.0);
+        p.assign(static_cast<size_t>(pos + 1), 0.0);  // entries before `first` stay 0: never read
         double max_score = -INFINITY;
-        for (int64_t j = 0; j <= pos; ++j) {
+        for (int64_t j = first; j <= pos; ++j) {
           const float* kj = K + (k_begin + j) * k_ld + kvh * D;
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
@@ -76,12 +80,12 @@ void attention_cpu(const TensorView& out, const TensorView& q, const TensorView&
           max_score = std::max(max_score, p[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= pos; ++j) {
+        for (int64_t j = first; j <= pos; ++j) {
           p[j] = std::exp(p[j] - max_score);
           sum += p[j];
         }
         acc.assign(static_cast<size_t>(D), 0.0);
-        for (int64_t j = 0; j <= pos; ++j) {
+        for (int64_t j = first; j <= pos; ++j) {
           const float* vj = V + (k_begin + j) * v_ld + kvh * D;
           for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * vj[d];
         }

@@ -28,7 +28,8 @@
 //   chunk a thread copies): keep them to a multiply-add (contiguous) or a table look-up (paged), and
 //   compute everything that depends only on (b, kv_head) in sequence().
 // - The queries are always the packed q/out rows of cu_seqlens_q; query i of sequence b sits at position
-//   k_len[b] - q_len[b] + i and sees keys 0..that position.
+//   k_len[b] - q_len[b] + i and sees keys 0..that position (with a sliding window W: only the last W of
+//   them, FlashParams::window). Keys no query of a block sees are never asked for.
 //
 // ---- The kernels ---------------------------------------------------------------------------------------
 //   flash_attention_mma_kernel<DP, kPadded, KV>  tensor cores (mma.sync m16n8k16, bf16 in, fp32 out), tiles
@@ -70,6 +71,7 @@ struct FlashParams {
   int head_dim;
   int group;                    // query heads per kv head
   float scale_log2;             // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
+  int window = 0;               // sliding window: a query at pos sees keys pos - window < j <= pos; 0 = none
   // Tile rows per query: 1, or (decode steps, every q_len <= 1) the group size: then block (x, h, b) is KV
   // head h, and row r of its tile is query head h * group + r. The G heads that share a KV head read its
   // keys and values once instead of G times; each row's arithmetic is unchanged, so are its bits.
@@ -158,7 +160,9 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   //   shared memory. kv.sequence(b, k_begin, kv_head) gives the sequence's key(pos) / value(pos) rows
   //   (the KV policy, README section 8); p.scale_log2 folds log2(e) in, so exp becomes exp2.
   //   With R = p.rows_per_query, global row i = q0 + r of the tile is query i / R of head h * R + i % R
-  //   (R = 1: query i of head h), at position k_len - q_len + i / R.
+  //   (R = 1: query i of head h), at position k_len - q_len + i / R. With a sliding window
+  //   (p.window > 0) a row at pos sees only keys pos - window < key <= pos: skip the tiles before the
+  //   first row's window, and mask the window's lower edge like the causal one.
   // Hint: README sections 4-6 derive the online softmax, this kernel's tiling and the masking; lesson 06's v4
   //   has the fragment layouts (g = lane / 4, c = lane % 4) and ldmatrix addressing.
   // Hint: padded head dims (kPadded): columns past p.head_dim load as zeros and are never stored.
@@ -211,12 +215,19 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   // entirely, not computed and masked.
   const int kv_end = min(k_len, first_pos + Br);
   const int num_kv_tiles = (kv_end + Bc - 1) / Bc;
+  // Sliding window: the tile's first row sees keys from first_pos - window + 1 on, and every later row from
+  // there or later: the tiles wholly before that are skipped too (a long prefill reads ~W keys per query, not
+  // all of them). last_pos is the tile's last row's position (a padding row past q_len may be counted: it
+  // only makes the mask below run on one more tile).
+  const int t_begin = p.window > 0 ? max(0, first_pos - p.window + 1) / Bc : 0;
+  const int last_pos = k_len - q_len + (q0 + Br - 1) / R;
 
   load_tile_async<DP, Br, kPadded>(
       sQ, [&](int r) { return q_seq + row_offset(q0 + r, p.q_stride); }, q_rows - q0, D, q_seq, tid);
   // (k_len >= q_len > 0 here, so key 0 exists: its address is the operand of the zero-filling copies.)
-  load_tile_async<DP, Bc, kPadded>(sK, [&](int r) { return seq.key(r); }, k_len, D, seq.key(0), tid);
-  load_tile_async<DP, Bc, kPadded>(sV, [&](int r) { return seq.value(r); }, k_len, D, seq.value(0), tid);
+  const int kb = t_begin * Bc;  // the first tile's first key (0 without a window)
+  load_tile_async<DP, Bc, kPadded>(sK, [&](int r) { return seq.key(kb + r); }, k_len - kb, D, seq.key(0), tid);
+  load_tile_async<DP, Bc, kPadded>(sV, [&](int r) { return seq.value(kb + r); }, k_len - kb, D, seq.value(0), tid);
   cp_async_commit();
 
   uint32_t q_frag[kDimChunks][4];  // the warp's 16 query rows, as mma A fragments, for the whole loop
@@ -229,8 +240,8 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
   // The positions of this thread's two rows, g and g + 8 of the warp's 16.
   const int row_pos[2] = {k_len - q_len + (q0 + warp * 16 + g) / R, k_len - q_len + (q0 + warp * 16 + g + 8) / R};
 
-  for (int t = 0; t < num_kv_tiles; ++t) {
-    const int buf = t & 1;
+  for (int t = t_begin; t < num_kv_tiles; ++t) {
+    const int buf = (t - t_begin) & 1;  // the first tile went to buffer 0
     const bf16* sKt = sK + buf * Bc * S;
     const bf16* sVt = sV + buf * Bc * S;
     const int k0 = t * Bc;
@@ -249,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
     }
     __syncthreads();  // ...and every other thread's too
 
-    if (t == 0) {
+    if (t == t_begin) {
       // A fragment of rows [16w, 16w+16), dims [16kc, 16kc+16): lanes 0-15 address rows 0-15 at dim
       // 16kc, lanes 16-31 the same rows at dim 16kc+8 -> matrices (rows 0-7, lo), (8-15, lo), (0-7, hi), (8-15, hi).
 #pragma unroll
@@ -280,8 +291,10 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
     // key k0 + 8j + 2c + e%2. Only a tile holding a key past the tile's first query position needs the
     // mask. `key > pos` also masks every key past the end (key >= k_len > pos) for each real query row;
     // rows past q_len (zero-filled queries) compute harmless values of their own that are never stored
-    // (an mma row depends on its own row of Q only).
-    const bool needs_mask = k0 + Bc - 1 > first_pos;
+    // (an mma row depends on its own row of Q only). A sliding window masks `key <= pos - window` as well,
+    // on the tiles that hold a key at or before the last row's window edge. A row may see no key of a tile
+    // (it lies wholly before that row's window): its scores are all -inf, which the guards below absorb.
+    const bool needs_mask = k0 + Bc - 1 > first_pos || (p.window > 0 && k0 <= last_pos - p.window);
 #pragma unroll
     for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
@@ -290,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, (DP <= 64 ? 4 : 2))
         if (needs_mask) {
           const int key = k0 + j * 8 + 2 * c + (e & 1);
           const int pos = row_pos[e >> 1];
-          if (key > pos) s[j][e] = -INFINITY;
+          if (key > pos || (p.window > 0 && key <= pos - p.window)) s[j][e] = -INFINITY;
         }
       }
     }
@@ -407,7 +420,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32) flash_attention_simt_kernel(c
   if (i >= q_len) return;  // the whole warp leaves together (warp_sum below needs all 32 lanes)
   const int k_begin = p.cu_seqlens_k[b];
   const int k_len = p.cu_seqlens_k[b + 1] - k_begin;
-  const int pos = k_len - q_len + i;  // this query's position: it sees keys 0..pos
+  const int pos = k_len - q_len + i;  // this query's position: it sees keys first..pos
+  const int first = p.window > 0 ? max(0, pos - p.window + 1) : 0;  // 0, or the sliding window's oldest key
   const bool active = lane * 8 < p.head_dim;
   const int col = active ? lane * 8 : 0;
   const auto seq = kv.sequence(b, k_begin, h / p.group);
@@ -422,7 +436,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32) flash_attention_simt_kernel(c
   }
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = -INFINITY, l = 0.f;
-  for (int j = 0; j <= pos; ++j) {
+  for (int j = first; j <= pos; ++j) {
     float dot = 0.f;
     Pack<8> vp{};
     if (active) {
@@ -530,6 +544,7 @@ inline FlashParams make_params(const TensorView& out, const TensorView& q, const
   p.head_dim = static_cast<int>(shape.head_dim);
   p.group = static_cast<int>(shape.group_size());
   p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e)
+  p.window = static_cast<int>(shape.window);  // validate() keeps it below 2^31
   return p;
 }
 

@@ -26,21 +26,42 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
+std::string family_extras(const ModelConfig& c) {
+  std::string s;
+  auto add = [&](bool on, const char* what) {
+    if (on) s += (s.empty() ? "" : ", ") + std::string(what);
+  };
+  add(c.qkv_bias, "q/k/v biases");
+  add(c.o_bias, "o_proj bias");
+  add(c.mlp_bias, "MLP biases");
+  add(c.qk_norm, "q/k norm");
+  return s;
+}
+
 std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   std::vector<ExpectedTensor> t;
+  // A projection's weight [out, in], then its bias [out] when the config promises one.
+  auto proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+    t.push_back({name + ".weight", {out, in}});
+    if (bias) t.push_back({name + ".bias", {out}});
+  };
   t.push_back({"model.embed_tokens.weight", {c.vocab_size, H}});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
     t.push_back({p + "input_layernorm.weight", {H}});
-    t.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), H}});
-    t.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), H}});
-    t.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), H}});
-    t.push_back({p + "self_attn.o_proj.weight", {H, c.q_dim()}});
+    proj(p + "self_attn.q_proj", c.q_dim(), H, c.qkv_bias);
+    proj(p + "self_attn.k_proj", c.kv_dim(), H, c.qkv_bias);
+    proj(p + "self_attn.v_proj", c.kv_dim(), H, c.qkv_bias);
+    proj(p + "self_attn.o_proj", H, c.q_dim(), c.o_bias);
+    if (c.qk_norm) {  // Qwen3: one RMSNorm weight over head_dim, shared by every q head (k heads)
+      t.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      t.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     t.push_back({p + "post_attention_layernorm.weight", {H}});
-    t.push_back({p + "mlp.gate_proj.weight", {I, H}});
-    t.push_back({p + "mlp.up_proj.weight", {I, H}});
-    t.push_back({p + "mlp.down_proj.weight", {H, I}});
+    proj(p + "mlp.gate_proj", I, H, c.mlp_bias);
+    proj(p + "mlp.up_proj", I, H, c.mlp_bias);
+    proj(p + "mlp.down_proj", H, I, c.mlp_bias);
   }
   t.push_back({"model.norm.weight", {H}});
   if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, H}});
@@ -48,21 +69,9 @@ std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& c) {
 }
 
 void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
-  // Lesson 01 reads what a Qwen2/Qwen3/Mistral/biased-Llama config asks for (issue 18); the forward does
-  // not compute those steps yet, and a forward that skipped them would answer wrong: refuse, naming them.
-  if (c.has_family_extras()) {
-    std::string what;
-    auto add = [&](bool on, const char* name) {
-      if (on) what += (what.empty() ? "" : ", ") + std::string(name);
-    };
-    add(c.qkv_bias, "q/k/v biases");
-    add(c.o_bias, "o_proj bias");
-    add(c.mlp_bias, "MLP biases (mlp_bias)");
-    add(c.qk_norm, "per-head q/k RMSNorm (q_norm, k_norm)");
-    add(c.sliding_window > 0, ("sliding_window " + std::to_string(c.sliding_window)).c_str());
-    throw InputError(kWhere + "this " + c.model_type + " model needs " + what +
-                     ", which the forward pass does not implement yet; refusing rather than computing a different model");
-  }
+  // Lesson 01 reads what a Qwen2/Qwen3/Mistral/biased-Llama config asks for (issue 18), and the forward computes
+  // all of it: the biases and the q/k norm are tensors (expected below), the sliding window is a property of the
+  // attention shape that every attention path applies. Anything else ModelConfig refuses when it reads it.
   // Presence, shapes and dtypes of the tensors the config implies: lesson 01 checks them when it opens the
   // model directory (ModelDir::open), and so does this, for a WeightStore opened any other way.
   std::set<std::string> wanted;
@@ -81,7 +90,7 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
                        ": the forward pass computes with F32, F16 or BF16 weights");
   }
   // What only the forward pass knows: it reads exactly these tensors, so anything else in the checkpoint
-  // (a bias, a quantisation scale, a layer beyond num_hidden_layers) is a model it would compute wrong.
+  // (a bias the config does not promise, a quantisation scale, a layer beyond num_hidden_layers) is a model it would compute wrong.
   for (const std::string& name : weights.names()) {
     if (wanted.count(name)) continue;
     // Checkpoints written by old transformers versions carry RoPE's inv_freq as a buffer; we compute it.
@@ -92,8 +101,9 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
     throw InputError(
         kWhere + "unexpected tensor \"" + name + "\" " + std::string(dtype_name(entry.dtype)) +
         shape_str(entry.shape) + ": a Llama model with this config.json (" +
-        std::to_string(c.num_hidden_layers) +
-        " layers, no biases) has no such weight; refusing rather than computing a different model");
+        std::to_string(c.num_hidden_layers) + " layers, " +
+        (family_extras(c).empty() ? std::string("no biases") : family_extras(c)) +
+        ") has no such weight; refusing rather than computing a different model");
   }
 }
 
@@ -196,6 +206,22 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
       L.w_gate = store.host(p + "mlp.gate_proj.weight");
       L.w_up = store.host(p + "mlp.up_proj.weight");
       L.w_down = store.host(p + "mlp.down_proj.weight");
+      // The extras, where the config promises them (check_llama_weights made sure they are there).
+      if (c.qkv_bias) {
+        L.bq = store.host(p + "self_attn.q_proj.bias");
+        L.bk = store.host(p + "self_attn.k_proj.bias");
+        L.bv = store.host(p + "self_attn.v_proj.bias");
+      }
+      if (c.o_bias) L.bo = store.host(p + "self_attn.o_proj.bias");
+      if (c.mlp_bias) {
+        L.b_gate = store.host(p + "mlp.gate_proj.bias");
+        L.b_up = store.host(p + "mlp.up_proj.bias");
+        L.b_down = store.host(p + "mlp.down_proj.bias");
+      }
+      if (c.qk_norm) {
+        L.q_norm = store.host(p + "self_attn.q_norm.weight");
+        L.k_norm = store.host(p + "self_attn.k_norm.weight");
+      }
     }
     w.final_norm = store.host("model.norm.weight");
     w.lm_head = w.tied ? w.embed : store.host("lm_head.weight");
@@ -227,6 +253,18 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
     add({p + "self_attn.o_proj.weight"}, &L.wo);
     add({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.w_gate_up);
     add({p + "mlp.down_proj.weight"}, &L.w_down);
+    // The extras: biases packed like their weights (one add over q | k | v after the one GEMM).
+    if (c.qkv_bias)
+      add({p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"}, &L.bqkv);
+    if (c.o_bias) add({p + "self_attn.o_proj.bias"}, &L.bo);
+    if (c.mlp_bias) {
+      add({p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"}, &L.b_gate_up);
+      add({p + "mlp.down_proj.bias"}, &L.b_down);
+    }
+    if (c.qk_norm) {
+      add({p + "self_attn.q_norm.weight"}, &L.q_norm);
+      add({p + "self_attn.k_norm.weight"}, &L.k_norm);
+    }
   }
   add({"model.norm.weight"}, &w.final_norm);
   if (!w.tied) add({"lm_head.weight"}, &w.lm_head);
@@ -254,6 +292,15 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
     L.wv = L.wqkv.rows(c.q_dim() + c.kv_dim(), c.kv_dim());
     L.w_gate = L.w_gate_up.rows(0, c.intermediate_size);
     L.w_up = L.w_gate_up.rows(c.intermediate_size, c.intermediate_size);
+    if (L.bqkv.data) {
+      L.bq = L.bqkv.rows(0, c.q_dim());
+      L.bk = L.bqkv.rows(c.q_dim(), c.kv_dim());
+      L.bv = L.bqkv.rows(c.q_dim() + c.kv_dim(), c.kv_dim());
+    }
+    if (L.b_gate_up.data) {
+      L.b_gate = L.b_gate_up.rows(0, c.intermediate_size);
+      L.b_up = L.b_gate_up.rows(c.intermediate_size, c.intermediate_size);
+    }
   }
   if (w.tied) w.lm_head = w.embed;
   return w;

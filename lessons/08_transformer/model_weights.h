@@ -4,16 +4,18 @@
 // them up by name in every step would pay string hashing per layer per step, and would find a missing or
 // misshapen tensor only when it got there. So the names are resolved ONCE, at load: every tensor the
 // config implies must exist with exactly the shape the config implies, in a floating dtype, and nothing
-// else may be in the checkpoint (an extra q_proj.bias or a quantisation scale would mean a model we would
-// silently compute wrong). What comes out is a struct of views that the forward pass reads by field.
+// else may be in the checkpoint (a q_proj.bias the config does not promise, or a quantisation scale, would
+// mean a model we would silently compute wrong). What comes out is a struct of views that the forward pass
+// reads by field.
 //
 //   CPU   every view points into the memory-mapped safetensors files, as stored (BF16, F16 or F32; the
 //         CPU ops widen them exactly): no copy at all. q/k/v and gate/up stay separate tensors.
 //   CUDA  ONE device allocation, bf16 (F32 and F16 checkpoints are converted on the way, rounding to
 //         nearest even), in which q|k|v are packed into one [q_dim + 2*kv_dim, hidden] matrix and
 //         gate|up into one [2*intermediate, hidden] matrix (README "Packing": one GEMM instead of three,
-//         and of two). The bytes go from the mapped files to the GPU through a small staging buffer:
-//         no second full host copy of the weights is ever made.
+//         and of two), and their biases, when the model has them, likewise into bqkv and b_gate_up. The
+//         bytes go from the mapped files to the GPU through a small staging buffer: no second full host
+//         copy of the weights is ever made.
 //
 // The views borrow memory: the CPU binding must not outlive the ModelDir it was made from.
 #pragma once
@@ -43,7 +45,25 @@ struct LayerWeights {
   TensorView w_gate_up;  // [2*intermediate, hidden]       rows w_gate | w_up  (CUDA only; empty on the CPU)
   TensorView w_down;     // [hidden, intermediate]         mlp.down_proj.weight
 
+  // The Llama-like families' extras (README "Other Llama-like families"): empty views unless the config
+  // asks for them. CPU: as stored; CUDA: bf16, the q/k/v and gate/up biases packed like their weights
+  // (bq, bk, bv, b_gate, b_up are then slices of bqkv and b_gate_up).
+  TensorView bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]   self_attn.{q,k,v}_proj.bias  (qkv_bias)
+  TensorView bqkv;        // [q_dim + 2*kv_dim]             bq | bk | bv  (CUDA only)
+  TensorView bo;          // [hidden]                       self_attn.o_proj.bias        (o_bias)
+  TensorView b_gate, b_up;  // [intermediate] each          mlp.{gate,up}_proj.bias      (mlp_bias)
+  TensorView b_gate_up;   // [2*intermediate]               b_gate | b_up  (CUDA only)
+  TensorView b_down;      // [hidden]                       mlp.down_proj.bias           (mlp_bias)
+  TensorView q_norm, k_norm;  // [head_dim] each            self_attn.{q,k}_norm.weight  (qk_norm, Qwen3)
+
   bool packed() const { return wqkv.data != nullptr; }
+  bool has_qkv_bias() const { return bq.data != nullptr; }
+  bool has_qk_norm() const { return q_norm.data != nullptr; }
+  // Whether this layer is plain Llama (no bias, no q/k norm): what a path that knows only Llama may run.
+  bool llama_only() const {
+    return !has_qkv_bias() && bo.data == nullptr && b_gate.data == nullptr && b_down.data == nullptr &&
+           !has_qk_norm();
+  }
 };
 
 struct ModelWeights {
@@ -64,6 +84,9 @@ struct ModelWeights {
   DeviceBuffer storage_;  // CUDA: every tensor above, 256-byte aligned, packed ones included
 };
 
+// What the config adds to Llama's layer, for messages: e.g. "q/k/v biases, q/k norm"; "" for a plain Llama.
+std::string family_extras(const ModelConfig& config);
+
 // The Hugging Face name and shape of every tensor a Llama model of this config needs, in load order
 // (lm_head.weight last, and only when the embeddings are not tied).
 struct ExpectedTensor {
@@ -72,8 +95,10 @@ struct ExpectedTensor {
 };
 std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& config);
 
-// InputError naming the tensor for any tensor the model would NOT use (a bias, a quantisation scale, a layer
-// beyond num_hidden_layers) - except the rotary inv_freq buffers old checkpoints carry, and lm_head.weight
+// With the config's extras (qkv_bias, o_bias, mlp_bias, qk_norm) their biases and norm weights are expected
+// too, each right after the weight it belongs to.
+// InputError naming the tensor for any tensor the model would NOT use (a bias the config does not promise, a
+// quantisation scale, a layer beyond num_hidden_layers) - except the rotary inv_freq buffers old checkpoints carry, and lm_head.weight
 // beside tied embeddings (Hugging Face ignores it too). Also for a missing tensor, a wrong shape, or a dtype
 // the forward pass cannot compute with (only F32, F16 and BF16), which lesson 01's ModelDir::open already
 // refuses with its own message when it opens a model directory.

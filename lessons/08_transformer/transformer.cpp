@@ -5,6 +5,7 @@
 
 #include "common/errors.h"
 #include "common/exercise.h"
+#include "family_ops.h"
 #include "matmul.h"
 #include "rmsnorm.h"
 #include "silu_mul.h"
@@ -133,8 +134,16 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   return TensorView::contiguous(p, buffer.dtype(), buffer.device(), std::move(shape));
 }
 
-// q, k, v of the step's T tokens from the normalised hidden states x [T, hidden].
-//   packed (CUDA): ONE GEMM with wqkv writes rows [q | k | v]; q, k, v are column views of it.
+// One projection: y = x W^T, plus the bias b where the model has one (an empty view: none). The bias is its
+// own small step after the GEMM (family_ops.h), so every matmul version of lesson 06 serves every family.
+[[maybe_unused]] void project(ExecContext& ctx, const TensorView& y, const TensorView& x,
+                              const TensorView& weight, const TensorView& bias) {
+  linear(y, x, weight, ctx.matmul_kernel(), ctx.cublas());
+  if (bias.data) add_bias(y, bias, ctx.stream());
+}
+
+// q, k, v of the step's T tokens from the normalised hidden states x [T, hidden], biases included.
+//   packed (CUDA): ONE GEMM with wqkv writes rows [q | k | v] (and ONE add of bqkv); q, k, v are column views.
 //   unpacked (CPU, the weights as stored): three GEMMs into three planes of the same buffer.
 [[maybe_unused]] QkvViews project_qkv(ExecContext& ctx, const LayerWeights& L, const TensorView& x,
                                       const AttentionShape& shape) {
@@ -142,32 +151,34 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   const int64_t T = x.shape[0];
   if (L.packed()) {
     const TensorView qkv = first(buf, {T, shape.qkv_dim()});
-    linear(qkv, x, L.wqkv, ctx.matmul_kernel(), ctx.cublas());
+    TVLLM_REQUIRE(!L.has_qkv_bias() || L.bqkv.data, "forward: packed q/k/v weights need a packed q/k/v bias");
+    project(ctx, qkv, x, L.wqkv, L.bqkv);
     return split_qkv(qkv, shape);
   }
   QkvViews out{at_element(buf, 0, {T, shape.q_dim()}),
                at_element(buf, T * shape.q_dim(), {T, shape.kv_dim()}),
                at_element(buf, T * (shape.q_dim() + shape.kv_dim()), {T, shape.kv_dim()})};
-  linear(out.q, x, L.wq, ctx.matmul_kernel(), ctx.cublas());
-  linear(out.k, x, L.wk, ctx.matmul_kernel(), ctx.cublas());
-  linear(out.v, x, L.wv, ctx.matmul_kernel(), ctx.cublas());
+  project(ctx, out.q, x, L.wq, L.bq);
+  project(ctx, out.k, x, L.wk, L.bk);
+  project(ctx, out.v, x, L.wv, L.bv);
   return out;
 }
 
 // gate and up [T, intermediate] from x [T, hidden], the same way: one GEMM into rows [gate | up] (CUDA), or
-// two into two planes (CPU).
+// two into two planes (CPU); with mlp_bias, their biases.
 [[maybe_unused]] std::pair<TensorView, TensorView> project_gate_up(ExecContext& ctx, const LayerWeights& L,
                                                                    const TensorView& x) {
   const Tensor& buf = ctx.workspace().gate_up;
   const int64_t T = x.shape[0], I = L.w_gate.shape[0];
   if (L.packed()) {
     const TensorView gate_up = first(buf, {T, 2 * I});
-    linear(gate_up, x, L.w_gate_up, ctx.matmul_kernel(), ctx.cublas());
+    TVLLM_REQUIRE(!L.b_gate.data || L.b_gate_up.data, "forward: packed gate/up weights need a packed bias");
+    project(ctx, gate_up, x, L.w_gate_up, L.b_gate_up);
     return {column_slice(gate_up, 0, I), column_slice(gate_up, I, I)};
   }
   const TensorView gate = at_element(buf, 0, {T, I}), up = at_element(buf, T * I, {T, I});
-  linear(gate, x, L.w_gate, ctx.matmul_kernel(), ctx.cublas());
-  linear(up, x, L.w_up, ctx.matmul_kernel(), ctx.cublas());
+  project(ctx, gate, x, L.w_gate, L.b_gate);
+  project(ctx, up, x, L.w_up, L.b_up);
   return {gate, up};
 }
 
@@ -180,10 +191,11 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
   // --- exercise 08.4: one decoder layer --------------------------------------------------------------
   // Task: the Llama block, in the lessons' ops, on the first T rows of the workspace buffers:
   //   normed = rmsnorm(h) * input_norm (layer > 0: h += delta first, fused: add_rmsnorm); q, k, v =
-  //   project_qkv(normed); RoPE on q and k at step.positions(); attn = backend.attend(...); delta =
-  //   o_proj(attn); h += delta and normed = rmsnorm(h) * post_norm (add_rmsnorm); gate, up =
-  //   project_gate_up(normed); act = silu(gate) * up; delta = down_proj(act), left in delta for the next
-  //   layer to add.
+  //   project_qkv(normed); Qwen3 only (L.has_qk_norm()): head_rmsnorm of q and k; RoPE on q and k at
+  //   step.positions(); attn = backend.attend(...); delta = o_proj(attn); h += delta and normed =
+  //   rmsnorm(h) * post_norm (add_rmsnorm); gate, up = project_gate_up(normed); act = silu(gate) * up;
+  //   delta = down_proj(act), left in delta for the next layer to add. project() runs o_proj and down_proj
+  //   with their biases where the model has them (project_qkv and project_gate_up add theirs).
   // Hint: every GPU call takes ctx.stream() last (linear uses the handle's stream: pass ctx.cublas()).
   //   RoPE runs with PositionCheck::Trusted: StepInputs validated the positions, and a check would
   //   synchronise (forbidden in a step).
@@ -192,6 +204,7 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
   // Tests: Transformer.CpuForwardMatchesHuggingFace Transformer.BatchEqualsAlone lesson08_transformer.cpu
   // Tests: TransformerGpu.ForwardTop1AgreesWithHuggingFace TransformerGpu.GraphReplayEqualsEager
   // Tests: lesson08_transformer.gpu
+  // Tests: Families.CpuLastRowLogitsMatchTransformers Families.CpuGreedyIdsEqualTransformers
   // Needs: 08.1
   // Stub:
   //   (void)ctx;
@@ -220,19 +233,24 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
     add_rmsnorm(h, delta, L.input_norm, normed, eps, {}, stream);
   // 2. Queries, keys, values.
   const QkvViews qkv = project_qkv(ctx, L, normed, AttentionShape::from_config(c));
+  // 2b. Qwen3: each head's q and k normalised over head_dim (q_norm, k_norm), before RoPE rotates them.
+  if (L.has_qk_norm()) {
+    head_rmsnorm(qkv.q, L.q_norm, eps, stream);
+    head_rmsnorm(qkv.k, L.k_norm, eps, stream);
+  }
   // 3. Rotate q and k by their positions.
   apply_rope(qkv.q, qkv.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
   // 4. Causal attention over each sequence's context.
   backend.attend(layer, qkv.q, qkv.k, qkv.v, attn, step, stream);
-  // 5. Back to the residual width: delta = attn Wo^T.
-  linear(delta, attn, L.wo, ctx.matmul_kernel(), ctx.cublas());
+  // 5. Back to the residual width: delta = attn Wo^T (+ bo: Llama attention_bias).
+  project(ctx, delta, attn, L.wo, L.bo);
   // 6. h += delta; the MLP's input normed = rmsnorm(h) * w_post.
   add_rmsnorm(h, delta, L.post_norm, normed, eps, {}, stream);
   // 7. The gated MLP: act = silu(normed Wg^T) * (normed Wu^T).
   const auto [gate, up] = project_gate_up(ctx, L, normed);
   silu_mul(act, gate, up, stream);
-  // 8. delta = act Wd^T, added to h by the next layer's first norm (or by the final norm).
-  linear(delta, act, L.w_down, ctx.matmul_kernel(), ctx.cublas());
+  // 8. delta = act Wd^T (+ b_down: mlp_bias), added to h by the next layer's first norm (or the final norm).
+  project(ctx, delta, act, L.w_down, L.b_down);
   // --- end of exercise 08.4 ---
 }
 

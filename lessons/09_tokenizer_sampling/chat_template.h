@@ -80,6 +80,9 @@ class ChatTemplate {
                      std::string_view today = {}, bool enable_thinking = true) const;
 
   ChatFamily family() const { return family_; }
+  // Whether render's enable_thinking changes anything (qwen3). The other families' templates never read the
+  // variable, so for them it is ignored, exactly as transformers' apply_chat_template ignores it.
+  bool has_thinking_switch() const { return family_ == ChatFamily::Qwen3; }
   const std::string& bos_token() const { return bos_; }
   const std::string& eos_token() const { return eos_; }
   // chatml: the system prompt used when a conversation starts without one ("" when the template has none).

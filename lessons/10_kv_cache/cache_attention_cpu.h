@@ -29,11 +29,12 @@ void prefill_attention_over_rows_cpu(const TensorView& out, const TensorView& q,
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const int64_t kvh = h / group;
       for (int64_t i = 0; i < q_len; ++i) {
-        const int64_t pos = k_len - q_len + i;  // sees keys 0..pos
+        const int64_t pos = k_len - q_len + i;     // sees keys first..pos
+        const int64_t first = shape.first_key(pos);  // 0, or the window's oldest key
         const float* qi = q.ptr<const float>() + (batch.q_begin(b) + i) * q.strides[0] + h * D;
         p.assign(static_cast<size_t>(pos + 1), 0.0);
         double max_score = -INFINITY;
-        for (int64_t j = 0; j <= pos; ++j) {
+        for (int64_t j = first; j <= pos; ++j) {
           const float* kj = k + row(j) + kvh * D;
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
@@ -41,9 +42,9 @@ void prefill_attention_over_rows_cpu(const TensorView& out, const TensorView& q,
           max_score = std::max(max_score, p[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - max_score));
+        for (int64_t j = first; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - max_score));
         acc.assign(static_cast<size_t>(D), 0.0);
-        for (int64_t j = 0; j <= pos; ++j) {
+        for (int64_t j = first; j <= pos; ++j) {
           const float* vj = v + row(j) + kvh * D;
           for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * vj[d];
         }
@@ -61,8 +62,9 @@ void decode_attention_over_rows_cpu(const TensorView& out, const TensorView& q, 
                                     const AttentionBatch& batch, const AttentionShape& shape, int num_splits,
                                     const RowOf& row_of) {
   // --- exercise 10.2: decode attention, split over the context ---------------------------------------------
-  // Task: for each sequence b with one query (q_len 1) and each head h: cut its k_len keys into num_splits
-  //   chunks of ceil(k_len / num_splits); per chunk s compute, in fp32 and base-2 units (score = q.k *
+  // Task: for each sequence b with one query (q_len 1) and each head h: cut its visible keys [first, k_len)
+  //   (first = shape.first_key(k_len - 1): 0, or k_len - window with a sliding window) into num_splits
+  //   chunks of ceil((k_len - first) / num_splits); per chunk s compute, in fp32 and base-2 units (score = q.k *
   //   scale * log2(e)), the chunk's max m_s, its sum l_s = sum 2^(score - m_s) and its unnormalised output
   //   o_s = sum 2^(score - m_s) v. Then combine: M = max m_s, w_s = 2^(m_s - M),
   //   out = sum w_s o_s / sum w_s l_s. An empty chunk has m_s = -inf and adds nothing (w_s = 0).
@@ -89,14 +91,17 @@ void decode_attention_over_rows_cpu(const TensorView& out, const TensorView& q, 
   for (int b = 0; b < batch.batch_size(); ++b) {
     if (batch.q_len(b) == 0) continue;  // nothing to compute, nothing to write
     const int64_t k_len = batch.k_len(b);
-    const int64_t chunk = (k_len + num_splits - 1) / num_splits;
+    // The query sits at k_len - 1; a sliding window hides every key before `first`, so the splits share only
+    // the window's keys: never read, never weighted (the point of the window: decode reads at most W keys).
+    const int64_t first = shape.first_key(k_len - 1);
+    const int64_t chunk = (k_len - first + num_splits - 1) / num_splits;
     const auto row = row_of(b);  // position j -> the element offset of its row
     for (int64_t h = 0; h < shape.n_heads; ++h) {
       const int64_t kvh = h / group;
       const float* qh = q.ptr<const float>() + batch.q_begin(b) * q.strides[0] + h * D;
       // 1. Each split: its max, its sum, its unnormalised output (what one GPU block writes).
       for (int s = 0; s < num_splits; ++s) {
-        const int64_t begin = std::min(k_len, s * chunk), end = std::min(k_len, begin + chunk);
+        const int64_t begin = std::min(k_len, first + s * chunk), end = std::min(k_len, begin + chunk);
         float* os = o.data() + s * D;
         std::fill(os, os + D, 0.f);
         m[s] = -INFINITY;

@@ -45,6 +45,7 @@ struct DecodeParams {
   const int32_t* cu_k;    // [B+1] device: k_len[b] = cu_k[b+1] - cu_k[b]
   int head_dim, group, n_heads;
   float scale_log2;       // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
+  int window;             // sliding window W: the query at k_len - 1 sees keys k_len - W.. only; 0 = none
   float* partials;        // [B][n_heads][kMaxSplits][head_dim + 2]: unnormalised o, then m, then l
 };
 
@@ -62,7 +63,8 @@ size_t decode_smem_bytes(int head_dim) {
 
 // grid: (num_splits, n_kv_heads * ceil(group / G), B). Block (s, y, b) handles sequence b, kv head
 // y / head_tiles and its query heads [h0, h0 + G) (fewer in the group's last tile), over split s of the
-// sequence's keys: an equal share ceil(k_len / num_splits), read in tiles.
+// sequence's keys: an equal share ceil(keys / num_splits), read in tiles. keys = k_len, or with a sliding
+// window W only the last min(k_len, W): the splits share the window and nothing before it is read.
 //   TPK  threads per key: the next power of two >= head_dim / 8, each thread holding 8 dims (16 bytes) of a
 //        key. The block's 128 threads are 128 / TPK key groups, each on its own keys.
 //   G    query heads per block: every K and V vector loaded is used by all G heads of the group (GQA).
@@ -81,6 +83,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(const 
   //   once, then key(pos) / value(pos), the address of that position's head_dim values of the kv head.
   // Hint: keep every __shfl_xor_sync on all 32 lanes: loop over a compile-time number of keys per thread
   //   and mask the loads (j < n), not the loop.
+  // Hint: a sliding window (p.window > 0): the query at k_len - 1 sees keys [max(0, k_len - window), k_len)
+  //   only; share those among the splits (the CPU twin, decode_attention_over_rows_cpu, does the same).
   // Hint: the partial of (b, h, split s) starts at p.partials + ((b * n_heads + h) * kMaxSplits + s) *
   //   (head_dim + 2); the combine skips a split whose m is -inf (it had no keys).
   // Tests: KvCacheGpu.Decode* KvCacheGpu.GenerationAgreesWithHuggingFaceTeacherForced
@@ -103,8 +107,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(const 
   const int k_len = p.cu_k[b + 1] - p.cu_k[b];
   // This split's keys. The share is computed here, from the k_len of THIS step, so a graph captured at one
   // context length stays correct at another (only the number of splits is fixed by the launch).
-  const int chunk = (k_len + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
-  const int key_begin = min(k_len, static_cast<int>(blockIdx.x) * chunk);
+  // A sliding window hides the keys before k_len - window from the query (at k_len - 1): they are not
+  // shared out at all, so a long context costs a decode step only the window's bytes.
+  const int first = p.window > 0 ? max(0, k_len - p.window) : 0;
+  const int chunk = (k_len - first + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  const int key_begin = min(k_len, first + static_cast<int>(blockIdx.x) * chunk);
   const int key_end = min(k_len, key_begin + chunk);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -322,6 +329,7 @@ inline DecodeParams make_params(const TensorView& out, const TensorView& q, cons
   p.group = static_cast<int>(shape.group_size());
   p.n_heads = static_cast<int>(shape.n_heads);
   p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e), as lesson 07
+  p.window = static_cast<int>(shape.window);
   p.partials = workspace.partials();
   return p;
 }

@@ -67,7 +67,7 @@ Generator::~Generator() {
 // ---- the pieces ------------------------------------------------------------------------------------------
 
 void Generator::set_batch_invariant(bool on) {
-  ctx_.set_matmul_kernel(on ? MatmulKernel::V7BatchInvariant : kDefaultMatmulKernel);
+  ctx_.set_matmul_kernel(on ? kBatchInvariantMatmulKernel : kDefaultMatmulKernel);
   attention_.set_decode_attention(on ? DecodeAttention::Flash : DecodeAttention::Split);
 }
 

@@ -79,7 +79,8 @@ class Generator {
   // [forced.size(), vocab]. The last forced id is never fed.
   Tensor forced_logits(const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced);
 
-  // Batch invariance (lesson 11): lesson 06's v7 for every projection and the flash kernel for every attention,
+  // Batch invariance (lesson 11): lesson 06's kBatchInvariantMatmulKernel (v8, a cuBLASLt algorithm pinned per
+  // weight shape; v7 where none is) for every projection and the flash kernel for every attention,
   // so that a prompt's ids are the same bits alone or beside others, here or in lesson 11's engine with
   // EngineConfig::batch_invariant. Off by default (cuBLAS and the split decode kernel: faster).
   void set_batch_invariant(bool on);

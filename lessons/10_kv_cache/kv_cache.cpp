@@ -183,6 +183,8 @@ DecodeWorkspace::DecodeWorkspace(const AttentionShape& shape, int64_t max_sequen
 }
 
 int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms) {
+  // A sliding window caps the keys a decode query reads at `window`, however long the context: split those.
+  if (shape.window > 0) max_k_len = std::min(max_k_len, shape.window);
   if (max_k_len <= kMinKeysPerSplit) return 1;
   const int64_t by_keys = ceil_div_i64(max_k_len, kMinKeysPerSplit);
   int64_t splits = by_keys;  // CPU (num_sms == 0): as fine as the keys allow, so generation exercises the combine
@@ -349,7 +351,9 @@ void decode_attention(const TensorView& out, const TensorView& q, const TensorVi
                   "decode_attention: DecodeAttention::Fast is lesson 14's kernel, and it is not installed: call "
                   "install_fast_decode_attention() (lessons/14_performance/decode_attention_fast.h; use_fast_path "
                   "does) or ask for DecodeAttention::Split");
-    fast.contiguous(out, q, cache_k, cache_v, batch, slots, shape, num_splits, /*window=*/0, *workspace, stream);
+    // The shape's sliding window (Mistral), as lesson 10's kernel applies it (DecodeParams::window).
+    fast.contiguous(out, q, cache_k, cache_v, batch, slots, shape, num_splits, static_cast<int>(shape.window),
+                    *workspace, stream);
     return;
   }
   decode_attention_cuda(out, q, cache_k, cache_v, batch, slots, shape, num_splits, *workspace, stream);

@@ -204,8 +204,7 @@ struct FastDecodeKernel {
   // The split count for a decode step (the role decode_splits() plays for lesson 10's kernel).
   int (*splits)(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms) = nullptr;
   // The kernels over the contiguous cache, arguments already checked by decode_attention(). window: 0 = every
-  // key; W > 0 = only the last W keys of each sequence (a sliding window; decode_attention passes 0 until the
-  // course's forward computes windows).
+  // key; W > 0 = only the last W keys of each sequence (a sliding window; decode_attention passes shape.window).
   void (*contiguous)(const TensorView& out, const TensorView& q, const TensorView& cache_k, const TensorView& cache_v,
                      const AttentionBatch& batch, const CacheSlots& slots, const AttentionShape& shape, int num_splits,
                      int window, const DecodeWorkspace& workspace, cudaStream_t stream) = nullptr;

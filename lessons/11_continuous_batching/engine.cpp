@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -126,7 +127,7 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
     TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming));
   }
   if (config.batch_invariant) {
-    ctx_.set_matmul_kernel(MatmulKernel::V7BatchInvariant);
+    ctx_.set_matmul_kernel(kBatchInvariantMatmulKernel);  // lesson 06: v8 (v7 where unpinned)
     kv_->set_decode_attention(DecodeAttention::Flash);
   }
   update_stats();
@@ -330,9 +331,19 @@ std::vector<int32_t> Engine::fetch_ids(int64_t n) {
 }
 
 std::vector<int32_t> Engine::run_batch(const ScheduledBatch& batch) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const auto t0 = Clock::now();
   const int64_t rows = prepare_step(batch);
+  const auto t1 = Clock::now();
   ctx_.launch(step_, kv_->attention(), [this] { launch_step(); });  // eager, or a graph replay (lesson 14)
-  return fetch_ids(rows);  // prefill chunks only (no rows): nothing to wait for
+  const auto t2 = Clock::now();
+  std::vector<int32_t> ids = fetch_ids(rows);  // prefill chunks only (no rows): nothing to wait for
+  const auto t3 = Clock::now();
+  host_time_.prepare_s += seconds(t0, t1);
+  host_time_.launch_s += seconds(t1, t2);
+  host_time_.wait_s += seconds(t2, t3);
+  return ids;
 }
 
 void Engine::step() {
@@ -446,6 +457,20 @@ int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches) {
     submit(prompt, sampled, ignore);
   }
   int64_t steps = run_until_idle(1000);
+  // Prefills of a few lengths, one at a time: cuBLAS picks a different kernel for each range of T, and each of
+  // those is loaded lazily on its first call (milliseconds, in the first real request's TTFT otherwise). Powers of
+  // 4 from 64 up to what one step can hold; their ids avoid the short prompts' (a prefix-cache hit would skip the
+  // work). Their blocks may stay in the prefix cache: cached blocks are free (KvUsage::free_blocks).
+  const int64_t longest = std::min(limits_.max_tokens, limits_.max_context - 2);
+  for (int64_t n = 64; n <= longest; n *= 4) {
+    std::vector<int32_t> long_prompt(static_cast<size_t>(n));
+    for (size_t i = 0; i < long_prompt.size(); ++i)
+      long_prompt[i] = static_cast<int32_t>((vocab / 5 + 13 * static_cast<int64_t>(i) + n) % vocab);
+    RequestParams one = greedy;
+    one.max_tokens = 1;
+    submit(long_prompt, one, ignore);
+    steps += run_until_idle(1000);
+  }
   // B requests of one token each: the prefill step is itself decode-shaped (one new token per sequence), and the
   // next step decodes the B of them together.
   for (int64_t B : decode_batches) {
@@ -461,6 +486,7 @@ int64_t Engine::warm_up(const std::vector<int64_t>& decode_batches) {
   prefix_query_base_ = kv.prefix_query_tokens;
   prefix_hit_base_ = kv.prefix_hit_tokens;
   generated_ = finished_stop_ = finished_length_ = aborted_ = failed_ = peak_running_ = 0;
+  host_time_ = {};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.requests_submitted = 0;
@@ -482,6 +508,9 @@ void Engine::update_stats() {
   stats_.kv = kv;
   stats_.preemptions = s.preemptions - stats_base_.preemptions;
   stats_.steps = s.steps - stats_base_.steps;
+  stats_.prepare_s = host_time_.prepare_s;
+  stats_.launch_s = host_time_.launch_s;
+  stats_.wait_s = host_time_.wait_s;
   stats_.prefill_tokens = s.prefill_tokens - stats_base_.prefill_tokens;
   stats_.decode_tokens = s.decode_tokens - stats_base_.decode_tokens;
   stats_.generated_tokens = generated_;

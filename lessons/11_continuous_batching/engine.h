@@ -54,7 +54,8 @@ struct EngineConfig {
   int64_t max_sequences = 64;          // sequences running at once (and per step)
   int64_t max_context = 0;             // tokens per sequence, prompt + output; 0: max_position_embeddings
   bool chunked_prefill = true;
-  // Batch invariance: every projection through lesson 06's v7 and every attention through the flash kernel
+  // Batch invariance: every projection through lesson 06's kBatchInvariantMatmulKernel (v8: one cuBLASLt
+  // algorithm pinned per weight shape; v7 where none is) and every attention through the flash kernel
   // (lesson 10's DecodeAttention::Flash), so that a request's tokens are the same bits whatever else the
   // engine is running (README "Batch invariance"). Off: cuBLAS and the split decode kernel, faster.
   bool batch_invariant = false;
@@ -171,6 +172,11 @@ struct EngineStats {
   int64_t generated_tokens = 0;  // ids delivered
   int64_t requests_submitted = 0;
   int64_t finished_stop = 0, finished_length = 0, aborted = 0, failed = 0;  // requests by outcome
+  // Where the engine thread's time went in run_batch, summed over steps (steady clock, host side): preparing the
+  // step's inputs, queueing its device work (eager launches, or a graph replay), and waiting for the GPU at the
+  // step's one synchronisation. What a step spends outside them (scheduling, delivering tokens) is the rest of
+  // its wall time. The GPU idles while the host prepares and schedules: lesson 14 measures how much.
+  double prepare_s = 0.0, launch_s = 0.0, wait_s = 0.0;
 };
 
 // ---- the engine -------------------------------------------------------------------------------------------
@@ -213,7 +219,8 @@ class Engine {
   // prefill and decode, so that the first real request does not pay the one-time costs (lazy CUDA module
   // loading, cuBLAS heuristics and workspace, first touch of host pages: on the H200 the first request's TTFT
   // was ~70x the median). Afterwards every KV block is free and stats() reads as if nothing had run. Engine
-  // thread, with nothing in flight (InputError otherwise). Returns the steps it ran.
+  // thread, with nothing in flight (InputError otherwise). Returns the steps it ran. Also one prefill of each
+  // length 64, 256, 1024, ... that a step can hold: each range of T has its own cuBLAS kernels to load.
   // decode_batches (lesson 14): for each B, B one-token requests decode together, so that a step launcher that
   // captures a CUDA graph per batch size (lesson 14's graph runner) has the graph of B before the first user.
   int64_t warm_up(const std::vector<int64_t>& decode_batches = {});
@@ -283,6 +290,9 @@ class Engine {
   std::unordered_map<int64_t, int64_t> by_seq_;    // scheduler sequence id -> request id
   int64_t generated_ = 0, finished_stop_ = 0, finished_length_ = 0, aborted_ = 0, failed_ = 0, peak_running_ = 0;
   SchedulerStats stats_base_;  // the scheduler's counters when warm_up() ended: stats() counts from there
+  struct HostTime {
+    double prepare_s = 0.0, launch_s = 0.0, wait_s = 0.0;
+  } host_time_;  // run_batch's host time since warm_up() (EngineStats::prepare_s, ...)
   int64_t prefix_query_base_ = 0, prefix_hit_base_ = 0;
 
   // Shared with the other threads.

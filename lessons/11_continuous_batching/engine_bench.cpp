@@ -74,7 +74,9 @@ ThroughputResult run_throughput(Engine& engine, const std::vector<ThroughputRequ
       index_of[engine.submit(requests[i].prompt, params, events.sink())] = i;
     }
     while (engine.has_work()) {
+      const auto step_start = Clock::now();
       engine.step();
+      result.step_s += seconds_since(step_start);
       while (const auto e = events.try_pop()) {
         if (e->kind == EngineEvent::Kind::Token) {
           ++delivered;
@@ -99,6 +101,10 @@ ThroughputResult run_throughput(Engine& engine, const std::vector<ThroughputRequ
   result.preemptions = after.preemptions - before.preemptions;
   result.failed = result.requests - complete;
   result.kv = after.kv;
+  result.prepare_s = after.prepare_s - before.prepare_s;
+  result.launch_s = after.launch_s - before.launch_s;
+  result.wait_s = after.wait_s - before.wait_s;
+  result.other_s = std::max(0.0, result.step_s - result.prepare_s - result.launch_s - result.wait_s);
   return result;
 }
 

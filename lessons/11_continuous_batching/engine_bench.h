@@ -47,6 +47,9 @@ struct ThroughputResult {
   int64_t steps = 0, peak_running = 0, preemptions = 0;
   int64_t failed = 0;  // requests that did not end with their output_len ids (must be 0)
   KvUsage kv;          // the pool (its usage at the end: all free)
+  // The engine thread's wall time in steps, split as EngineStats does: preparing inputs, queueing the device
+  // work, waiting for the GPU; `other` is the rest of the steps' time (scheduling, delivering tokens).
+  double step_s = 0.0, prepare_s = 0.0, launch_s = 0.0, wait_s = 0.0, other_s = 0.0;
 };
 
 // Submits the requests (greedy, ignore_eos, max_tokens = output_len) and runs the engine until all have

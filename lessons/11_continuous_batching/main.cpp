@@ -146,7 +146,7 @@ bool run_engine_checks(const ModelWeights& w) {
   print_engine_case("chunked prefill, budget 32", chunked);
   pass = slots.pass() && chunked.pass();
   if (gpu) {
-    // Batch invariance (README "Batch invariance"): v7 GEMMs and flash attention everywhere, the Generator alone
+    // Batch invariance (README "Batch invariance"): v8 GEMMs and flash attention everywhere, the Generator alone
     // set the same way: now exact equality is required on the GPU too.
     c.batch_invariant = true;
     const AloneResults invariant_alone = run_alone(w, requests, max_context, /*batch_invariant=*/true);

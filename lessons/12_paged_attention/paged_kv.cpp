@@ -419,7 +419,9 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
                   "paged_decode_attention: DecodeAttention::Fast is lesson 14's kernel, and it is not installed: call "
                   "install_fast_decode_attention() (lessons/14_performance/decode_attention_fast.h; use_fast_path "
                   "does) or ask for DecodeAttention::Split");
-    fast(out, q, pool_k, pool_v, batch, tables, shape, num_splits, /*window=*/0, *workspace, stream);
+    // The shape's sliding window (Mistral), as lesson 10's kernel applies it (DecodeParams::window).
+    fast(out, q, pool_k, pool_v, batch, tables, shape, num_splits, static_cast<int>(shape.window), *workspace,
+         stream);
     return;
   }
   paged_decode_attention_cuda(out, q, pool_k, pool_v, batch, tables, shape, num_splits, *workspace, stream);

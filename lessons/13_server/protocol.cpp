@@ -286,6 +286,18 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
       if (list && !list->is_array()) wrong_type(key, "an array", *list);
       if (list && !list->empty()) unsupported(key, "no tool or function calls");
     }
+    // vLLM's chat_template_kwargs: variables handed to the Jinja template. We render templates as code, not
+    // Jinja (lesson 09), so only the variable we implement is accepted; any other would be silently lost.
+    if (const Json* kw = field(j, "chat_template_kwargs")) {
+      if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
+      for (const auto& [key, value] : kw->items()) {
+        const std::string p = "chat_template_kwargs." + key;
+        if (key != "enable_thinking")
+          unsupported(p, "the only chat template variable this server renders is enable_thinking");
+        if (!value.is_boolean()) wrong_type(p, "a boolean", value);
+        r.enable_thinking = value.get<bool>();
+      }
+    }
     if (const Json* rf = field(j, "response_format")) {
       if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
       if (get_string(*rf, "type").value_or("text") != "text")

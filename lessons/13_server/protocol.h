@@ -13,7 +13,8 @@
 //   an error       a 4xx/5xx status and {"error": {"message", "type", "param", "code"}}
 //
 // The shapes are OpenAI's (platform.openai.com/docs/api-reference), so the official clients parse them
-// unchanged; vLLM's extensions top_k, ignore_eos and return_token_ids are accepted too.
+// unchanged; vLLM's extensions top_k, ignore_eos, return_token_ids and chat_template_kwargs (enable_thinking
+// only) are accepted too.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,10 @@ struct GenerationRequest {
   bool include_usage = false;     // stream_options.include_usage
   bool ignore_eos = false;        // vLLM: do not stop at EOS (benchmarks)
   bool return_token_ids = false;  // vLLM: choices[0].prompt_token_ids and token_ids (non-streaming)
+  // chat: vLLM's chat_template_kwargs {"enable_thinking": false}: the template variable of that name (Qwen3's
+  // hybrid thinking; true, the template's default, when absent). A template without that switch never reads
+  // it, so it renders the same prompt, as apply_chat_template(..., enable_thinking=False) does in transformers.
+  bool enable_thinking = true;
 };
 
 // Parses a body (ApiError 400 with the param at fault: malformed JSON, a wrong type, a value out of range, a

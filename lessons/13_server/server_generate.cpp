@@ -55,7 +55,7 @@ std::vector<int32_t> OpenAiServer::prompt_ids(const GenerationRequest& r) const 
                    "no_chat_template");
   std::string text;
   try {
-    text = chat_template_->render(r.messages, /*add_generation_prompt=*/true);
+    text = chat_template_->render(r.messages, /*add_generation_prompt=*/true, {}, r.enable_thinking);
   } catch (const InputError& e) {
     throw ApiError(400, std::string("the conversation cannot be rendered: ") + e.what(), "messages",
                    "invalid_value");

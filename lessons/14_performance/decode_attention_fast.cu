@@ -49,6 +49,9 @@ int fast_decode_splits(const AttentionShape& shape, int batch_size, int64_t max_
   const int64_t blocks = static_cast<int64_t>(batch_size) * shape.n_kv_heads * head_tiles;
   // Enough blocks already: every SM holds two or more for the whole step, and a split would only add a combine.
   if (blocks >= 2 * static_cast<int64_t>(num_sms)) return 1;
+  // A sliding window caps the keys a decode query reads at `window`, however long the context: split those
+  // (as decode_splits does for lesson 10's kernel).
+  if (shape.window > 0) max_k_len = std::min(max_k_len, shape.window);
   const int64_t by_keys = (max_k_len + kMinKeysPerFastSplit - 1) / kMinKeysPerFastSplit;
   const int64_t to_fill = (4 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
   return static_cast<int>(std::clamp<int64_t>(std::min(by_keys, to_fill), 1, DecodeWorkspace::kMaxDecodeSplits));

@@ -26,7 +26,7 @@
 // together. With head_dim 64 (TPK 8) and U 4 that is 16 keys: one block of lesson 12's pool, whose block-table
 // entry every lane reads from the same address (one transaction, an L1 hit after the first lane group).
 //
-// Arithmetic (what the CPU reference computes; README section 11, "What correct means here"): scores in base-2 units, fp32
+// Arithmetic (what the CPU reference computes; README section 8, "What correct means here"): scores in base-2 units, fp32
 // throughout, P never rounded; per split a max m, a sum l and an unnormalised output o relative to m; the
 // combine rescales by 2^(m_s - M). The order of the additions differs from lesson 10's kernel (per warp, then
 // the 4 warps in a fixed order), so the bits may differ from it by fp32 rounding; for a given split count the
@@ -58,7 +58,8 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxSplits = DecodeWorkspace::kMaxDecodeSplits;
 // A split's share of the keys is rounded up to a multiple of this: with blocks of 16 positions (lesson 12's
-// default) and no window, every warp tile of 16 (or 8, 4) keys then lies inside one block of the pool.
+// default) and no window, every warp tile of 16 (or 8, 4) keys then lies inside one block of the pool. (With a
+// window a tile may straddle two blocks: correct all the same, each key's address comes from its own entry.)
 constexpr int kSplitAlign = 16;
 // Stages of a warp's shared-memory ring (Pipeline::Ring): the tile being computed and kRingStages - 1 in flight.
 constexpr int kRingStages = 3;

@@ -34,10 +34,11 @@ void set_fast_decode_pipeline(FastDecodePipeline pipeline);
 FastDecodePipeline fast_decode_pipeline();
 const char* fast_decode_pipeline_name(FastDecodePipeline pipeline);
 
-// Splits for a decode step of `batch_size` sequences whose longest context is max_k_len. One block per (sequence,
-// kv head, <= 8 query heads, split): when the step alone gives at least 2 blocks per SM (B x kv heads >= 264 on
-// an H200) there is no split and no combine pass; below that, enough splits for ~4 blocks per SM, each of at least
-// kMinKeysPerFastSplit keys, at most kMaxDecodeSplits. num_sms 0 (the CPU): decode_splits()'s choice.
+// Splits for a decode step of `batch_size` sequences whose longest context is max_k_len (of which a sliding window
+// reads at most shape.window keys: those are what is split). One block per (sequence, kv head, <= 8 query heads,
+// split): when the step alone gives at least 2 blocks per SM (B x kv heads >= 264 on an H200) there is no split
+// and no combine pass; below that, enough splits for ~4 blocks per SM, each of at least kMinKeysPerFastSplit
+// keys, at most kMaxDecodeSplits. num_sms 0 (the CPU): decode_splits()'s choice.
 inline constexpr int kMinKeysPerFastSplit = 64;
 int fast_decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms);
 

@@ -14,14 +14,27 @@
 namespace tvllm {
 
 // Measured on the H200 (lesson14_performance --bench, 1B shapes, L2 flushed): at M = 1 gemv v3 beats cuBLAS on
-// every decode matrix (qkv 33% vs 30% of the copy bandwidth, gate|up 72% vs 61%, down 56% vs 46%); at M = 8 it
-// loses on every one (gate|up 31% vs 62%: each block re-reads all M rows of x, and the per-row register sums
-// cut the loads in flight). So the fused path runs single-token steps, and larger decode batches keep
-// cuBLAS, which is what the numbers say (README section 9, the ledger).
+// every decode matrix (qkv 33% vs 32% of the copy bandwidth, gate|up 73% vs 61%, down 49% vs 46%); from M = 2
+// cuBLAS wins on every one, against v3 (each block re-reads all M rows of x, and the per-row register sums cut
+// the loads in flight) and against v4's tensor cores too (gate|up at M = 8: v3 33%, v4 42%, cuBLAS 61%). So the
+// fused path runs single-token steps, and larger decode batches keep cuBLAS (README sections 4 and 11).
 int64_t fast_forward_max_tokens() { return 1; }
 
+std::string fast_forward_declines(const ModelConfig& c) { return family_extras(c); }
+
+namespace {
+
+// Every layer is plain Llama: what the fused kernels compute (a bias or a q/k norm would be skipped).
+bool all_llama_only(const ModelWeights& w) {
+  for (const LayerWeights& L : w.layers)
+    if (!L.llama_only()) return false;
+  return true;
+}
+
+}  // namespace
+
 bool fast_forward_supported(const ModelWeights& w) {
-  if (w.device != Device::CUDA || w.layers.empty()) return false;
+  if (w.device != Device::CUDA || w.layers.empty() || !all_llama_only(w)) return false;
   // One token's views, for the shape checks: x [1, in] -> y [1, out] for every matrix.
   const auto ok = [](const TensorView& weight, DType out_dtype) {
     return weight.rank() == 2 && gemv_shape_supported(weight, out_dtype);
@@ -51,9 +64,16 @@ bool rows_are_tokens(const StepInputs& step) {
 
 }  // namespace
 
-TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend) {
+namespace {
+
+// Both ForwardFns: pdl launches the fused GEMVs as programmatic dependents of the kernel before each (pdl.h).
+// after_op (the timeline, fast_forward_traced): called after each op is queued; nullptr for the real steps.
+TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend,
+                         bool pdl, const OpMark* after_op = nullptr) {
   const int64_t T = step.num_tokens(), R = step.num_logits_rows();
-  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel)
+  // all_llama_only: also when installed by hand, past fast_forward_supported (a few pointer tests per layer).
+  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel ||
+      !all_llama_only(w))
     return forward_composed(ctx, w, step, backend);
   check_forward_args(ctx, w, step);
   const ModelConfig& c = w.config;
@@ -65,26 +85,38 @@ TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInput
   const TensorView qkv = first_rows(ws.qkv, {T, shape.qkv_dim()});   // [T, q | k | v]
   const TensorView attn = ws.attn.view().rows(0, T);                 // [T, q_dim]
   const TensorView act = ws.act.view().rows(0, T);                   // [T, intermediate]
+  const auto mark = [after_op](const char* op) {
+    if (after_op) (*after_op)(op);
+  };
 
   // --- exercise 14.2: the fused decode layer -------------------------------------------------------------
   // Task: the decoder layers of forward_composed() with the fused kernels of gemv.h, leaving h (the residual
   //   stream, bf16) holding each layer's full output. Contract: the same math and the same bf16 roundings as
-  //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph).
+  //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph); the
+  //   fused GEMVs get `pdl` (their launch, not their math: see pdl.h); after each op, mark(its name) with the
+  //   names fast_forward.h lists for fast_forward_traced (optional: only the timeline reads them).
   // Tests: FastPath14Gpu.GreedyEqualsHuggingFaceWhereTheMarginsAreClear
   // Tests: FastPath14Gpu.TeacherForcedLogitsMatchTheComposedForward
   // --- solution ---
   embedding_async(h, step.token_ids(), w.embed, *ws.bad_token, kDefaultEmbeddingKernel, stream);
+  mark("embedding");
   for (const LayerWeights& L : w.layers) {
     const int layer = static_cast<int>(&L - w.layers.data());
     // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
-    rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, stream);
+    rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, stream, pdl);
+    mark("rmsnorm_gemv (qkv)");
     const QkvViews v = split_qkv(qkv, shape);
     apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
+    mark("rope");
     backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
-    gemv_residual(h, attn, L.wo, stream);
+    mark("kv write + decode attention");
+    gemv_residual(h, attn, L.wo, stream, pdl);
+    mark("gemv_residual (o)");
     // MLP: act = silu(rmsnorm(h) Wg^T) * (rmsnorm(h) Wu^T); h += act Wd^T.
-    rmsnorm_gemv_silu_mul(act, h, L.post_norm, eps, L.w_gate_up, stream);
-    gemv_residual(h, act, L.w_down, stream);
+    rmsnorm_gemv_silu_mul(act, h, L.post_norm, eps, L.w_gate_up, stream, pdl);
+    mark("rmsnorm_gemv_silu_mul (gate|up)");
+    gemv_residual(h, act, L.w_down, stream, pdl);
+    mark("gemv_residual (down)");
   }
   // --- end of exercise 14.2 ---
 
@@ -92,7 +124,8 @@ TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInput
   const TensorView logits = ws.logits.view().rows(0, R);  // [R, vocab] F32
   if (R == 0) return logits;
   if (rows_are_tokens(step)) {
-    rmsnorm_gemv(logits, h, w.final_norm, eps, w.lm_head, stream);
+    rmsnorm_gemv(logits, h, w.final_norm, eps, w.lm_head, stream, pdl);
+    mark("rmsnorm_gemv (lm_head)");
   } else {
     const TensorView out_h = ws.out_hidden.view().rows(0, R), out_n = ws.out_normed.view().rows(0, R);
     gather_rows(out_h, h, step.logits_rows(), stream);
@@ -100,6 +133,22 @@ TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInput
     gemv(logits, out_n, w.lm_head, kDefaultGemvKernel, stream);
   }
   return logits;
+}
+
+}  // namespace
+
+TensorView fast_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend) {
+  return fused_forward(ctx, w, step, backend, false);
+}
+
+TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
+                            AttentionBackend& backend) {
+  return fused_forward(ctx, w, step, backend, true);
+}
+
+TensorView fast_forward_traced(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
+                               AttentionBackend& backend, const OpMark& after_op) {
+  return fused_forward(ctx, w, step, backend, false, &after_op);
 }
 
 }  // namespace tvllm

@@ -17,10 +17,13 @@
 //                           no `gate_up` buffer, no silu_mul kernel
 //
 // and the final norm is fused into the lm_head GEMV when the step wants every row's logits (a decode step).
-// Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU) go
-// to forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool, and at a few
+// Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU, a
+// model with biases or q/k norms: fast_forward_declines) go to forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool, and at a few
 // rows the measurements say cuBLAS still wins (fast_forward.cpp).
 #pragma once
+
+#include <functional>
+#include <string>
 
 #include "model_weights.h"
 #include "transformer.h"
@@ -31,12 +34,34 @@ namespace tvllm {
 int64_t fast_forward_max_tokens();
 
 // Whether fast_forward() can run the fused path for these weights at all (CUDA, packed, every matrix a shape
-// and alignment the GEMV kernels take). Checked once when the path is installed.
+// and alignment the GEMV kernels take, and plain Llama layers). Checked once when the path is installed.
 bool fast_forward_supported(const ModelWeights& weights);
+
+// The fused kernels compute Llama's layer only: the Llama-like families' biases and q/k norm (lesson 08's
+// "Other Llama-like families") are not in them. For such a config, what the fused path declines, e.g.
+// "q/k/v biases, q/k norm"; "" for a plain Llama. fast_forward() then runs forward_composed() for every
+// step (CUDA graphs and the fast sampler still apply): slower decode, never a wrong answer.
+std::string fast_forward_declines(const ModelConfig& config);
 
 // ForwardFn (lesson 08's seam): the fused path for small CUDA steps with lesson 06's default matmul, else
 // forward_composed(). Same contract as forward().
 TensorView fast_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
                         AttentionBackend& backend);
+
+// The same forward, the same bits, with the fused GEMVs launched as programmatic dependents of the kernel before
+// each (pdl.h): each one's weight loads overlap the previous kernel's tail. Install only where pdl_supported()
+// (use_fast_path checks). A separate ForwardFn, so the graph runner keys its graphs apart.
+TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                            AttentionBackend& backend);
+
+// The timeline of a step (lesson14_performance --bench): fast_forward with plain launches, calling after_op(name)
+// on the host right after each op is queued, where the caller records a CUDA event. Per layer: "rmsnorm_gemv
+// (qkv)", "rope", "kv write + decode attention" (the backend's kernels), "gemv_residual (o)", "rmsnorm_gemv_silu_mul
+// (gate|up)", "gemv_residual (down)"; around them "embedding" and "rmsnorm_gemv (lm_head)". Eager steps only (an
+// event between two kernels also stops them overlapping, so this is the step without PDL). A step the fused path
+// does not take runs forward_composed() and marks nothing.
+using OpMark = std::function<void(const char* op)>;
+TensorView fast_forward_traced(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
+                               AttentionBackend& backend, const OpMark& after_op);
 
 }  // namespace tvllm

@@ -8,6 +8,7 @@
 #include "fast_forward.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
+#include "pdl.h"
 
 namespace tvllm {
 
@@ -19,7 +20,8 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const F
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler,
              const std::function<DecodeAttention()>& use_fast_attention) {
   if (w.device != Device::CUDA) return;
-  if (o.fused && fast_forward_supported(w)) ctx.set_forward(fast_forward);
+  if (o.fused && fast_forward_supported(w))
+    ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
   DecodeAttention decode = DecodeAttention::Split;
   if (o.fast_attention) {
@@ -36,9 +38,29 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const F
 
 }  // namespace
 
-std::string describe_fast_path(const FastPathOptions& o, Device device) {
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention) {
+  FastPathOptions o;
+  o.fused = fused;
+  o.graphs = graphs;
+  o.fast_sampler = fast_sampler;
+  o.pdl = pdl;
+  o.fast_attention = fast_attention;
+  return o;
+}
+
+bool fast_path_uses_pdl(const FastPathOptions& o, Device device) {
+  return o.fused && o.pdl && device == Device::CUDA && pdl_supported();
+}
+
+std::string describe_fast_path(const FastPathOptions& o, Device device, const ModelConfig* config) {
   if (device != Device::CUDA) return "CPU reference path (the fast path is for CUDA)";
-  std::string s = o.fused ? "fused GEMV decode" : "composed kernels";
+  const std::string declined = config ? fast_forward_declines(*config) : "";
+  std::string s = !o.fused ? "composed kernels"
+                  : declined.empty()
+                      ? "fused GEMV decode"
+                      : "composed kernels (the fused GEMV decode does not compute this model's " + declined + ")";
+  if (o.fused && declined.empty())
+    s += fast_path_uses_pdl(o, device) ? " with PDL" : o.pdl ? " (no PDL: needs sm_90+)" : " (--no-pdl)";
   s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
                 : ", eager (--enforce-eager)";
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";

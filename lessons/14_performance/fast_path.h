@@ -3,8 +3,10 @@
 //   use_fast_path(generator)   lesson 10's Generator: `tiny-vllm generate` and `chat`
 //   use_fast_path(engine)      lesson 11's Engine: `tiny-vllm serve`, `bench throughput`, `bench latency`
 //
-// Four independent parts, each a switch (the chapter measures each one's gain alone):
+// Independent parts, each a switch (the chapter measures each one's gain alone):
 //   fused        ExecContext::set_forward(fast_forward): the fused GEMV decode path (fast_forward.h)
+//   pdl          with fused: fast_forward_pdl instead, the fused GEMVs launched as programmatic dependents of the
+//                kernel before each (pdl.h), where the GPU can (sm_90+, pdl_supported()); the same bits
 //   graphs       ExecContext::set_launcher(GraphRunner): decode steps replayed as CUDA graphs; with
 //                enforce_eager (vLLM's --enforce-eager) a PinnedEagerLauncher instead, which launches the same
 //                kernels with the same splits eagerly: the same tokens, only slower
@@ -28,11 +30,21 @@ struct FastPathOptions {
   bool graphs = true;          // false: --enforce-eager
   bool fast_sampler = true;
   int max_graph_batch = 64;    // decode steps of more sequences run eagerly
-  bool fast_attention = true;  // lesson 14's decode attention kernel
+  bool pdl = true;             // false: --no-pdl. Only where pdl_supported(); needs fused
+  bool fast_attention = true;  // false: --no-fast-attention. Lesson 14's decode attention kernel
 };
 
+// The five switches of the fast path as one value (each on or off), for the progression and the tests.
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention);
+
+// Whether `options` launch the fused GEMVs as programmatic dependents on this machine: fused and pdl asked for,
+// a CUDA device, and pdl_supported().
+bool fast_path_uses_pdl(const FastPathOptions& options, Device device);
+
 // What was installed, for the command line's one-line notice ("fast path: fused GEMV, CUDA graphs (<= 64), ...").
-std::string describe_fast_path(const FastPathOptions& options, Device device);
+// With the model's config, says when the fused GEMV path declines the model (its biases or q/k norm:
+// fast_forward_declines) and the composed kernels run instead.
+std::string describe_fast_path(const FastPathOptions& options, Device device, const ModelConfig* config = nullptr);
 
 void use_fast_path(Generator& generator, const FastPathOptions& options = {});
 void use_fast_path(Engine& engine, const FastPathOptions& options = {});

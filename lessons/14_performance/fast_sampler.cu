@@ -1,6 +1,7 @@
-// Lesson 14: the fast sampler. The same distribution and the same draw as lesson 09 (sampling_math.h does
-// every step that decides a token: scaled_logit, order_key, token_mass, top_p_target, random_u64,
-// mulhi_u64), computed by many blocks per row.
+// Lesson 14: the fast sampler's multi-pass path (the cluster path is cluster_sampler.cu; sample() below
+// picks one per call). The same distribution and the same draw as lesson 09 (sampling_math.h does every step
+// that decides a token: scaled_logit, order_key, token_mass, top_p_target, random_u64, mulhi_u64),
+// computed by many blocks per row.
 //
 //   grid (chunks, rows): block (c, r) reads tokens [c * chunk_len, (c + 1) * chunk_len) of row r.
 //
@@ -29,6 +30,9 @@
 // bucket is among the k largest, so the bucket's lowest possible key keeps the same set as the k-th key.
 #include "fast_sampler.h"
 
+#include "cluster_sampler.h"
+#include "sampler_block.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,8 +51,7 @@ namespace tvllm {
 namespace {
 
 using namespace sampling;
-using u64 = unsigned long long;  // the type CUDA's 64-bit atomics take
-static_assert(sizeof(u64) == sizeof(uint64_t), "masses are 64-bit");
+using sampler_block::u64;  // the type CUDA's 64-bit atomics take
 
 constexpr int kThreads = FastSampler::kThreads;  // 256
 constexpr int kWarps = kThreads / kWarpSize;     // 8
@@ -107,43 +110,15 @@ struct Shared {
 
 // ---- block helpers ------------------------------------------------------------------------------------
 
-__device__ __forceinline__ u64 warp_max_u64(u64 v) {
-#pragma unroll
-  for (int m = kWarpSize / 2; m > 0; m >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
+using sampler_block::add_to_bucket;
+using sampler_block::warp_max_u64;
 
-// Inclusive prefix sum over the block's threads (in thread order); *total gets the block's sum.
 __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int d = 1; d < kWarpSize; d <<= 1) {
-    const u64 other = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += other;
-  }
-  if (lane == kWarpSize - 1) s.warp_u64[warp] = v;
-  __syncthreads();
-  u64 before = 0, all = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += s.warp_u64[w];
-    all += s.warp_u64[w];
-  }
-  __syncthreads();  // the slots may be reused right after
-  *total = all;
-  return v + before;
+  return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
 }
 
 __device__ void zero_shared_hist(Shared& s) {
   for (int b = threadIdx.x; b < kBuckets; b += kThreads) s.hist.words[0][b] = s.hist.words[1][b] = 0;
-}
-
-// Adds a measure below 2^42 to a bucket: the low word, then the high word with the carry out of the low one
-// (the old low word plus ours wrapped around 2^32). A count (below 2^32) is one atomic.
-__device__ __forceinline__ void add_to_bucket(Shared& s, uint32_t bucket, u64 measure) {
-  const uint32_t lo = static_cast<uint32_t>(measure);
-  const uint32_t old = atomicAdd(&s.hist.words[0][bucket], lo);
-  const uint32_t hi = static_cast<uint32_t>(measure >> 32) + (old + lo < old ? 1u : 0u);
-  if (hi != 0) atomicAdd(&s.hist.words[1][bucket], hi);
 }
 
 // Adds the block's nonzero buckets to the row's global histogram (integers: any order gives the same sums).
@@ -226,11 +201,8 @@ __device__ void pick_bucket(u64* global_hist, int buckets, u64 target, float tar
   __syncthreads();
 }
 
-// order_key inverted: the scaled logit a key was made from (-0 comes back as +0; token_mass treats the two
-// alike, and they have the same key). So the later passes need neither the logits nor the division.
-__device__ __forceinline__ float z_of_key(uint32_t key) {
-  return bits_f(key & 0x80000000u ? key & 0x7fffffffu : ~key);
-}
+// order_key inverted (cluster_sampler.h): the later passes need neither the logits nor the division.
+using cluster_sampler::z_of_key;
 
 // ---- the passes ---------------------------------------------------------------------------------------
 
@@ -363,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) select_pass(Launch a) {
         atomicAdd(&s.hist.words[0][(key >> shift) & digit_mask], 1u);
       } else {
         const u64 mass = token_mass(z_of_key(key), z_max);
-        if (mass != 0) add_to_bucket(s, (key >> shift) & digit_mask, mass);
+        if (mass != 0) add_to_bucket(s.hist.words[0], s.hist.words[1], (key >> shift) & digit_mask, mass);
       }
     }
   });
@@ -405,8 +377,7 @@ __global__ void __launch_bounds__(kThreads) draw_pass(Launch a) {
     u64 sum = 0;
     for_each_token<kWarpSize>(keys, lo + lane, hi,
                               [&](int, uint32_t key) { sum += kept_mass_of(key, z_max, threshold); });
-#pragma unroll
-    for (int m = kWarpSize / 2; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    sum = sampler_block::warp_sum_u64(sum);
     if (lane == 0) segments[c * kWarps + warp] = sum;
   }
   if (!is_last_block(st, a.chunks, s)) return;
@@ -483,16 +454,22 @@ size_t keys_bytes(int max_batch, int64_t max_vocab) {
 }
 }  // namespace
 
-FastSampler::FastSampler(int max_batch, int64_t max_vocab) : max_batch_(max_batch), max_vocab_(max_vocab) {
+FastSampler::FastSampler(int max_batch, int64_t max_vocab, Path path)
+    : max_batch_(max_batch), max_vocab_(max_vocab) {
   TVLLM_REQUIRE(max_batch >= 1, "FastSampler: max_batch must be >= 1, got " + std::to_string(max_batch));
   TVLLM_REQUIRE(max_vocab >= 1 && max_vocab <= kMaxVocab,
                 "FastSampler: max_vocab must be in [1, 2^23], got " + std::to_string(max_vocab));
   int device = 0, sms = 0, per_sm = 0;
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  sms_ = std::max(1, sms);
+  if (path == Path::kAuto) max_cluster_ = cluster_sampler::max_cluster_size();
   TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_pass, kThreads, 0));
   wave_blocks_ = std::max(1, sms * std::max(per_sm, 1));
   max_chunks_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wave_blocks_, max_vocab / kMinChunk)));
+  // Whether a row fits a cluster depends on the vocab alone (not the batch), and fitting max_vocab means
+  // fitting every smaller vocab: then no call takes the multi-pass path, which needs no workspace.
+  if (cluster_per_row(1, max_vocab) > 0) return;
   const size_t keys = keys_bytes(max_batch, max_vocab);
   const size_t states = sizeof(RowState) * static_cast<size_t>(max_batch);
   const size_t hist = sizeof(u64) * kBuckets * static_cast<size_t>(max_batch);
@@ -500,6 +477,10 @@ FastSampler::FastSampler(int max_batch, int64_t max_vocab) : max_batch_(max_batc
   workspace_ = DeviceBuffer(keys + states + hist + segments);
   workspace_.fill_zero();  // the passes keep it zero between calls (counters, argmax slots, histograms)
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+int FastSampler::cluster_per_row(int batch, int64_t vocab) const {
+  return cluster_sampler::plan_call(std::max(batch, 1), vocab, sms_, max_cluster_).cluster;
 }
 
 int FastSampler::chunks_per_row(int batch, int64_t vocab) const {
@@ -519,6 +500,11 @@ void FastSampler::sample(const float* logits, int64_t row_stride, int64_t vocab,
                                          " < vocab " + std::to_string(vocab));
   if (batch == 0) return;
   TVLLM_REQUIRE(logits && rows && out_ids, "FastSampler::sample: null pointer");
+  const cluster_sampler::Plan plan = cluster_sampler::plan_call(batch, vocab, sms_, max_cluster_);
+  if (plan.cluster > 0) {
+    cluster_sampler::launch(logits, row_stride, vocab, batch, rows, out_ids, plan, stream);
+    return;
+  }
   int chunks = chunks_per_row(batch, vocab);
   const int chunk_len = static_cast<int>(ceil_div(vocab, chunks));
   chunks = static_cast<int>(ceil_div(vocab, chunk_len));  // no empty chunk
@@ -536,7 +522,7 @@ void FastSampler::sample(const float* logits, int64_t row_stride, int64_t vocab,
   first_pass<<<grid, kThreads, 0, stream>>>(launch);
   TVLLM_CHECK_LAUNCH();
   // Top-k takes at most 2 more digits, top-p at most 3: five select passes cover every row.
-  for (int pass = 0; pass < kLaunches - 2; ++pass) {
+  for (int pass = 0; pass < kMultiPassLaunches - 2; ++pass) {
     select_pass<<<grid, kThreads, 0, stream>>>(launch);
     TVLLM_CHECK_LAUNCH();
   }
@@ -558,7 +544,9 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   logits_d.copy_from_host(logits.data(), logits_d.bytes());
   rows_d.copy_from_host(rows.data(), rows_d.bytes());
   FastSampler fast(batch, vocab);
+  FastSampler multipass(batch, vocab, FastSampler::Path::kMultiPass);
   GpuSampler reference(batch, vocab);
+  DeviceBuffer multipass_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   cudaStream_t stream = nullptr;
   TVLLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -578,6 +566,11 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   timing.fast_us = time_us([&] {
     fast.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), fast_ids.as<int32_t>(), stream);
   });
+  timing.cluster = fast.cluster_per_row(batch, vocab);
+  timing.multipass_us = time_us([&] {
+    multipass.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), multipass_ids.as<int32_t>(),
+                     stream);
+  });
   timing.lesson09_us = time_us([&] {
     reference.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), ref_ids.as<int32_t>(),
                      stream);
@@ -586,10 +579,12 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   TVLLM_CUDA_CHECK(cudaEventDestroy(start));
   TVLLM_CUDA_CHECK(cudaEventDestroy(stop));
   TVLLM_CUDA_CHECK(cudaStreamDestroy(stream));
-  std::vector<int32_t> a(static_cast<size_t>(batch)), b(static_cast<size_t>(batch));
+  std::vector<int32_t> a(static_cast<size_t>(batch)), b(static_cast<size_t>(batch)), m(static_cast<size_t>(batch));
   fast_ids.copy_to_host(a.data(), fast_ids.bytes());
   ref_ids.copy_to_host(b.data(), ref_ids.bytes());
+  multipass_ids.copy_to_host(m.data(), multipass_ids.bytes());
   TVLLM_REQUIRE(a == b, "bench_fast_sampler: FastSampler and GpuSampler disagree");
+  TVLLM_REQUIRE(m == b, "bench_fast_sampler: FastSampler's multi-pass path and GpuSampler disagree");
   return timing;
 }
 

@@ -1,7 +1,14 @@
 // Lesson 14: the fast sampler. Lesson 09's GpuSampler gives every row ONE block, which streams the row up
 // to 18 times: 1.2-2 ms for top-k / top-p at vocab 128256, more than a decode step. FastSampler computes
 // exactly the same thing (the same integer masses, thresholds and draw, from lesson 09's sampling_math.h:
-// the same id as sample_cpu on every row) with many blocks per row and a radix select of 11 bits a pass:
+// the same id as sample_cpu on every row) in one of two ways, chosen per call:
+//
+//   cluster path (the default on Hopper, vocab up to 16 x 40960 = 655360): ONE launch. Each row gets a
+//     thread-block cluster of up to 16 blocks; each block reads its chunk of logits once, keeps the keys in
+//     shared memory, and the blocks meet at cluster barriers between the radix digits and before the draw
+//     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU).
+//   multi-pass path (any vocab, any GPU): seven launches over a grid (chunks, rows), the row's state and
+//     histograms in a global workspace between them:
 //
 //   pass      grid (chunks, rows), each block one chunk of its row       the row's last block to finish
 //   first     key of every z (stored), max key (argmax for greedy rows),  greedy id | z_max, top-k digit 1
@@ -16,19 +23,22 @@
 // histograms live in a workspace allocated once in the constructor. Masses and counts are integers, so
 // the histograms are added with atomics in any order and still come out exact.
 //
-// Measured on the H200 (vocab 128256, bf16-rounded normal logits, eager back-to-back calls, µs per call;
-// lesson 09 in brackets):      greedy   temperature   top-k 50    top-p 0.9    top-k 50 + top-p 0.9
+// The multi-pass path measured on the H200 (vocab 128256, bf16-rounded normal logits, eager back-to-back
+// calls, µs per call; lesson 09 in brackets):
+//                               greedy   temperature   top-k 50    top-p 0.9    top-k 50 + top-p 0.9
 //   batch  1                     29          33          34           40              50
 //                              (19)       (220)       (588)        (698)           (990)
 //   batch 64                     32          65          99          152             163
 //                              (20)       (229)       (620)        (726)          (1039)
 // About 25 µs of each figure is the seven launches themselves (greedy pays them too); top-p's cost is its
-// masses: an exponential per token in its first digit and again in the draw.
+// masses: an exponential per token in its first digit and again in the draw. The cluster path's figures:
+// TODO(coordinator): measure (lesson14_performance --bench prints both paths).
 //
 // Engine rules as GpuSampler: sample() allocates nothing, never synchronises, and can be captured in a
-// CUDA graph (the knobs come from the device `rows` array). Unlike GpuSampler, the workspace makes one
-// FastSampler usable by one stream at a time (as a cuBLAS handle's workspace): calls on two streams at
-// once must use two samplers.
+// CUDA graph (the knobs come from the device `rows` array). Unlike GpuSampler, the multi-pass workspace
+// makes one FastSampler usable by one stream at a time (as a cuBLAS handle's workspace): calls on two
+// streams at once must use two samplers (a FastSampler whose calls all take the cluster path has no
+// workspace, but do not count on it: the path depends on the device).
 //
 // C++17: included by fast_sampler.cu.
 #pragma once
@@ -44,10 +54,16 @@ namespace tvllm {
 
 class FastSampler final : public TokenSampler {
  public:
+  enum class Path {
+    kAuto,       // the cluster path whenever the device and the vocab allow it, else the multi-pass path
+    kMultiPass,  // always the multi-pass path (tests and the benchmark compare the two)
+  };
+
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
-  // Allocates and zeroes the workspace (4 bytes per logit of max_batch x max_vocab for the keys, plus about
-  // 17 KiB per row: 33 MB at 64 x 128256) and synchronises once, here.
-  FastSampler(int max_batch, int64_t max_vocab);
+  // When some call may take the multi-pass path, allocates and zeroes its workspace (4 bytes per logit of
+  // max_batch x max_vocab for the keys, plus about 17 KiB per row: 33 MB at 64 x 128256) and synchronises
+  // once, here. The cluster path needs no workspace.
+  FastSampler(int max_batch, int64_t max_vocab, Path path = Path::kAuto);
 
   // Exactly GpuSampler::sample: logits device fp32, row b at logits + b * row_stride, vocab <= row_stride;
   // rows: device [batch] SamplingRow; out_ids: device int32 [batch]. Queued on `stream`, no waiting.
@@ -56,29 +72,40 @@ class FastSampler final : public TokenSampler {
 
   int max_batch() const { return max_batch_; }
   int64_t max_vocab() const { return max_vocab_; }
-  // How many blocks (chunks) share one row for this call: enough blocks to fill the GPU once.
+  // Multi-pass path: how many blocks (chunks) share one row for this call: enough blocks to fill the GPU
+  // once.
   int chunks_per_row(int batch, int64_t vocab) const;
+  // Does a call of this shape take the cluster path? Then `cluster` blocks share each row (else 0).
+  int cluster_per_row(int batch, int64_t vocab) const;
+  // Kernels queued by one sample() call of this shape: 1 (cluster path) or kMultiPassLaunches.
+  int launches(int batch, int64_t vocab) const {
+    return cluster_per_row(batch, vocab) > 0 ? 1 : kMultiPassLaunches;
+  }
 
-  static constexpr int kThreads = 256;  // per block
-  static constexpr int kLaunches = 7;   // kernels queued by one sample() call
+  static constexpr int kThreads = 256;          // per block, multi-pass path
+  static constexpr int kMultiPassLaunches = 7;  // kernels queued by one multi-pass sample() call
 
  private:
   int max_batch_;
   int64_t max_vocab_;
-  int wave_blocks_;  // blocks of the heaviest kernel that run at once on the whole GPU
+  int sms_ = 1;
+  int max_cluster_ = 0;  // the largest cluster the device launches for the cluster path; 0: never take it
+  int wave_blocks_;      // blocks of the heaviest multi-pass kernel that run at once on the whole GPU
   int max_chunks_;
-  DeviceBuffer workspace_;  // row states, row histograms, segment masses (see fast_sampler.cu)
+  DeviceBuffer workspace_;  // multi-pass path: row states, histograms, segment masses (fast_sampler.cu)
 };
 
 // ---- benchmark helper (for the lesson executable) ----------------------------------------------------
 
 // Times sample() with CUDA events on a stream of its own: `batch` model-like rows of `vocab` logits
 // (normal, spread 2, rounded to bf16), every row with `params`; warm-up, then the mean over `iters`
-// back-to-back calls. Also times lesson 09's GpuSampler on the same rows, and checks the two agree on
-// every id (InputError if not). Needs a GPU.
+// back-to-back calls. Times the default FastSampler, the multi-pass path alone and lesson 09's GpuSampler
+// on the same rows, and checks all three agree on every id (InputError if not). Needs a GPU.
 struct SamplerTiming {
-  double fast_us = 0.0;      // FastSampler::sample, per call
-  double lesson09_us = 0.0;  // GpuSampler::sample, per call
+  double fast_us = 0.0;       // FastSampler::sample (default: the cluster path where it applies), per call
+  double multipass_us = 0.0;  // FastSampler::sample with Path::kMultiPass, per call
+  double lesson09_us = 0.0;   // GpuSampler::sample, per call
+  int cluster = 0;            // blocks per row the default took (0: it took the multi-pass path)
 };
 SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams& params, int iters = 50);
 

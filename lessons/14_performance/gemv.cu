@@ -18,13 +18,16 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "common/cuda_utils.cuh"
+#include "common/mma.cuh"
 #include "common/errors.h"
 #include "common/exercise.h"
 #include "gemv.h"
+#include "pdl.cuh"
 #include "stream_load.cuh"
 
 namespace tvllm {
@@ -141,6 +144,14 @@ __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16
 // every block reads.
 __device__ __forceinline__ Pack<8> load_weights(const bf16* p) { return load_streaming(p); }
 
+// Asks the memory system to bring [p, p + bytes) into L2 without waiting for it (Hopper's bulk prefetch: one
+// instruction for a whole row; p and bytes multiples of 16). A hint: no register, no completion to wait for.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
+#endif
+}
+
 enum class Prologue { None, RmsNorm };
 enum class Tile { Rows, GateUp };  // GateUp: a tile of outputs j owns rows j and I + j
 
@@ -198,6 +209,30 @@ struct V3Args {
   int64_t outputs;    // columns of out: N, or I = N / 2 for GateUp
 };
 
+// The epilogues of v3 and v4, one output element each (gemv.h, "Rounding").
+// Rows: out[o] = the sum, stored as a.store says.
+__device__ __forceinline__ void store_output(const V3Args& a, int64_t o, float s) {
+  if (a.store == Store::F32) {
+    static_cast<float*>(a.out)[o] = s;
+  } else if (a.store == Store::AddResidual) {
+    // linear() would have stored bf16(s); add_rmsnorm then adds it to h in fp32 and rounds.
+    bf16* h = static_cast<bf16*>(a.out);
+    const float product = bf16_bits_to_f32(f32_to_bf16_bits(s));
+    h[o] = __float2bfloat16_rn(__bfloat162float(h[o]) + product);
+  } else {
+    static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(s);
+  }
+}
+
+// GateUp: act[o] = silu(gate) * up. Lesson 08's rounding: gate and up are bf16, silu(gate) is rounded to bf16,
+// then the product.
+__device__ __forceinline__ void store_silu_mul(const V3Args& a, int64_t o, float gate_sum, float up_sum) {
+  const float gate = bf16_bits_to_f32(f32_to_bf16_bits(gate_sum));
+  const float up = bf16_bits_to_f32(f32_to_bf16_bits(up_sum));
+  const float act = bf16_bits_to_f32(f32_to_bf16_bits(gate / (1.0f + expf(-gate))));
+  static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
+}
+
 template <int kM, int kTileRows, Prologue kPrologue, Tile kTile>
 __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   // Tile r (0..kTileRows-1) -> a weight row. Rows: n0 + r. GateUp: kTileRows / 2 outputs j0 + i, whose
@@ -219,6 +254,31 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
     rows[r] = a.w + (valid[r] ? n : 0) * a.K;
   }
+
+  // The first kUnroll packs of each tile row this thread will use (with 256 threads and K = 2048: the whole
+  // tile), loaded BEFORE waiting for the previous kernel: the weights are never written during a step, so
+  // under programmatic dependent launch (pdl.cuh) these loads overlap the previous kernel's tail. Without PDL
+  // the wait is a no-op and the loads simply start before the norm's prologue. Same values, same order of
+  // additions: the bits do not depend on the launch.
+  Pack<8> wv[kUnroll][kTileRows];
+  const auto load_tile = [&](int64_t p0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
+#pragma unroll
+      for (int r = 0; r < kTileRows; ++r)
+        wv[u][r] = p < packs && valid[r] ? load_weights(rows[r] + p * 8) : Pack<8>{};
+    }
+  };
+  load_tile(threadIdx.x);
+  // What the registers do not hold (K = 8192: the second half of each row) is asked into L2, one thread per row.
+  const int64_t first_group = static_cast<int64_t>(kUnroll) * blockDim.x;  // packs held in registers
+#pragma unroll
+  for (int r = 0; r < kTileRows; ++r)
+    if (threadIdx.x == r && valid[r] && packs > first_group)
+      prefetch_l2(rows[r] + first_group * 8, static_cast<uint32_t>((packs - first_group) * 16));
+  pdl_wait_for_previous_kernel();  // from here on: reads of x / h, and every write
+  pdl_let_next_kernel_start();
 
   // The norm's prologue: each block sums the squares of its M rows of h itself (fixed order: thread t
   // adds packs t, t + blockDim, ...; then warps, then the warps' sums in order), as lesson 04 does.
@@ -248,14 +308,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   // W value times x into kTileRows x kM sums, in pack order (the unrolling only hoists the loads).
   float acc[kTileRows][kM] = {};
   for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kUnroll * blockDim.x) {
-    Pack<8> wv[kUnroll][kTileRows];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
-#pragma unroll
-      for (int r = 0; r < kTileRows; ++r)
-        wv[u][r] = p < packs && valid[r] ? load_weights(rows[r] + p * 8) : Pack<8>{};
-    }
+    if (p0 != threadIdx.x) load_tile(p0);  // the first group was loaded before the wait
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
@@ -307,25 +360,10 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     const int64_t col = first + c;
     if (m >= a.M || col >= a.outputs) continue;
     const int64_t o = m * a.outputs + col;
-    if constexpr (kTile == Tile::GateUp) {
-      // Lesson 08's rounding: gate and up are bf16, silu(gate) is rounded to bf16, then the product.
-      const float gate = bf16_bits_to_f32(f32_to_bf16_bits(total[c * kM + m]));
-      const float up = bf16_bits_to_f32(f32_to_bf16_bits(total[(kOuts + c) * kM + m]));
-      const float act = bf16_bits_to_f32(f32_to_bf16_bits(gate / (1.0f + expf(-gate))));
-      static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
-    } else {
-      const float s = total[c * kM + m];
-      if (a.store == Store::F32) {
-        static_cast<float*>(a.out)[o] = s;
-      } else if (a.store == Store::AddResidual) {
-        // linear() would have stored bf16(s); add_rmsnorm then adds it to h in fp32 and rounds.
-        bf16* h = static_cast<bf16*>(a.out);
-        const float product = bf16_bits_to_f32(f32_to_bf16_bits(s));
-        h[o] = __float2bfloat16_rn(__bfloat162float(h[o]) + product);
-      } else {
-        static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(s);
-      }
-    }
+    if constexpr (kTile == Tile::GateUp)
+      store_silu_mul(a, o, total[c * kM + m], total[(kOuts + c) * kM + m]);
+    else
+      store_output(a, o, total[c * kM + m]);
   }
 }
 
@@ -346,8 +384,9 @@ void with_rows(int M, F&& f) {
     f(std::integral_constant<int, 16>{});
 }
 
+// pdl: launch as a programmatic dependent of the stream's previous kernel (pdl.cuh); the kernel is the same.
 template <Prologue kPrologue, Tile kTile>
-void launch_v3(const V3Args& a, cudaStream_t stream) {
+void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl) {
   // The shape depends on (N, K) only: never on M, so neither does any output's summation order.
   // GateUp: a tile of 4 (or 2) weight rows is 2 (or 1) outputs, each with its gate row and its up row.
   const GemvV3Shape s = gemv_v3_shape(a.N, a.K);
@@ -360,11 +399,10 @@ void launch_v3(const V3Args& a, cudaStream_t stream) {
     constexpr int kM = decltype(rows)::value;
     constexpr int kSmallTile = kTile == Tile::GateUp ? 2 : 1;
     if (four)
-      gemv_v3_kernel<kM, 4, kPrologue, kTile><<<grid, s.threads, 0, stream>>>(a);
+      launch_kernel(gemv_v3_kernel<kM, 4, kPrologue, kTile>, grid, s.threads, stream, pdl, a);
     else
-      gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile><<<grid, s.threads, 0, stream>>>(a);
+      launch_kernel(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile>, grid, s.threads, stream, pdl, a);
   });
-  TVLLM_CHECK_LAUNCH();
 }
 
 V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w) {
@@ -379,6 +417,9 @@ V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w) 
   a.outputs = out.shape[1];
   return a;
 }
+
+#include "gemv_v4.cuh"  // v4: tensor cores for 2..16 rows (inside this namespace: it uses the pieces above)
+
 
 }  // namespace
 
@@ -410,31 +451,34 @@ void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, 
                                                                                  a.N, a.K);
     });
     TVLLM_CHECK_LAUNCH();
+  } else if (kernel == GemvKernel::V4TensorCore) {
+    launch_v4<Prologue::None, Tile::Rows>(a, stream, false);
   } else {
-    launch_v3<Prologue::None, Tile::Rows>(a, stream);
+    launch_v3<Prologue::None, Tile::Rows>(a, stream, false);
   }
 }
 
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, cudaStream_t stream) {
+                       const TensorView& w, cudaStream_t stream, bool pdl) {
   V3Args a = v3_args(out, h, w);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_v3<Prologue::RmsNorm, Tile::Rows>(a, stream);
+  launch_v3<Prologue::RmsNorm, Tile::Rows>(a, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                                float eps, const TensorView& w_gate_up, cudaStream_t stream) {
+                                float eps, const TensorView& w_gate_up, cudaStream_t stream, bool pdl) {
   V3Args a = v3_args(act, h, w_gate_up);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_v3<Prologue::RmsNorm, Tile::GateUp>(a, stream);
+  launch_v3<Prologue::RmsNorm, Tile::GateUp>(a, stream, pdl);
 }
 
-void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream,
+                        bool pdl) {
   V3Args a = v3_args(h, x, w);
   a.store = Store::AddResidual;
-  launch_v3<Prologue::None, Tile::Rows>(a, stream);
+  launch_v3<Prologue::None, Tile::Rows>(a, stream, pdl);
 }
 
 }  // namespace detail

@@ -22,9 +22,14 @@
 //       read by 256 threads at once with 8 loads in flight each. The weights are streamed with a
 //       no-L1-allocate hint (read once, never again this step) while x, read by every block, stays in
 //       L1. gemv.cu's header comment says why no split-K ACROSS blocks is needed.
+//   v4  tensor cores (mma.sync m16n8k16) for M = 2..16: a warp multiplies 16 weight rows by 8 tokens per
+//       instruction, still reading W once in 16-byte loads (the columns are relabelled so that a lane's 16
+//       bytes feed the mma directly: gemv_v4.cuh). v3's scalar FMAs grow with M; v4's math is free up to 8
+//       tokens (16: two mmas). Measured: flat in M, but at 42-45% of the bandwidth, below cuBLAS's ~61%, so
+//       nothing uses it by default (an experiment of the chapter).
 //
-// The fused entry points run v3's structure with something folded in, each saving a launch and a round
-// trip of the activations through memory:
+// The fused entry points run v3's structure with something folded in, each saving a launch and a round trip
+// of the activations through memory:
 //   rmsnorm_gemv           out = (rmsnorm(h) * g) · W^T: each block recomputes the rows' sums of squares
 //                          (M*K*2 bytes, L1/L2 hits) and normalises x as it loads it (QKV projection).
 //   rmsnorm_gemv_silu_mul  act = silu(gate) * up, [gate | up] = rmsnorm(h)*g · W_gate_up^T, W_gate_up the
@@ -66,12 +71,12 @@ namespace tvllm {
 // The largest batch the GEMVs take: beyond ~16 rows a tiled GEMM (lesson 06) reuses W better.
 inline constexpr int kGemvMaxRows = 16;
 
-enum class GemvKernel { V1Warp, V2Vector, V3Blocked };
+enum class GemvKernel { V1Warp, V2Vector, V3Blocked, V4TensorCore };
 inline constexpr GemvKernel kDefaultGemvKernel = GemvKernel::V3Blocked;
 
-std::string_view gemv_kernel_name(GemvKernel kernel);     // "v1", "v2", "v3"
+std::string_view gemv_kernel_name(GemvKernel kernel);     // "v1", "v2", "v3", "v4"
 GemvKernel parse_gemv_kernel(std::string_view name);       // throws InputError for anything else
-const std::vector<GemvKernel>& all_gemv_kernels();         // v1, v2, v3
+const std::vector<GemvKernel>& all_gemv_kernels();         // v1, v2, v3, v4
 
 // Whether the 16-byte-load versions (v2, v3 and the fused ops) can read these operands: K % 8 == 0 and
 // every listed pointer 16-byte aligned (then every row is, K*2 being a multiple of 16). gemv() runs v1
@@ -85,19 +90,24 @@ bool gemv_shape_supported(const TensorView& w, DType out_dtype);
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
           GemvKernel kernel = kDefaultGemvKernel, cudaStream_t stream = nullptr);
 
+// The fused ops below take `pdl`: true launches the kernel as a programmatic dependent of the stream's
+// previous kernel (pdl.h: it starts loading its weights while that kernel finishes, and waits for it before
+// touching anything else). Only where pdl_supported(); the results are the same bits either way.
+
 // out[M, N] = (rmsnorm(h) * norm_weight) · w^T. h [M, K], norm_weight [K], w [N, K], out [M, N] BF16 or
 // F32 (the final norm fused into the lm_head writes F32 logits).
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, cudaStream_t stream = nullptr);
+                  const TensorView& w, cudaStream_t stream = nullptr, bool pdl = false);
 
 // act[M, I] = silu(gate) * up, [gate | up] = (rmsnorm(h) * norm_weight) · w_gate_up^T.
 // h [M, K], norm_weight [K], w_gate_up [2I, K] (rows 0..I-1 gate, I..2I-1 up), act [M, I].
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                           float eps, const TensorView& w_gate_up, cudaStream_t stream = nullptr);
+                           float eps, const TensorView& w_gate_up, cudaStream_t stream = nullptr,
+                           bool pdl = false);
 
 // h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
-                   cudaStream_t stream = nullptr);
+                   cudaStream_t stream = nullptr, bool pdl = false);
 
 // For benchmarks: the bytes one gemv() must move at least, W + x + out, so bytes / seconds is the bandwidth
 // reached. (gemv_residual also reads h, M*N*2 more; the fused norms read g, K*2 more: W dominates all.)
@@ -133,10 +143,11 @@ namespace detail {
 void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
                cudaStream_t stream);
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, cudaStream_t stream);
+                       const TensorView& w, cudaStream_t stream, bool pdl);
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                                float eps, const TensorView& w_gate_up, cudaStream_t stream);
-void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream);
+                                float eps, const TensorView& w_gate_up, cudaStream_t stream, bool pdl);
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream,
+                        bool pdl);
 }  // namespace detail
 
 }  // namespace tvllm

@@ -128,6 +128,8 @@ std::string_view gemv_kernel_name(GemvKernel kernel) {
       return "v2";
     case GemvKernel::V3Blocked:
       return "v3";
+    case GemvKernel::V4TensorCore:
+      return "v4";
   }
   return "?";
 }
@@ -135,11 +137,12 @@ std::string_view gemv_kernel_name(GemvKernel kernel) {
 GemvKernel parse_gemv_kernel(std::string_view name) {
   for (GemvKernel k : all_gemv_kernels())
     if (gemv_kernel_name(k) == name) return k;
-  throw InputError("unknown gemv kernel '" + std::string(name) + "' (expected v1, v2 or v3)");
+  throw InputError("unknown gemv kernel '" + std::string(name) + "' (expected v1, v2, v3 or v4)");
 }
 
 const std::vector<GemvKernel>& all_gemv_kernels() {
-  static const std::vector<GemvKernel> kernels{GemvKernel::V1Warp, GemvKernel::V2Vector, GemvKernel::V3Blocked};
+  static const std::vector<GemvKernel> kernels{GemvKernel::V1Warp, GemvKernel::V2Vector, GemvKernel::V3Blocked,
+                                                GemvKernel::V4TensorCore};
   return kernels;
 }
 
@@ -259,7 +262,7 @@ void require_vector_path(const std::string& what, const TensorView& x, const Ten
 }  // namespace
 
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, cudaStream_t stream) {
+                  const TensorView& w, cudaStream_t stream, bool pdl) {
   const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   if (d.M == 0) return;
@@ -268,11 +271,11 @@ void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& 
     return;
   }
   require_vector_path("rmsnorm_gemv", h, w, norm_weight);
-  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, stream);
+  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
-                           const TensorView& w_gate_up, cudaStream_t stream) {
+                           const TensorView& w_gate_up, cudaStream_t stream, bool pdl) {
   const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false);
   check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
   if (d.M == 0) return;
@@ -281,10 +284,10 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
     return;
   }
   require_vector_path("rmsnorm_gemv_silu_mul", h, w_gate_up, norm_weight);
-  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, stream);
+  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, stream, pdl);
 }
 
-void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream, bool pdl) {
   const GemvDims d = check_operands("gemv_residual", h, x, w, false, false);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
@@ -292,7 +295,7 @@ void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w
     return;
   }
   require_vector_path("gemv_residual", x, w, x);
-  detail::gemv_residual_cuda(h, x, w, stream);
+  detail::gemv_residual_cuda(h, x, w, stream, pdl);
 }
 
 }  // namespace tvllm

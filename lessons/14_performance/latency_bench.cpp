@@ -30,10 +30,11 @@ double median(std::vector<double> v) {
 
 std::vector<LatencyVariant> progression_variants() {
   return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
-          {"+ CUDA graphs", FastPathOptions{false, true, false, 64, false}},
-          {"+ fused GEMV decode", FastPathOptions{true, true, false, 64, false}},
-          {"+ fast sampler", FastPathOptions{true, true, true, 64, false}},
-          {"+ fast decode attention (the default fast path)", FastPathOptions{true, true, true, 64, true}}};
+          {"+ CUDA graphs", fast_path_options(false, true, false, false, false)},
+          {"+ fused GEMV decode", fast_path_options(true, true, false, false, false)},
+          {"+ fast sampler", fast_path_options(true, true, true, false, false)},
+          {"+ programmatic dependent launch", fast_path_options(true, true, true, true, false)},
+          {"+ fast decode attention (the default)", fast_path_options(true, true, true, true, true)}};
 }
 
 namespace {
@@ -47,6 +48,8 @@ double weight_bytes(const ModelWeights& w) {
     bytes += L.packed() ? static_cast<double>(L.wqkv.nbytes() + L.w_gate_up.nbytes())
                         : static_cast<double>(L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.w_gate.nbytes() +
                                               L.w_up.nbytes());
+    for (const TensorView* extra : {&L.bq, &L.bk, &L.bv, &L.bo, &L.b_gate, &L.b_up, &L.b_down, &L.q_norm, &L.k_norm})
+      if (extra->data) bytes += static_cast<double>(extra->nbytes());  // the families' biases and q/k norms
   }
   return bytes;
 }
@@ -60,7 +63,9 @@ double decode_bytes_per_step(const ModelWeights& w, int64_t batch, double mean_c
   if (!w.tied) weights += static_cast<double>(batch) * row;
   const AttentionShape shape = AttentionShape::from_config(w.config);
   const double kv_per_token = static_cast<double>(KvCache::bytes_for(shape, w.config.num_hidden_layers, 1, 1, w.device));
-  return weights + static_cast<double>(batch) * mean_context * kv_per_token;
+  // A sliding window caps the keys a decode step reads at `window` (lesson 12, section 15).
+  const double keys_read = shape.window > 0 ? std::min(mean_context, static_cast<double>(shape.window)) : mean_context;
+  return weights + static_cast<double>(batch) * keys_read * kv_per_token;
 }
 
 DecodeLatency measure_decode_latency(const ModelWeights& w, const std::optional<FastPathOptions>& fast,

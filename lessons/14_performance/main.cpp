@@ -11,15 +11,20 @@
 //        teacher-forced top-1 through the fast path (lesson 10's forced_agreement)
 //        fast == readable: the teacher-forced logits of both within 2 eps of each other, same argmax
 //        graphs == --enforce-eager: every reference sequence, id for id (sampled, so the sampler runs too)
+//        PDL on == off: the teacher-forced logits, bit for bit (the same kernels, launched differently)
 //   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
 //   4. (cuda) the fast decode attention vs lesson 10's CPU reference and lesson 10's kernel, the model's heads
-//   5. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); FastSampler
-//      vs lesson 09's sampler at batch 1 and 64; decode attention, lesson 10's kernel and lesson 14's over the
-//      paged pool and the contiguous cache; the decode progression (lesson 10 -> graphs -> fused -> fast
-//      sampler -> fast decode attention) at batch 1 and 8, contexts 128 and 4096.
+//   5. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
+//      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; the
+//      timeline of one eager decode step (a CUDA event after each op: where the step's time goes); FastSampler
+//      (cluster path and multi-pass path) vs lesson 09's sampler at batch 1 and 64; decode attention, lesson
+//      10's kernel and lesson 14's over the paged pool and the contiguous cache; the decode progression (lesson
+//      10 -> graphs -> fused -> fast sampler -> programmatic dependent launch -> fast decode attention) at batch
+//      1 and 8, contexts 128 and 4096.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -29,6 +34,7 @@
 
 #include "common/bench.h"
 #include "common/cublas.h"
+#include "common/cuda_stream.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/lesson.h"
@@ -47,6 +53,7 @@
 #include "matmul.h"
 #include "model_dir.h"
 #include "paged_kv.h"
+#include "pdl.h"
 #include "rmsnorm.h"
 #include "silu_mul.h"
 
@@ -215,11 +222,14 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     longest = std::max<int64_t>(longest, static_cast<int64_t>(g.prompt_ids.size()) + gens.max_new_tokens);
   const int64_t max_context = std::min(c.max_position_embeddings, longest);
   const EngineLimits limits = Generator::limits_for(c, max_context, 1, max_context);
-  Generator readable(w, limits), fast(w, limits), eager(w, limits);
+  Generator readable(w, limits), fast(w, limits), eager(w, limits), no_pdl(w, limits);
   use_fast_path(fast);
   FastPathOptions no_graphs;
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
+  FastPathOptions plain_launches;
+  plain_launches.pdl = false;
+  use_fast_path(no_pdl, plain_launches);
   std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
@@ -244,6 +254,13 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     const Tensor forced = fast.forced_logits(g.prompt_ids, g.output_ids);
     const ForcedAgreement a = forced_agreement(forced, g.output_ids, e);
     check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
+    // PDL changes when the GEMVs start, not what they compute: the same bits (section 7).
+    const Tensor forced_plain = no_pdl.forced_logits(g.prompt_ids, g.output_ids);
+    const bool same = forced.view().nbytes() == forced_plain.view().nbytes() &&
+                      std::memcmp(forced.view().data, forced_plain.view().data, forced.view().nbytes()) == 0;
+    check(g.name + " PDL on == off (logits)", same,
+          same ? std::string(fast_path_uses_pdl({}, Device::CUDA) ? "bit for bit" : "bit for bit (no PDL here)")
+               : "the logits differ");
     // The readable loop's logits on the same ids: both within e of the exact ones, so within 2e of each other.
     const Tensor base = readable.forced_logits(g.prompt_ids, g.output_ids);
     const Top1Agreement t = top1_agreement(forced, base, 2 * e);
@@ -266,31 +283,36 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
 
 void check_sampler(Report& report, int64_t vocab) {
   const int B = 64;
-  FastSampler sampler(B, vocab);
-  const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
-                                             {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
-  int64_t rows = 0, equal = 0;
-  for (size_t k = 0; k < knobs.size(); ++k) {
-    const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
-    const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
-    std::vector<SamplingRow> host_rows;
-    for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
-    DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
-    TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
-    Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
-    sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
-                   ids.view().ptr<int32_t>());
-    const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
-    for (int b = 0; b < B; ++b) {
-      ++rows;
-      equal += got.view().ptr<const int32_t>()[b] ==
-               sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+  for (FastSampler::Path path : {FastSampler::Path::kAuto, FastSampler::Path::kMultiPass}) {
+    FastSampler sampler(B, vocab, path);
+    const std::string name = path == FastSampler::Path::kAuto
+                                 ? "FastSampler (cluster " + std::to_string(sampler.cluster_per_row(B, vocab)) + ")"
+                                 : "FastSampler (multi-pass)";
+    const std::vector<SamplingParams> knobs = {{0.0f, 0, 1.0f, 1}, {1.0f, 0, 1.0f, 2}, {0.7f, 50, 1.0f, 3},
+                                               {1.0f, 0, 0.9f, 4}, {0.8f, 40, 0.95f, 5}, {1.3f, 1, 0.5f, 6}};
+    int64_t rows = 0, equal = 0;
+    for (size_t k = 0; k < knobs.size(); ++k) {
+      const Tensor logits = random_rows(B, vocab, 2.0 + static_cast<double>(k), 300 + k);
+      const Tensor logits_dev = on(logits, Device::CUDA, DType::F32);
+      std::vector<SamplingRow> host_rows;
+      for (int b = 0; b < B; ++b) host_rows.push_back(make_sampling_row(knobs[k], static_cast<uint64_t>(b)));
+      DeviceBuffer rows_dev(host_rows.size() * sizeof(SamplingRow));
+      TVLLM_CUDA_CHECK(cudaMemcpy(rows_dev.data(), host_rows.data(), rows_dev.bytes(), cudaMemcpyHostToDevice));
+      Tensor ids = Tensor::empty({B}, DType::I32, Device::CUDA);
+      sampler.sample(logits_dev.view().ptr<const float>(), vocab, vocab, B, rows_dev.as<SamplingRow>(),
+                     ids.view().ptr<int32_t>());
+      const Tensor got = Tensor::copy_of(ids.view(), Device::CPU);
+      for (int b = 0; b < B; ++b) {
+        ++rows;
+        equal += got.view().ptr<const int32_t>()[b] ==
+                 sample_cpu(logits.view().ptr<const float>() + b * vocab, vocab, host_rows[static_cast<size_t>(b)]);
+      }
     }
+    const std::string detail =
+        std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
+    std::printf("%s vs sample_cpu: %s\n", name.c_str(), detail.c_str());
+    report.add_check(name + " == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
   }
-  const std::string detail =
-      std::to_string(equal) + "/" + std::to_string(rows) + " rows: greedy, temperature, top-k, top-p, both";
-  std::printf("FastSampler vs sample_cpu: %s\n", detail.c_str());
-  report.add_check("FastSampler == sample_cpu (vocab " + std::to_string(vocab) + ")", equal == rows, detail);
 }
 
 // ---- 4. the fast decode attention -------------------------------------------------------------------------
@@ -348,7 +370,7 @@ void check_decode_attention(Report& report, const ModelConfig& c) {
 
 void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
   CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, nullptr);
-  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{16}}) {
     std::vector<BenchRow> rows;
     for (const auto& [name, weight] : decode_matrices(w)) {
       const int64_t N = weight.shape[0], K = weight.shape[1];
@@ -370,19 +392,129 @@ void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
   }
 }
 
+// The step's GEMVs alone, chained as fast_forward chains them (every layer's qkv, o, gate|up and down, then the
+// lm_head with the final norm: each reads what an earlier one wrote, and the residual adds write h, which the one
+// before read), captured as one CUDA graph and replayed: plain launches, then programmatic dependents (section
+// 7). No RoPE or attention between them, so every boundary can overlap: PDL's best case, and the GEMVs' share
+// of a step without the kernels PDL does not reach.
+void bench_gemv_chain(const ModelWeights& w, const Ceilings& ceilings) {
+  const ModelConfig& c = w.config;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerWeights& first = w.layers.front();
+  Tensor h = on(random_rows(1, c.hidden_size, 1.0, 21), Device::CUDA, DType::BF16);
+  const Tensor attn = on(random_rows(1, first.wo.shape[1], 1.0, 22), Device::CUDA, DType::BF16);
+  Tensor qkv = Tensor::empty({1, first.wqkv.shape[0]}, DType::BF16, Device::CUDA);
+  Tensor act = Tensor::empty({1, first.w_gate_up.shape[0] / 2}, DType::BF16, Device::CUDA);
+  Tensor logits = Tensor::empty({1, w.lm_head.shape[0]}, DType::F32, Device::CUDA);
+  double bytes = static_cast<double>(w.lm_head.nbytes());
+  for (const LayerWeights& L : w.layers)
+    bytes += static_cast<double>(L.wqkv.nbytes() + L.wo.nbytes() + L.w_gate_up.nbytes() + L.w_down.nbytes());
+  const int64_t kernels = 4 * static_cast<int64_t>(w.layers.size()) + 1;
+  CudaStream stream;
+  std::vector<BenchRow> rows;
+  for (const bool pdl : {false, true}) {
+    if (pdl && !pdl_supported()) {
+      std::printf("\n(no programmatic dependent launch on this GPU: the chain runs with plain launches only)\n");
+      break;
+    }
+    const CudaGraph graph = CudaGraph::capture(stream.get(), [&] {
+      for (const LayerWeights& L : w.layers) {
+        rmsnorm_gemv(qkv.view(), h.view(), L.input_norm, eps, L.wqkv, stream.get(), pdl);
+        gemv_residual(h.view(), attn.view(), L.wo, stream.get(), pdl);
+        rmsnorm_gemv_silu_mul(act.view(), h.view(), L.post_norm, eps, L.w_gate_up, stream.get(), pdl);
+        gemv_residual(h.view(), act.view(), L.w_down, stream.get(), pdl);
+      }
+      rmsnorm_gemv(logits.view(), h.view(), w.final_norm, eps, w.lm_head, stream.get(), pdl);
+    });
+    // bench_gpu times the default stream: the graph is launched there (a replay may go to any stream).
+    rows.push_back({std::to_string(kernels) + " GEMVs of a step, one graph, " +
+                        (pdl ? "programmatic dependent launch" : "plain launches"),
+                    bench_gpu([&] { graph.launch(nullptr); }), bytes, 0.0});
+  }
+  print_bench_table(std::cout, "the decode step's GEMVs chained (M = 1, L2 flushed before each run)", rows,
+                    ceilings);
+  if (rows.size() == 2)
+    std::printf("PDL saves %.2f us per GEMV boundary (%lld boundaries)\n",
+                (rows[0].result.median_ms - rows[1].result.median_ms) * 1e3 / static_cast<double>(kernels - 1),
+                (long long)(kernels - 1));
+}
+
+// The timeline of one eager decode step at context 128 (fast_forward_traced): a CUDA event after each op, so the
+// time between two events is the op's kernels plus the gap before them. Summed per op over the layers: where the
+// step's time goes, and what a kernel costs in the step beside its time alone (the GEMV table above). Events
+// between kernels stop programmatic dependent launch from overlapping them: this is the step without PDL.
+void bench_step_timeline(const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  const int64_t P = 128, steps = 8;
+  Generator gen(w, Generator::limits_for(c, P + steps + 1, 1, P));
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(static_cast<int32_t>((7 * i + 3) % std::min<int64_t>(c.vocab_size, 1000)));
+  gen.set_step(prompt, {P}, {P}, {static_cast<int32_t>(P - 1)}, {0});
+  gen.forward_step();
+  const cudaStream_t stream = gen.context().stream();
+  std::vector<cudaEvent_t> events(static_cast<size_t>(8 * c.num_hidden_layers + 4));
+  for (cudaEvent_t& e : events) TVLLM_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<std::string> names;
+  std::map<std::string, std::pair<int64_t, double>> per_op;  // op -> (count, ms), over the timed steps
+  std::vector<std::string> order;                            // ops in the order of the first step
+  double step_ms = 0.0;
+  for (int64_t s = 0; s <= steps; ++s) {  // step 0 warms up and is not counted
+    gen.set_step({static_cast<int32_t>(s % 7 + 1)}, {1}, {P + s + 1}, {0}, {0});
+    names.clear();
+    TVLLM_CUDA_CHECK(cudaEventRecord(events[0], stream));
+    const OpMark mark = [&](const char* op) {
+      TVLLM_REQUIRE(names.size() + 1 < events.size(), "step timeline: more ops than events");
+      names.emplace_back(op);
+      TVLLM_CUDA_CHECK(cudaEventRecord(events[names.size()], stream));
+    };
+    fast_forward_traced(gen.context(), w, gen.step(), gen.attention(), mark);
+    gen.context().synchronize();
+    if (s == 0) continue;
+    for (size_t i = 0; i < names.size(); ++i) {
+      float ms = 0.f;
+      TVLLM_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      auto& [count, total] = per_op[names[i]];
+      if (count == 0 && s == 1) order.push_back(names[i]);
+      ++count;
+      total += ms;
+    }
+    float total_ms = 0.f;
+    if (!names.empty()) TVLLM_CUDA_CHECK(cudaEventElapsedTime(&total_ms, events[0], events[names.size()]));
+    step_ms += total_ms;
+  }
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (order.empty()) {
+    std::printf("\n(step timeline: the fused path did not run this step)\n");
+    return;
+  }
+  std::printf("\none eager decode step at context %lld, plain launches, a CUDA event after each op (mean of %lld "
+              "steps): %.1f us\n  %-36s %8s %12s %10s %8s\n",
+              (long long)P, (long long)steps, step_ms * 1e3 / steps, "op", "per step", "us per step", "us each",
+              "% step");
+  for (const std::string& op : order) {
+    const auto& [count, ms] = per_op[op];
+    const double per_step_us = ms * 1e3 / steps;
+    std::printf("  %-36s %8lld %12.1f %10.2f %7.1f%%\n", op.c_str(), (long long)(count / steps), per_step_us,
+                per_step_us * steps / static_cast<double>(count), 100.0 * ms / step_ms);
+  }
+}
+
 void bench_sampler(int64_t vocab) {
-  std::printf("\nsampler, vocab %lld: FastSampler vs lesson 09's GpuSampler (us per call, the same ids)\n",
+  std::printf("\nsampler, vocab %lld: FastSampler (default: the cluster path, one launch; and its multi-pass\n"
+              "path, seven launches) vs lesson 09's GpuSampler (us per call, the same ids)\n",
               (long long)vocab);
-  std::printf("  %6s  %-22s %12s %12s %8s\n", "batch", "knobs", "lesson 09", "FastSampler", "speed-up");
+  std::printf("  %6s  %-22s %10s %11s %11s %8s %8s\n", "batch", "knobs", "lesson 09", "multi-pass", "FastSampler",
+              "cluster", "speed-up");
   const std::vector<std::pair<std::string, SamplingParams>> knobs = {{"greedy", {0.0f, 0, 1.0f, 1}},
+                                                                      {"temperature 1", {1.0f, 0, 1.0f, 5}},
                                                                       {"top-k 50", {0.7f, 50, 1.0f, 2}},
                                                                       {"top-p 0.9", {1.0f, 0, 0.9f, 3}},
                                                                       {"top-k 50 + top-p 0.9", {0.7f, 50, 0.9f, 4}}};
   for (int B : {1, 64})
     for (const auto& [name, p] : knobs) {
       const SamplerTiming t = bench_fast_sampler(B, vocab, p);
-      std::printf("  %6d  %-22s %12.1f %12.1f %7.1fx\n", B, name.c_str(), t.lesson09_us, t.fast_us,
-                  t.lesson09_us / t.fast_us);
+      std::printf("  %6d  %-22s %10.1f %11.1f %11.1f %8d %7.1fx\n", B, name.c_str(), t.lesson09_us, t.multipass_us,
+                  t.fast_us, t.cluster, t.lesson09_us / t.fast_us);
     }
 }
 
@@ -438,6 +570,9 @@ int run(const LessonOptions& opt) {
     report.print(std::cout);
     return report.exit_code();
   }
+  const std::string declined = fast_forward_declines(c);
+  TVLLM_REQUIRE(declined.empty(), "lesson 14's fused decode path does not compute this model's " + declined +
+                                      " (tiny-vllm generate/serve run it with the composed kernels and CUDA graphs)");
   TVLLM_REQUIRE(fast_forward_supported(w), "this model's shapes are not ones the fused GEMVs take (K % 8 != 0?)");
   check_gemvs_cuda(report, w, kernel);
   check_fast_path(report, opt.model_dir, w);
@@ -447,6 +582,8 @@ int run(const LessonOptions& opt) {
   if (opt.bench) {
     const Ceilings ceilings = measure_ceilings(false);
     bench_gemvs(w, ceilings);
+    bench_gemv_chain(w, ceilings);
+    bench_step_timeline(w);
     bench_sampler(c.vocab_size);
     bench_decode_attention(c);
     bench_progression(w, ceilings);

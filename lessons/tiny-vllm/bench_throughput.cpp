@@ -114,6 +114,8 @@ void run(const BenchThroughputOptions& o) {
     j["kv_blocks"] = r.kv.total_blocks;
     j["kv_block_size"] = r.kv.block_size;
     j["kv_bytes"] = r.kv.bytes;
+    j["step_seconds"] = {{"total", r.step_s}, {"prepare", r.prepare_s}, {"launch", r.launch_s}, {"wait", r.wait_s},
+                         {"other", r.other_s}};
     std::cout << j.dump() << "\n";
   } else {
     std::printf("tiny-vllm bench throughput: %s on %s, %s batching%s; %s\n", o.model.c_str(),
@@ -131,6 +133,11 @@ void run(const BenchThroughputOptions& o) {
     std::printf("  %-16s %14s\n", "KV blocks",
                 (std::to_string(r.kv.total_blocks) + " x " + std::to_string(r.kv.block_size)).c_str());
     std::printf("  %-16s %14s\n", "KV memory", gib(r.kv.bytes).c_str());
+    // The engine thread's time per step: only `wait` overlaps the GPU's work; the rest is time the GPU idles.
+    const double per_step_ms = r.steps > 0 ? 1e3 / static_cast<double>(r.steps) : 0.0;
+    std::printf("  %-16s %11.3f ms  (prepare %.3f, launch %.3f, wait for the GPU %.3f, schedule + deliver %.3f)\n",
+                "host per step", r.step_s * per_step_ms, r.prepare_s * per_step_ms, r.launch_s * per_step_ms,
+                r.wait_s * per_step_ms, r.other_s * per_step_ms);
     if (r.failed > 0) std::printf("  FAILED: %lld requests did not get all their tokens\n", static_cast<long long>(r.failed));
   }
   g_exit_code = r.failed == 0 ? 0 : 1;
@@ -166,7 +173,7 @@ void add_bench_throughput_command(CLI::App& bench) {
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
-                "the engine's batch-invariant kernels (lesson 06 v7, flash decode): what exactness costs");
+                "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");
   cmd->add_option("--static-batch", opt->static_batch,
                   "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));

@@ -1,5 +1,5 @@
-// tiny-vllm chat --model DIR [--system STR] [--device auto|cpu|cuda] [sampling flags] [--max-tokens N]
-//                [--max-context N]
+// tiny-vllm chat --model DIR [--system STR] [--enable-thinking true|false] [--device auto|cpu|cuda]
+//                [sampling flags] [--max-tokens N] [--max-context N]
 //
 // An interactive chat in the terminal. Each line typed is a user message; the whole conversation is rendered
 // with the model's chat template (lesson 09), encoded, and answered by lesson 10's Generator, the answer
@@ -28,6 +28,7 @@ namespace {
 
 struct ChatCliOptions {
   std::string model, system, device = "auto";
+  bool enable_thinking = true;  // --enable-thinking, every turn (Qwen3's template switch)
   int64_t max_tokens = 256, max_context = 4096;
   SamplingFlags sampling;
   FastPathFlags fast;
@@ -38,10 +39,11 @@ std::string trim_ascii(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-void run_chat(const ChatCliOptions& o, bool have_system) {
+void run_chat(const ChatCliOptions& o, bool have_system, bool have_thinking) {
   std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device);
   const Tokenizer& tok = m->require_tokenizer("chat needs one (generate --prompt-ids works without)");
   const ChatTemplate tmpl = m->require_chat_template();
+  note_thinking_switch(tmpl, have_thinking, "chat");
   const SamplingParams sampling = o.sampling.params();
   const ModelConfig& c = m->model.config;
   if (o.max_tokens < 1) throw InputError("--max-tokens must be >= 1, got " + std::to_string(o.max_tokens));
@@ -51,7 +53,8 @@ void run_chat(const ChatCliOptions& o, bool have_system) {
   Generator gen(*m->weights, Generator::limits_for(c, max_context, 1, std::min<int64_t>(max_context, 2048)));
   o.fast.apply(gen);  // lesson 14 (CUDA): fused decode, CUDA graphs, the fast sampler
 
-  warm_up(gen, tok.encode(tmpl.render({{"user", "Hello"}}), false));  // CUDA: the first answer's timings too
+  // CUDA: the first answer's timings too
+  warm_up(gen, tok.encode(tmpl.render({{"user", "Hello"}}, true, {}, o.enable_thinking), false));
   const bool tty = isatty(STDIN_FILENO) != 0;
   std::fprintf(stderr,
                "tiny-vllm chat: %s on %s, chat template %s, context %lld tokens, answers up to %lld tokens\n"
@@ -93,7 +96,7 @@ void run_chat(const ChatCliOptions& o, bool have_system) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       next.push_back({"user", line});
       const std::vector<int32_t> prompt =
-          tok.encode(tmpl.render(next, true, today), /*add_special_tokens=*/false);
+          tok.encode(tmpl.render(next, true, today, o.enable_thinking), /*add_special_tokens=*/false);
       const auto P = static_cast<int64_t>(prompt.size());
       if (P >= max_context) {
         std::fprintf(
@@ -145,6 +148,7 @@ void add_chat_command(CLI::App& app) {
       ->required();
   CLI::Option* system =
       cmd->add_option("--system", opt->system, "a system message for the whole conversation");
+  CLI::Option* thinking = add_enable_thinking_option(cmd, opt->enable_thinking);
   cmd->add_option("--max-tokens", opt->max_tokens, "the most tokens per answer (default 256)");
   cmd->add_option("--max-context", opt->max_context,
                   "the KV cache's positions, at most the model's max_position_embeddings (default 4096)");
@@ -152,8 +156,8 @@ void add_chat_command(CLI::App& app) {
   opt->fast.add_to(cmd);
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->callback([opt, system] {
-    run_chat(*opt, system->count() > 0);
+  cmd->callback([opt, system, thinking] {
+    run_chat(*opt, system->count() > 0, thinking->count() > 0);
     g_exit_code = 0;
   });
 }

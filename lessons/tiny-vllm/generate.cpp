@@ -1,6 +1,6 @@
-// tiny-vllm generate --model DIR [--prompt STR | --prompt-ids "1 2 3"] [--chat] [--system STR]
-//                    [--max-tokens N] [--temperature T --top-p P --top-k K --seed S] [--ignore-eos]
-//                    [--device auto|cpu|cuda] [--output text|json]
+// tiny-vllm generate --model DIR [--prompt STR | --prompt-ids "1 2 3"] [--chat [--system STR]
+//                    [--enable-thinking true|false]] [--max-tokens N] [--temperature T --top-p P --top-k K
+//                    --seed S] [--ignore-eos] [--device auto|cpu|cuda] [--output text|json]
 //
 // One prompt in, one continuation out, through lesson 10's Generator (prefill, then a decode step a token).
 //   text  the new text streams to stdout as the ids arrive (lesson 09's IncrementalDecoder: never half a
@@ -9,7 +9,9 @@
 //         special tokens left out, as text mode prints it), finish_reason (stop | length), timing.
 // The prompt: --prompt is encoded as Hugging Face's tokenizer(prompt) does (the post-processor adds BOS);
 // --chat renders [--system, --prompt] with the model's chat template, which prints BOS itself, so that string
-// is encoded without the post-processor; --prompt-ids is used as given.
+// is encoded without the post-processor; --prompt-ids is used as given. --enable-thinking false: the template
+// variable of that name (Qwen3's switch: an empty <think></think> block after the generation prompt, so the
+// model answers without reasoning); templates without the switch ignore it, as under transformers.
 // Everything is checked before the weights are loaded: a bad request costs nothing. On CUDA a short untimed
 // warm-up runs first (session.h), so the timings are the steady state.
 #include "generate.h"
@@ -30,6 +32,8 @@ namespace {
 struct GenerateCliOptions {
   std::string model, prompt, prompt_ids, system, device = "auto", output = "text";
   bool chat = false, ignore_eos = false, batch_invariant = false;
+  bool enable_thinking = true;  // --enable-thinking (the template's default: true)
+  bool have_thinking = false;   // given on the command line
   int64_t max_tokens = 128;
   SamplingFlags sampling;
   FastPathFlags fast;
@@ -40,6 +44,7 @@ std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOption
   if (have_prompt == have_ids)
     throw InputError("give the prompt as --prompt TEXT or --prompt-ids \"1 2 3\" (one of them)");
   if (have_system && !o.chat) throw InputError("--system is part of a chat: add --chat");
+  if (o.have_thinking && !o.chat) throw InputError("--enable-thinking is a chat template switch: add --chat");
   if (have_ids) {
     if (o.chat)
       throw InputError("--chat renders a text conversation: use it with --prompt, not --prompt-ids");
@@ -51,8 +56,10 @@ std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOption
   std::vector<ChatMessage> messages;
   if (have_system) messages.push_back({"system", o.system});
   messages.push_back({"user", o.prompt});
+  note_thinking_switch(tmpl, o.have_thinking, "generate");
   // The template printed BOS: no second one from the post-processor.
-  return tok.encode(tmpl.render(messages, /*add_generation_prompt=*/true), /*add_special_tokens=*/false);
+  return tok.encode(tmpl.render(messages, /*add_generation_prompt=*/true, {}, o.enable_thinking),
+                    /*add_special_tokens=*/false);
 }
 
 void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, bool have_system) {
@@ -118,7 +125,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
                    {"decode_tok_s", r.decode_steps > 0 ? nlohmann::ordered_json(decode_tok_s)
                                                        : nlohmann::ordered_json(nullptr)}};
     j["device"] = std::string(device_name(m->device));
-    j["path"] = o.fast.describe(m->device);
+    j["path"] = o.fast.describe(m->device, &m->model.config);
     std::printf("%s\n", j.dump().c_str());
   } else {
     const std::string rest = stream ? stream->finish() : "";
@@ -132,7 +139,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
                  fixed(r.prefill_ms, 2).c_str(), fixed(prefill_tok_s).c_str(),
                  static_cast<long long>(r.decode_steps), fixed(r.decode_ms, 2).c_str(),
                  r.decode_steps > 0 ? fixed(decode_tok_s).c_str() : "-", finish,
-                 std::string(stop_reason_name(r.stop)).c_str(), o.fast.describe(m->device).c_str());
+                 std::string(stop_reason_name(r.stop)).c_str(), o.fast.describe(m->device, &m->model.config).c_str());
   }
 }
 
@@ -148,6 +155,7 @@ void add_generate_command(CLI::App& app) {
   CLI::Option* ids = cmd->add_option("--prompt-ids", opt->prompt_ids, "the prompt as token ids: \"1 2 3\"");
   cmd->add_flag("--chat", opt->chat, "render --prompt as a user message with the model's chat template");
   CLI::Option* system = cmd->add_option("--system", opt->system, "a system message (with --chat)");
+  CLI::Option* thinking = add_enable_thinking_option(cmd, opt->enable_thinking);
   cmd->add_option("--max-tokens", opt->max_tokens, "the most new tokens (default 128)");
   opt->sampling.add_to(cmd);
   opt->fast.add_to(cmd);
@@ -158,7 +166,8 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--output", opt->output, "text (streamed) or json (one object)")
       ->check(CLI::IsMember({"text", "json"}));
-  cmd->callback([opt, prompt, ids, system] {
+  cmd->callback([opt, prompt, ids, system, thinking] {
+    opt->have_thinking = thinking->count() > 0;
     run_generate(*opt, prompt->count() > 0, ids->count() > 0, system->count() > 0);
     g_exit_code = 0;
   });

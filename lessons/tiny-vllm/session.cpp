@@ -38,6 +38,7 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--enforce-eager", enforce_eager, "CUDA: launch every step eagerly, no CUDA graphs (vLLM's flag)");
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
+  cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
   cmd->add_flag("--no-fast-attention", no_fast_attention,
                 "CUDA: lesson 10's decode attention kernel instead of lesson 14's");
 #else
@@ -51,6 +52,7 @@ FastPathOptions FastPathFlags::options() const {
   o.graphs = !enforce_eager;
   o.fused = !no_fused;
   o.fast_sampler = !no_fast_sampler;
+  o.pdl = !no_pdl;
   o.fast_attention = !no_fast_attention;
   return o;
 }
@@ -81,10 +83,11 @@ int64_t FastPathFlags::warm_up(Engine& engine) const {
 #endif
 }
 
-std::string FastPathFlags::describe(Device device) const {
+std::string FastPathFlags::describe(Device device, const ModelConfig* config) const {
 #ifdef TVLLM_CLI_FAST
-  return describe_fast_path(options(), device);
+  return describe_fast_path(options(), device, config);
 #else
+  (void)config;
   return device == Device::CUDA ? "lesson 10's decode loop" : "CPU reference path";
 #endif
 }
@@ -127,6 +130,24 @@ void warm_up(Generator& gen, const std::vector<int32_t>& prompt) {
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(prompt.size()),
                                       std::min<int64_t>(16, gen.limits().max_context - 2));
   if (n >= 1) gen.generate(std::vector<int32_t>(prompt.begin(), prompt.begin() + n), options);
+}
+
+CLI::Option* add_enable_thinking_option(CLI::App* cmd, bool& enable_thinking) {
+  return cmd
+      ->add_option_function<std::string>(
+          "--enable-thinking", [&enable_thinking](const std::string& v) { enable_thinking = v == "true"; },
+          "Qwen3's chat template switch: false appends an empty <think></think> block, so the model answers "
+          "without reasoning (default: true, the template's own default)")
+      ->check(CLI::IsMember({"true", "false"}))
+      ->type_name("true|false");
+}
+
+void note_thinking_switch(const ChatTemplate& tmpl, bool given, const char* command) {
+  if (given && !tmpl.has_thinking_switch())
+    std::fprintf(stderr,
+                 "tiny-vllm %s: note: this model's chat template (%s) has no thinking switch; --enable-thinking "
+                 "changes nothing\n",
+                 command, std::string(chat_family_name(tmpl.family())).c_str());
 }
 
 std::string fixed(double value, int digits) {

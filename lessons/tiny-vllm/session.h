@@ -41,7 +41,7 @@ struct SamplingFlags {
 // Lesson 14's fast path on CUDA (fused GEMV decode, CUDA graphs, the fast sampler, the fast decode attention), on
 // by default.
 struct FastPathFlags {
-  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_fast_attention = false;
+  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
   void apply(Generator& gen) const;
@@ -49,8 +49,8 @@ struct FastPathFlags {
   // The engine's warm-up including the decode graphs of batch sizes 1, 2, 4, ... (Engine::warm_up). Returns its
   // steps.
   int64_t warm_up(Engine& engine) const;
-  // One line for the command's banner: what runs.
-  std::string describe(Device device) const;
+  // One line for the command's banner: what runs (with the config: whether the fused decode path declines it).
+  std::string describe(Device device, const ModelConfig* config = nullptr) const;
 #ifdef TVLLM_CLI_FAST
   FastPathOptions options() const;
 #endif
@@ -85,5 +85,13 @@ void warm_up(Generator& gen, const std::vector<int32_t>& prompt);
 
 // "12.3" with a sensible number of digits for timings.
 std::string fixed(double value, int digits = 1);
+
+// --enable-thinking true|false for generate --chat and chat: the chat template variable of that name, spelled as
+// transformers' apply_chat_template(enable_thinking=...) and vLLM's chat_template_kwargs spell it (one name in
+// the CLI, the library and the server). Only "true" and "false" are accepted (exit 2 otherwise).
+CLI::Option* add_enable_thinking_option(CLI::App* cmd, bool& enable_thinking);
+// When --enable-thinking was given for a template without that switch: one note on stderr (it changes nothing,
+// as with transformers, whose templates simply never read the variable).
+void note_thinking_switch(const ChatTemplate& tmpl, bool given, const char* command);
 
 }  // namespace tvllm::cli

@@ -39,12 +39,17 @@ def check(cond, what):
 
 
 def start_server(tiny_vllm, model):
-    cmd = [tiny_vllm, "serve", "--model", model, "--device", "cpu", "--port", "0", "--max-model-len", "512",
-           "--max-num-seqs", "16", "--api-key", API_KEY, "--quiet", "--shutdown-timeout", "5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return launch([tiny_vllm, "serve", "--model", model, "--device", "cpu", "--port", "0", "--max-model-len", "512",
+                   "--max-num-seqs", "16", "--api-key", API_KEY, "--quiet", "--shutdown-timeout", "5"])
+
+
+def launch(cmd, timeout=30, stderr=subprocess.DEVNULL):
+    """Starts a `tiny-vllm serve ... --port 0` command; (process, port) once it prints "listening on" (also
+    used by serve_smoke.py)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    deadline = time.time() + 30
+    deadline = time.time() + timeout
     seen = ""
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -55,8 +60,9 @@ def start_server(tiny_vllm, model):
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         if m:
             return proc, int(m.group(1))
+    why = f"exited with status {proc.returncode}" if proc.poll() is not None else f"did not start within {timeout} s"
     proc.kill()
-    raise Failure(f"the server did not start: {' '.join(cmd)}\nstdout: {seen}")
+    raise Failure(f"the server {why}: {' '.join(cmd)}\nstdout: {seen}")
 
 
 def openai_checks(openai, port):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/buffer.h"
+#include "common/cuda_stream.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
@@ -56,6 +57,18 @@ inline SamplingRow random_row_params(Rng& rng, int64_t vocab) {
   return row_of(t, k, p, rng.next_u64(), rng.next_u64());
 }
 
+// Appends `batch` random rows: logits from make_row(seed) with a random seed below 10^6, knobs from
+// random_row_params.
+template <class MakeRow>
+void append_random_rows(Rng& rng, int64_t vocab, int batch, MakeRow&& make_row, std::vector<float>* logits,
+                        std::vector<SamplingRow>* rows) {
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float> row = make_row(rng.next_u64() % 1000000);
+    logits->insert(logits->end(), row.begin(), row.end());
+    rows->push_back(random_row_params(rng, vocab));
+  }
+}
+
 // A batch on the device: logits [batch, stride], rows [batch], ids [batch] (poisoned with -1).
 struct DeviceBatch {
   DeviceBatch(const std::vector<float>& logits, const std::vector<SamplingRow>& rows)
@@ -84,6 +97,21 @@ struct DeviceBatch {
   DeviceBuffer logits_d, rows_d, ids_d;
   int batch;
 };
+
+// The engine's decode step for a captured sampler: `rows` (their new steps) uploaded into d's rows array
+// through pinned memory, the graph replayed, the ids copied back; all on `stream`, then waited for.
+inline std::vector<int32_t> replay_sampler_graph(const CudaGraph& graph, const DeviceBatch& d,
+                                                 const std::vector<SamplingRow>& rows, const CudaStream& stream) {
+  HostBuffer pinned_rows(sizeof(SamplingRow) * rows.size(), HostBuffer::Kind::Pinned);
+  HostBuffer pinned_ids(sizeof(int32_t) * rows.size(), HostBuffer::Kind::Pinned);
+  std::copy(rows.begin(), rows.end(), pinned_rows.as<SamplingRow>());
+  TVLLM_CUDA_CHECK(cudaMemcpyAsync(d.rows_d.data(), pinned_rows.data(), pinned_rows.bytes(), cudaMemcpyHostToDevice,
+                                   stream));
+  graph.launch(stream);
+  TVLLM_CUDA_CHECK(cudaMemcpyAsync(pinned_ids.data(), d.out(), pinned_ids.bytes(), cudaMemcpyDeviceToHost, stream));
+  stream.synchronize();
+  return std::vector<int32_t>(pinned_ids.as<int32_t>(), pinned_ids.as<int32_t>() + rows.size());
+}
 
 // The CPU oracle, row by row.
 inline std::vector<int32_t> sample_on_cpu(const std::vector<float>& logits, int64_t stride, int64_t vocab,

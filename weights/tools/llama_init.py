@@ -68,20 +68,42 @@ class InitScales:
     # bytes) are scaled by this: as in real checkpoints, where such rows were hardly trained, they rarely
     # win the argmax, so greedy output looks more like text.
     quiet_row_scale: float = 0.5
+    # Biases (Qwen2's q/k/v): N(0, bias_std), a shift of about a quarter of a projection's own spread, so a
+    # forward that forgot the bias is visibly wrong while q.k still depends mostly on the token.
+    bias_std: float = 0.5
 
 
-def weight_names_and_shapes(shape: LlamaShape) -> list[tuple[str, tuple[int, ...]]]:
+@dataclass(frozen=True)
+class FamilyTensors:
+    """The tensors a family adds to Llama's (make_random_model.py's Qwen and Mistral presets). The defaults
+    are Llama 3.2's: no biases, no q/k norms, tied embeddings, so the Llama tensors and their drawing order
+    stay exactly as they were."""
+
+    qkv_bias: bool = False   # Qwen2: q_proj/k_proj/v_proj.bias (never o_proj)
+    qk_norm: bool = False    # Qwen3: self_attn.q_norm/k_norm.weight, one [head_dim] RMSNorm weight each
+    tied: bool = True        # False (Mistral): a separate lm_head.weight, drawn after model.norm
+
+
+def weight_names_and_shapes(shape: LlamaShape,
+                            extra: FamilyTensors = FamilyTensors()) -> list[tuple[str, tuple[int, ...]]]:
     """Hugging Face tensor names and [out, in] shapes, in a fixed order (the order random numbers are
-    drawn in, so changing it changes every weight). No lm_head: the embeddings are tied."""
+    drawn in, so changing it changes every weight). No lm_head unless extra.tied is False."""
     h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
     out = [("model.embed_tokens.weight", (shape.vocab_size, h))]
     for layer in range(shape.num_hidden_layers):
         p = f"model.layers.{layer}."
-        out += [
-            (p + "input_layernorm.weight", (h,)),
+        attn = [
             (p + "self_attn.q_proj.weight", (q, h)),
             (p + "self_attn.k_proj.weight", (kv, h)),
             (p + "self_attn.v_proj.weight", (kv, h)),
+        ]
+        if extra.qkv_bias:
+            attn += [(p + "self_attn.q_proj.bias", (q,)), (p + "self_attn.k_proj.bias", (kv,)),
+                     (p + "self_attn.v_proj.bias", (kv,))]
+        if extra.qk_norm:
+            attn += [(p + "self_attn.q_norm.weight", (shape.head_dim,)),
+                     (p + "self_attn.k_norm.weight", (shape.head_dim,))]
+        out += [(p + "input_layernorm.weight", (h,)), *attn,
             (p + "self_attn.o_proj.weight", (h, q)),
             (p + "post_attention_layernorm.weight", (h,)),
             (p + "mlp.gate_proj.weight", (i, h)),
@@ -89,15 +111,21 @@ def weight_names_and_shapes(shape: LlamaShape) -> list[tuple[str, tuple[int, ...
             (p + "mlp.down_proj.weight", (h, i)),
         ]
     out.append(("model.norm.weight", (h,)))
+    if not extra.tied:
+        out.append(("lm_head.weight", (shape.vocab_size, h)))
     return out
 
 
 def _std_for(name: str, dims: tuple[int, ...], shape: LlamaShape, scales: InitScales) -> float:
     """Standard deviation of the normal distribution a weight is drawn from."""
-    if name.endswith("embed_tokens.weight"):
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
         return scales.logit_std / math.sqrt(shape.hidden_size)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        return scales.norm_jitter * scales.qk_gain  # drawn around qk_gain, see init_weights
     if name.endswith("norm.weight"):
         return scales.norm_jitter
+    if name.endswith(".bias"):
+        return scales.bias_std
     fan_in = dims[1]
     gain = 1.0
     if name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -116,6 +144,7 @@ def init_weights(
     scales: InitScales = InitScales(),
     quiet_rows: list[int] | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    extra: FamilyTensors = FamilyTensors(),
 ) -> dict[str, torch.Tensor]:
     """Every weight tensor of the model in dtype (bf16 unless asked), drawn from one seeded generator in a
     fixed order.
@@ -123,17 +152,23 @@ def init_weights(
     Values are drawn in fp32 and rounded once to dtype (what is stored; fp32 keeps them as drawn). The
     stream of random numbers differs between CPU and CUDA generators: the same seed gives the same bytes
     on the same kind of device and torch version. quiet_rows: embedding rows to scale by
-    scales.quiet_row_scale.
+    scales.quiet_row_scale (in lm_head too when it is separate). extra: the family's additional tensors.
+
+    Qwen3's q_norm / k_norm weights are drawn around qk_gain, not 1: the per-head RMSNorm resets q and k to
+    RMS 1 whatever q_proj did, so the gain that makes attention peaky (score std ~ qk_gain^2) has to live
+    in the norm weights, as it does in trained Qwen3 checkpoints, whose q/k norm weights are well above 1.
     """
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
-    for name, dims in weight_names_and_shapes(shape):
+    for name, dims in weight_names_and_shapes(shape, extra):
         std = _std_for(name, dims, shape, scales)
         w = torch.randn(dims, generator=gen, device=device, dtype=torch.float32) * std
-        if name.endswith("norm.weight"):
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            w += scales.qk_gain
+        elif name.endswith("norm.weight"):
             w += 1.0
-        if name.endswith("embed_tokens.weight") and quiet_rows:
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and quiet_rows:
             w[torch.tensor(quiet_rows, device=device)] *= scales.quiet_row_scale
         tensors[name] = w.to(dtype).contiguous()
     return tensors

@@ -6,7 +6,9 @@ model has a tokenizer, tokenizer_cases.json. weights/README.md documents every t
     python3 weights/tools/make_reference.py MODEL_DIR [--device auto|cpu|cuda] [--max-new-tokens 64]
 
 The model is loaded in fp32 from its stored (bf16) weights with the eager attention implementation, and on
-a GPU with TF32 off, so the reference is a plain fp32 computation of the stored model. Intermediate
+a GPU with TF32 off, so the reference is a plain fp32 computation of the stored model. Any model type
+tiny-vllm runs loads (AutoModelForCausalLM: llama, qwen2, qwen3, mistral); the checks below follow each
+family's differences (q/k/v and o biases, Qwen3's per-head q/k RMSNorm, Mistral's sliding window). Intermediate
 tensors are captured with forward hooks on the modules; the script then recomputes every stage from its
 captured inputs in float64 and stops with an error if anything disagrees, so a reference file is never
 silently inconsistent.
@@ -130,9 +132,9 @@ def pick_device(requested: str) -> torch.device:
 
 
 def load_model(model_dir: Path, device: torch.device, dtype=torch.float32, attn: str = "eager"):
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
     return model.to(device).eval()
 
 
@@ -178,6 +180,9 @@ class Capture:
             self._out(attn.q_proj, p + "q_proj")
             self._out(attn.k_proj, p + "k_proj")
             self._out(attn.v_proj, p + "v_proj")
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
+                self._out(attn.q_norm, p + "q_norm")
+                self._out(attn.k_norm, p + "k_norm")
             self._in_out(attn.o_proj, p + "attn", p + "o_proj")
             # The input of post_attention_layernorm is exactly the residual sum HF computed.
             self._in_out(layer.post_attention_layernorm, p + "attn_residual", p + "post_attention_layernorm")
@@ -209,6 +214,12 @@ class Capture:
             h.remove()
 
 
+def config_head_dim(config) -> int:
+    """head_dim as the model computes it: explicit where the config has it (Llama, Qwen3, Mistral), else
+    hidden_size / num_attention_heads (Qwen2's config class has no head_dim attribute)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def rotate_like_hf(q_flat: torch.Tensor, k_flat: torch.Tensor, cos, sin, head_dim: int):
     """q/k after rotary embedding, computed with transformers' own apply_rotary_pos_emb on HF's cos/sin,
     returned in the [T, heads*head_dim] layout of q_proj's output."""
@@ -237,12 +248,12 @@ def run_prompt(model, ids: list[int], layers: list[int], device) -> dict[str, to
            "positions": torch.arange(t, dtype=torch.int32)}
     for name, value in cap.tensors.items():
         out[name] = value.reshape(t, -1)
-    head_dim = model.config.head_dim
+    head_dim = config_head_dim(model.config)
     with torch.no_grad():
         for l in layers:
             p = f"layers.{l}."
-            out[p + "q_rope"], out[p + "k_rope"] = rotate_like_hf(out[p + "q_proj"], out[p + "k_proj"],
-                                                                  cos, sin, head_dim)
+            q, k = (p + "q_norm", p + "k_norm") if p + "q_norm" in out else (p + "q_proj", p + "k_proj")
+            out[p + "q_rope"], out[p + "k_rope"] = rotate_like_hf(out[q], out[k], cos, sin, head_dim)
     out["logits"] = logits.reshape(t, -1)
     out = {k: v.float().cpu().contiguous() if v.is_floating_point() else v.cpu().contiguous()
            for k, v in out.items()}
@@ -328,8 +339,9 @@ def rmsnorm64(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
-def attention64(q, k, v, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
-    """Causal grouped-query attention, [T, heads*head_dim] in and out."""
+def attention64(q, k, v, heads: int, kv_heads: int, head_dim: int, window: int | None = None) -> torch.Tensor:
+    """Causal grouped-query attention, [T, heads*head_dim] in and out. window (Mistral's sliding_window W):
+    position i sees only positions j with i - W < j <= i, transformers' sliding_window_overlay."""
     t = q.shape[0]
     q = q.double().view(t, heads, head_dim).transpose(0, 1)       # [heads, T, d]
     k = k.double().view(t, kv_heads, head_dim).transpose(0, 1)    # [kv_heads, T, d]
@@ -338,13 +350,15 @@ def attention64(q, k, v, heads: int, kv_heads: int, head_dim: int) -> torch.Tens
     k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
     scores = q @ k.transpose(1, 2) / head_dim ** 0.5
     mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    if window is not None:
+        mask |= torch.ones(t, t, dtype=torch.bool).tril(-window)  # j <= i - W: out of the window
     probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
     return (probs @ v).transpose(0, 1).reshape(t, heads * head_dim)
 
 
 def llama3_inv_freq64(config) -> torch.Tensor:
     """Llama 3 rope frequencies, written out independently of transformers, for checking its tables."""
-    d = config.head_dim
+    d = config_head_dim(config)
     rs = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     theta = rs.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
@@ -380,16 +394,25 @@ def check_layer(acts: dict, weights: dict, config, l: int, h: torch.Tensor) -> N
     def a(name):  # a captured tensor of this layer, in float64
         return acts[p + name].double()
 
-    def linear(x_name, weight_name):  # y = x W^T
-        return a(x_name) @ weights[wp + weight_name].double().T
+    def linear(x_name, weight_name):  # y = x W^T (+ b when the checkpoint has the bias)
+        y = a(x_name) @ weights[wp + weight_name].double().T
+        bias = weights.get(wp + weight_name.removesuffix("weight") + "bias")
+        return y if bias is None else y + bias.double()
 
     check_close(p + "input_layernorm", acts[p + "input_layernorm"],
                 rmsnorm64(h, weights[wp + "input_layernorm.weight"], eps))
     for proj in ("q_proj", "k_proj", "v_proj"):
         check_close(p + proj, acts[p + proj], linear("input_layernorm", f"self_attn.{proj}.weight"))
+    t, d = h.shape[0], config_head_dim(config)
+    for norm, proj in (("q_norm", "q_proj"), ("k_norm", "k_proj")):  # Qwen3: RMSNorm over each head's D
+        if p + norm in acts:
+            per_head = rmsnorm64(acts[p + proj].view(t, -1, d), weights[wp + f"self_attn.{norm}.weight"], eps)
+            check_close(p + norm, acts[p + norm], per_head.reshape(t, -1))
+    window = getattr(config, "sliding_window", None) if config.model_type == "mistral" else None
     attn = attention64(acts[p + "q_rope"], acts[p + "k_rope"], acts[p + "v_proj"],
-                       config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-    check_close(p + "attn (recomputed from q_rope, k_rope, v_proj)", acts[p + "attn"], attn)
+                       config.num_attention_heads, config.num_key_value_heads, d, window)
+    check_close(p + "attn (recomputed from q_rope, k_rope, v_proj" + (f", window {window})" if window else ")"),
+                acts[p + "attn"], attn)
     check_close(p + "o_proj", acts[p + "o_proj"], linear("attn", "self_attn.o_proj.weight"))
     check_close(p + "attn_residual", acts[p + "attn_residual"], h.double() + a("o_proj"), 1e-6)
     check_close(p + "post_attention_layernorm", acts[p + "post_attention_layernorm"],
@@ -463,10 +486,24 @@ def tokenizer_cases(tok) -> dict:
             raise SystemExit(f"error: tokenizer case {name}: decode(encode(text)) != text")
         cases.append({"name": name, "text": text, "ids": ids})
     if tok.chat_template:
-        text = tok.apply_chat_template(CHAT_CASE_MESSAGES, tokenize=False, add_generation_prompt=True,
-                                       **CHAT_TEMPLATE_KWARGS)
-        cases.append({"name": "chat_template", "messages": CHAT_CASE_MESSAGES, "add_generation_prompt": True,
-                      "text": text, "ids": tok(text, add_special_tokens=False)["input_ids"]})
+        import jinja2
+
+        messages = CHAT_CASE_MESSAGES
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           **CHAT_TEMPLATE_KWARGS)
+        except jinja2.exceptions.TemplateError:  # Mistral v0.1's template refuses a system message
+            messages = [m for m in messages if m["role"] != "system"]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           **CHAT_TEMPLATE_KWARGS)
+        case = {"name": "chat_template", "messages": messages, "add_generation_prompt": True,
+                "text": text, "ids": tok(text, add_special_tokens=False)["input_ids"]}
+        # A SentencePiece tokenizer (Mistral's) does not give the template's text back: its decoder puts a
+        # space before a word that follows a special token. What Hugging Face decodes is then the answer.
+        decoded = tok.decode(case["ids"])
+        if decoded != text:
+            case["decoded"] = decoded
+        cases.append(case)
     return {
         "add_special_tokens": False,
         "bos_token": tok.bos_token, "bos_token_id": tok.bos_token_id,
@@ -610,6 +647,7 @@ def write_outputs(run: Run, model_dir: Path, res: Results, max_t: int) -> Path:
         "attn_implementation": "eager",
         # The noise floor's run: per prompt and per sequence "hf_bf16" (lessons 08 and 10 read it).
         "hf_bf16": {"dtype": "bfloat16", "attn_implementation": BF16_ATTN, "device": device_description(run.device)},
+        "model_type": run.model.config.model_type,
         "num_hidden_layers": run.model.config.num_hidden_layers,
         "captured_layers": run.layers,
         "prompts": res.prompts,

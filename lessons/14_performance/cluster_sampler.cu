@@ -1,0 +1,356 @@
+// Lesson 14, the fast sampler's one-launch path: one thread-block cluster per row (cluster_sampler.h has the
+// phases). Every decision is lesson 09's (sampling_math.h) and the multi-pass path's, on the same integers:
+//
+//   argmax / z_max    max over the blocks of (key << 32 | ~id): the larger key, on equal keys the lower id
+//   digit decisions   the rows' histograms are sums of integers (counts, masses): the blocks add theirs into
+//                     rank 0's in any order and get the same buckets; rank 0 picks with lesson 09's rule
+//   draw              kept masses summed by contiguous pieces in index order: block b's chunk lies before
+//                     block b+1's, thread t's piece before thread t+1's, so "the first token whose
+//                     cumulative mass exceeds U" is found by narrowing down block, piece, token
+//
+// Cluster rules this kernel keeps: every block of a cluster takes the same branches (the row and the
+// decisions rank 0 broadcasts are the same for all), so all reach the same cluster barriers; a block reads
+// or writes another's shared memory only between two barriers both take part in; and the last barrier comes
+// after the last remote access, so no block's shared memory goes away while another still reads it.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cluster_sampler.h"
+#include "common/cuda_utils.cuh"  // kWarpSize, ceil_div
+#include "common/errors.h"
+#include "sampler_block.cuh"
+
+namespace tvllm::cluster_sampler {
+
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace sampling;
+using sampler_block::u64;
+
+constexpr int kMaxWarps = kThreadsAlone / kWarpSize;  // 32
+constexpr int kMaxPer = kBuckets / kThreadsShared;    // 4 buckets per thread in a decision, at most
+
+struct alignas(16) Shared {
+  // This block's histogram of one digit as two 32-bit halves (shared-memory atomics are native for 32-bit
+  // words): bucket b holds hi[b] * 2^32 + lo[b]. Counts need only lo.
+  uint32_t lo[kBuckets];
+  uint32_t hi[kBuckets];
+  u64 row_hist[kBuckets];  // used in rank 0 only: the sum of the blocks' histograms
+  u64 warp_u64[kMaxWarps];
+  u64 best;               // this block's max (key, ~id) pair: the other blocks read it
+  u64 draw_sum;           // this block's kept mass: the other blocks read it
+  u64 row_value, before;  // broadcast inside the block: the row's max pair / kept mass, mass before the block
+  u64 pick_base;
+  RowState state;  // rank 0 writes the row's new state here, in every block, after each decision
+  Pick pick;       // rank 0's decision, shared by its threads
+  int pick_thread;
+};
+static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
+static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
+
+// ---- block helpers (sampler_block.cuh) ----------------------------------------------------------------
+
+using sampler_block::warp_inclusive_scan_u64;
+using sampler_block::warp_max_u64;
+using sampler_block::warp_sum_u64;
+
+template <int kThreads>
+__device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
+  return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
+}
+
+// Rank 0's decision of one digit over the row's histogram (`buckets` of them; zeroed on the way for the next
+// digit): the highest bucket at which st.above plus the measure from the top reaches the target. Each thread
+// owns `per` contiguous buckets; a block scan gives every thread the measure above its buckets, and the one
+// thread whose buckets hold the crossing finds it. The same rule as lesson 09's serial loop, in parallel.
+template <int kThreads>
+__device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const SamplingRow& row, Shared& s) {
+  const int per = buckets / kThreads;
+  const int first = static_cast<int>(threadIdx.x) * per;
+  u64 h[kMaxPer] = {0, 0, 0, 0};
+  u64 mine = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxPer; ++j)
+    if (j < per) {
+      h[j] = row_hist[first + j];
+      row_hist[first + j] = 0;
+      mine += h[j];
+    }
+  if (threadIdx.x == 0) s.pick = Pick{0, st.above, 0, 0};  // unreachable fallback, as lesson 09's: bucket 0
+  u64 total = 0;
+  const u64 incl =
+      block_inclusive_scan<kThreads>(mine, &total, s);  // its barriers also order the write above
+  // Every thread computes the same target from the same total.
+  const u64 target = st.mode == kModeTopP && st.level == 0 ? top_p_target(row.top_p, total) : st.target;
+  u64 acc = st.above + (total - incl);         // the measure of every bucket above this thread's
+  if (acc < target && acc + mine >= target) {  // the crossing is in this thread's buckets: exactly one thread
+    for (int j = per - 1; j >= 0; --j) {
+      if (acc + h[j] >= target) {
+        s.pick = Pick{first + j, acc, h[j], 0};
+        break;
+      }
+      acc += h[j];
+    }
+  }
+  __syncthreads();
+  Pick pick = s.pick;
+  pick.target = target;
+  return pick;
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------------
+
+// grid (cluster, batch), cluster (cluster, 1, 1): the blocks of cluster r sample row r; block rank q owns
+// tokens [q * chunk, (q + 1) * chunk) of it, and keeps their keys in shared memory after the fixed part.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
+    sample_rows(const float* __restrict__ logits, int64_t row_stride, int vocab, int chunk, int piece,
+                const SamplingRow* __restrict__ rows, int32_t* __restrict__ out_ids) {
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  Shared& s = *reinterpret_cast<Shared*>(shared_raw);
+  uint32_t* keys = reinterpret_cast<uint32_t*>(shared_raw + sizeof(Shared));
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int r = blockIdx.y;
+  const SamplingRow row = rows[r];  // the same for the whole cluster: every branch below is uniform
+  const float* x = logits + static_cast<int64_t>(r) * row_stride;
+  const int begin = rank * chunk;
+  const int n = max(0, min(vocab, begin + chunk) - begin);  // this block's tokens
+  const bool greedy = !(row.temperature > 0.0f);            // 0 (and, defensively, anything not positive)
+
+  for (int b = tid; b < kBuckets; b += kThreads) {
+    s.lo[b] = s.hi[b] = 0;
+    s.row_hist[b] = 0;
+  }
+
+  // 1. Load: every key once from global memory (8 loads in flight per thread), the block's max pair.
+  u64 best = 0;  // below every real pair: the smallest key, -inf's, is 0x007fffff
+  constexpr int kUnroll = 8;
+  for (int base = tid; base < n; base += kUnroll * kThreads) {
+    float v[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      v[j] = base + j * kThreads < n ? __ldg(x + begin + base + j * kThreads) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int i = base + j * kThreads;
+      if (i < n) {
+        const uint32_t key = order_key(greedy ? sanitize_logit(v[j]) : scaled_logit(v[j], row.temperature));
+        best = max(best, (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(begin + i)));
+        keys[i] = key;  // the one division per token: later passes read the key
+      }
+    }
+  }
+  best = warp_max_u64(best);
+  if (lane == 0) s.warp_u64[warp] = best;
+  __syncthreads();
+  if (tid == 0) {
+    u64 m = 0;
+    for (int w = 0; w < kWarps; ++w) m = max(m, s.warp_u64[w]);
+    s.best = m;
+  }
+  cluster.sync();  // every block's s.best, and rank 0's zeroed row_hist, are ready
+
+  // 2. The row's max pair: warp 0 reads one block's each.
+  if (warp == 0) {
+    u64 m = lane < blocks ? *cluster.map_shared_rank(&s.best, lane) : 0;
+    m = warp_max_u64(m);
+    if (lane == 0) s.row_value = m;
+  }
+  __syncthreads();
+  const u64 row_best = s.row_value;
+  if (greedy) {  // argmax_cpu's id: the complement in the low half
+    if (rank == 0 && tid == 0)
+      out_ids[r] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(row_best));
+    cluster.sync();  // nobody leaves while another block may still read its s.best
+    return;
+  }
+  const float z_max = z_of_key(static_cast<uint32_t>(row_best >> 32));  // the largest scaled logit
+
+  // 3. The radix select: top-k's digits, then top-p's (among the top-k survivors), as the state says.
+  RowState st = initial_state(row, vocab);
+  u64* rank0_hist = cluster.map_shared_rank(s.row_hist, 0);
+  while (st.mode != kModeDraw) {
+    const bool top_p = st.mode == kModeTopP;
+    // Token i = tid + j * kThreads, as a loop every lane of a warp runs the same number of times (i0 is the
+    // warp's first token): the warp votes below.
+    for (int i0 = tid - lane; i0 < n; i0 += kThreads) {
+      const int i = i0 + lane;
+      const uint32_t key = i < n ? keys[i] : 0u;
+      u64 measure = 0;  // 1 (top-k) or the token's mass (top-p); 0 for a token that is not a candidate
+      if (i < n && is_candidate(st, key)) measure = top_p ? token_mass(z_of_key(key), z_max) : 1u;
+      const uint32_t digit = digit_of(st, key);
+      const unsigned measured = __ballot_sync(0xffffffffu, measure != 0);
+      if (measured == 0) continue;
+      // A warp whose measured tokens all fall into one bucket (a flat row; a masked row's -inf tokens under
+      // top-k; a plateau of tied logits) adds them with ONE atomic: 32 atomics on one shared-memory word
+      // would run one after another. Rare otherwise, and the vote costs three instructions per 32 tokens.
+      const int first = __ffs(static_cast<int>(measured)) - 1;
+      const uint32_t first_digit = __shfl_sync(0xffffffffu, digit, first);
+      if (__all_sync(0xffffffffu, measure == 0 || digit == first_digit)) {
+        const u64 total = top_p ? warp_sum_u64(measure) : static_cast<u64>(__popc(measured));
+        if (lane == first) sampler_block::add_to_bucket(s.lo, s.hi, first_digit, total);
+      } else if (measure != 0) {
+        if (!top_p)
+          atomicAdd(&s.lo[digit], 1u);
+        else
+          sampler_block::add_to_bucket(s.lo, s.hi, digit, measure);
+      }
+    }
+    __syncthreads();
+    // Nonzero buckets into rank 0's row histogram (integers: the order of the adds cannot matter); our own
+    // buckets back to zero for the next digit.
+    const int buckets = 1 << digit_bits(st.level);
+    for (int b = tid; b < buckets; b += kThreads) {
+      const u64 v = (static_cast<u64>(s.hi[b]) << 32) + s.lo[b];
+      if (v != 0) {
+        atomicAdd(rank0_hist + b, v);
+        s.lo[b] = s.hi[b] = 0;
+      }
+    }
+    cluster.sync();  // the row's histogram is complete
+    if (rank == 0) {
+      const RowState next = advance(st, row, decide<kThreads>(s.row_hist, buckets, st, row, s));
+      if (tid < blocks) *cluster.map_shared_rank(&s.state, tid) = next;
+    }
+    cluster.sync();  // every block has the new state
+    st = s.state;
+  }
+
+  // 4. The draw. Thread t's piece [t * piece, (t + 1) * piece) of the chunk: its kept mass, a block scan.
+  const int p_lo = min(n, tid * piece), p_hi = min(n, p_lo + piece);
+  u64 mine = 0;
+  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass(keys[i], z_max, st.threshold);
+  if (tid == 0) s.pick_thread = -1;
+  u64 block_mass = 0;
+  const u64 incl = block_inclusive_scan<kThreads>(mine, &block_mass, s);
+  if (tid == 0) s.draw_sum = block_mass;
+  cluster.sync();   // every block's kept mass is ready
+  if (warp == 0) {  // the row's kept mass W and the mass of the blocks before this one
+    const u64 m = lane < blocks ? *cluster.map_shared_rank(&s.draw_sum, lane) : 0;
+    const u64 all = warp_sum_u64(m);
+    const u64 before = warp_sum_u64(lane < rank ? m : 0);
+    if (lane == 0) {
+      s.row_value = all;
+      s.before = before;
+    }
+  }
+  __syncthreads();
+  const u64 kept = s.row_value, before = s.before;
+  // U uniform in [0, W) from (seed, step); the token whose interval [mass before it, + its mass) holds U.
+  const u64 u = mulhi_u64(random_u64(row.seed, row.step), kept);
+  const u64 piece_base = before + incl - mine;
+  if (piece_base <= u && u < piece_base + mine) {  // exactly one thread of the row (its mass is > 0)
+    s.pick_thread = tid;
+    s.pick_base = piece_base;
+  }
+  __syncthreads();
+  if (s.pick_thread >= 0 && warp == 0) {  // warp 0 walks the piece, 32 tokens at a time
+    const int lo = min(n, s.pick_thread * piece), hi = min(n, lo + piece);
+    u64 base = s.pick_base;
+    int picked = lo;
+    for (int start = lo; start < hi; start += kWarpSize) {
+      const int i = start + lane;
+      const u64 run = warp_inclusive_scan_u64(i < hi ? kept_mass(keys[i], z_max, st.threshold) : 0);
+      const unsigned hit = __ballot_sync(0xffffffffu, base + run > u);
+      if (hit) {
+        picked = start + __ffs(static_cast<int>(hit)) - 1;
+        break;
+      }
+      base += __shfl_sync(0xffffffffu, run, kWarpSize - 1);
+    }
+    if (lane == 0) out_ids[r] = begin + picked;
+  }
+  if (!(u < kept) && rank == 0 && tid == 0) out_ids[r] = 0;  // only for W == 0, which a valid row never has
+  cluster.sync();  // nobody leaves while another block may still read its s.draw_sum
+}
+
+size_t max_shared_bytes() {
+  return sizeof(Shared) + sizeof(uint32_t) * static_cast<size_t>(kMaxTokensPerBlock);
+}
+
+cudaLaunchConfig_t launch_config(dim3 grid, int threads, int cluster, size_t smem, cudaStream_t stream,
+                                 cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  *attribute = {};
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// The largest cluster one instantiation of the kernel can launch at full shared memory (0: none).
+template <int kThreads>
+int max_cluster_of() {
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(max_shared_bytes())));
+  // All of the SM's unified L1/shared storage as shared memory, so that two blocks of ~96 KiB fit (the
+  // kernel streams its logits once: it has little use for an L1 cache).
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  // Clusters above 8 blocks are "non-portable": allowed on the H100/H200 after this opt-in. If the device
+  // refuses it, the query below simply finds 8 the largest.
+  if (cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+      cudaSuccess)
+    (void)cudaGetLastError();  // clear the (non-sticky) error
+  for (int c = kMaxClusterSize; c >= 1; c /= 2) {
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(c), 1, 1), kThreads, c,
+                                                    max_shared_bytes(), nullptr, &attribute);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, sample_rows<kThreads>, &config) == cudaSuccess &&
+        clusters > 0)
+      return c;
+    (void)cudaGetLastError();
+  }
+  return 0;
+}
+
+}  // namespace
+
+size_t shared_bytes(const Plan& plan) {
+  return sizeof(Shared) + sizeof(uint32_t) * static_cast<size_t>(plan.chunk);
+}
+
+int max_cluster_size() {
+  int device = 0, major = 0;
+  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) return 0;  // thread-block clusters are Hopper's
+  return std::min(max_cluster_of<kThreadsShared>(), max_cluster_of<kThreadsAlone>());
+}
+
+void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
+            int32_t* out_ids, const Plan& plan, cudaStream_t stream) {
+  TVLLM_REQUIRE(
+      plan.cluster >= 1 && (plan.threads == kThreadsShared || plan.threads == kThreadsAlone) &&
+          plan.chunk >= 1 && plan.piece >= 1 && static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
+          plan.chunk <= kMaxTokensPerBlock && static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk,
+      "cluster_sampler::launch: the plan does not cover the row");
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config =
+      launch_config(dim3(static_cast<unsigned>(plan.cluster), static_cast<unsigned>(batch), 1), plan.threads,
+                    plan.cluster, shared_bytes(plan), stream, &attribute);
+  if (plan.threads == kThreadsAlone)
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows<kThreadsAlone>, logits, row_stride,
+                                        static_cast<int>(vocab), plan.chunk, plan.piece, rows, out_ids));
+  else
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows<kThreadsShared>, logits, row_stride,
+                                        static_cast<int>(vocab), plan.chunk, plan.piece, rows, out_ids));
+}
+
+}  // namespace tvllm::cluster_sampler

@@ -1,0 +1,135 @@
+// Lesson 14, the fast sampler's one-launch path on the CPU: the plan (how many blocks share a row) and a
+// model of the kernel's algorithm, step for step, in plain loops. The model is what a reader checks the
+// kernel against when reading it, and what the CPU tests check against sample_cpu where no GPU exists: the
+// digits, the picks, the state machine between digits (cluster_sampler.h, shared with the kernel) and the
+// block / piece / token narrowing of the draw.
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cluster_sampler.h"
+#include "common/errors.h"
+
+namespace tvllm::cluster_sampler {
+
+namespace {
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster) {
+  TVLLM_REQUIRE(batch >= 1 && vocab >= 1 && sms >= 1,
+                "cluster_sampler::plan_call: batch, vocab, sms must be >= 1");
+  Plan plan;
+  int need = 1;  // blocks the row needs: each holds at most kMaxTokensPerBlock keys
+  while (static_cast<int64_t>(need) * kMaxTokensPerBlock < vocab) need *= 2;
+  if (max_cluster < 1 || need > max_cluster) return plan;  // cluster 0: the multi-pass path takes the call
+  int fill = 1;  // enough blocks for two on every SM (one block per row would leave most SMs idle at batch 1)
+  while (static_cast<int64_t>(fill) * batch < 2 * static_cast<int64_t>(sms) && fill < max_cluster) fill *= 2;
+  int small = 1;  // but at least kMinTokensPerBlock tokens a block: a tiny chunk is all barriers
+  while (static_cast<int64_t>(small) * 2 * kMinTokensPerBlock <= vocab && small < max_cluster) small *= 2;
+  const int cluster = std::max(need, std::min(fill, small));
+  const bool alone = static_cast<int64_t>(cluster) * batch <= sms;
+  return plan_with(vocab, cluster, alone ? kThreadsAlone : kThreadsShared);
+}
+
+Plan plan_with(int64_t vocab, int cluster, int threads) {
+  TVLLM_REQUIRE(vocab >= 1 && cluster >= 1 && (threads == kThreadsShared || threads == kThreadsAlone),
+                "cluster_sampler::plan_with: bad shape");
+  Plan plan;
+  plan.cluster = cluster;
+  plan.threads = threads;
+  plan.chunk = static_cast<int>(ceil_div64(vocab, cluster));
+  plan.piece = static_cast<int>(ceil_div64(plan.chunk, threads)) | 1;  // odd: see Plan
+  return plan;
+}
+
+int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan) {
+  TVLLM_REQUIRE(logits != nullptr && vocab >= 1 && vocab <= sampling::kMaxVocab,
+                "cluster_sampler::sample_model: bad row");
+  TVLLM_REQUIRE(plan.cluster >= 1 && plan.threads >= 1 &&
+                    static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
+                    static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk,
+                "cluster_sampler::sample_model: the plan does not cover the row");
+  const size_t n = static_cast<size_t>(vocab);
+  const bool greedy = !(row.temperature > 0.0f);
+
+  // 1. Load: the keys and the max of (key << 32 | ~id) (the blocks' maxima, then the cluster's: one max).
+  std::vector<uint32_t> keys(n);
+  uint64_t best = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float z =
+        greedy ? sampling::sanitize_logit(logits[i]) : sampling::scaled_logit(logits[i], row.temperature);
+    keys[i] = sampling::order_key(z);
+    best = std::max(best, (static_cast<uint64_t>(keys[i]) << 32) | (0xffffffffu - static_cast<uint32_t>(i)));
+  }
+  if (greedy) return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(best));
+  const float z_max = z_of_key(static_cast<uint32_t>(best >> 32));
+
+  // 2. The digits: the row's histogram (the kernel: per block, added into rank 0's), the pick, the state.
+  RowState st = initial_state(row, vocab);
+  std::vector<uint64_t> hist(kBuckets);
+  while (st.mode != kModeDraw) {
+    std::fill(hist.begin(), hist.end(), 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (!is_candidate(st, keys[i])) continue;
+      hist[digit_of(st, keys[i])] +=
+          st.mode == kModeTopK ? 1 : sampling::token_mass(z_of_key(keys[i]), z_max);
+    }
+    const int buckets = 1 << digit_bits(st.level);
+    uint64_t total = 0;
+    for (int b = 0; b < buckets; ++b) total += hist[static_cast<size_t>(b)];
+    const uint64_t target =
+        st.mode == kModeTopP && st.level == 0 ? sampling::top_p_target(row.top_p, total) : st.target;
+    Pick pick{0, st.above, 0, target};  // the kernel's unreachable fallback
+    uint64_t acc = st.above;
+    for (int b = buckets - 1; b >= 0; --b) {
+      const uint64_t h = hist[static_cast<size_t>(b)];
+      if (acc + h >= target) {
+        pick = Pick{b, acc, h, target};
+        break;
+      }
+      acc += h;
+    }
+    st = advance(st, row, pick);
+  }
+
+  // 3. The draw: the kept mass of every (block, thread piece), in index order; W; U; then narrow down.
+  auto piece_range = [&](int64_t block, int64_t thread, int64_t* lo, int64_t* hi) {
+    const int64_t chunk_begin = block * plan.chunk, chunk_end = std::min(vocab, chunk_begin + plan.chunk);
+    *lo = std::min(chunk_end, chunk_begin + thread * plan.piece);
+    *hi = std::min(chunk_end, *lo + plan.piece);
+  };
+  auto mass_of = [&](int64_t i) { return kept_mass(keys[static_cast<size_t>(i)], z_max, st.threshold); };
+  const int64_t threads = plan.threads;
+  std::vector<uint64_t> piece_mass(static_cast<size_t>(plan.cluster * threads));
+  uint64_t kept = 0;
+  for (int64_t b = 0; b < plan.cluster; ++b)
+    for (int64_t t = 0; t < threads; ++t) {
+      int64_t lo = 0, hi = 0;
+      piece_range(b, t, &lo, &hi);
+      uint64_t m = 0;
+      for (int64_t i = lo; i < hi; ++i) m += mass_of(i);
+      piece_mass[static_cast<size_t>(b * threads + t)] = m;
+      kept += m;
+    }
+  if (kept == 0) return 0;  // the kernel's answer for an impossible row
+  const uint64_t u = sampling::mulhi_u64(sampling::random_u64(row.seed, row.step), kept);
+  uint64_t base = 0;
+  for (size_t p = 0; p < piece_mass.size(); ++p) {
+    if (u < base + piece_mass[p]) {  // the piece holding U: walk it token by token
+      int64_t lo = 0, hi = 0;
+      piece_range(static_cast<int64_t>(p) / threads, static_cast<int64_t>(p) % threads, &lo, &hi);
+      uint64_t cumulative = base;
+      for (int64_t i = lo; i < hi; ++i) {
+        cumulative += mass_of(i);
+        if (cumulative > u) return static_cast<int32_t>(i);
+      }
+    }
+    base += piece_mass[p];
+  }
+  throw std::logic_error("cluster_sampler::sample_model: U fell past the last piece");  // unreachable
+}
+
+}  // namespace tvllm::cluster_sampler

@@ -1,0 +1,209 @@
+// Lesson 14, the fast sampler's cluster path on the CPU (no GPU needed): the plan that spreads rows over
+// thread-block clusters, and the CPU model of the kernel's algorithm (cluster_sampler_cpu.cpp), which must
+// give sample_cpu's id on every row. The model runs the kernel's steps in the kernel's order (the same
+// chunks and pieces, the same 11-bit digits, picks and state machine from cluster_sampler.h), so a row where
+// it disagrees with the oracle is a flaw of the algorithm itself, found without a GPU. The GPU suite
+// (test_14_sampler_gpu.cpp) then checks the kernel against the same oracle.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cluster_sampler.h"
+#include "common/errors.h"
+#include "common/random.h"
+#include "sampling.h"
+#include "sampling_math.h"
+#include "testing/sampling_batch.h"
+
+namespace tvllm {
+namespace {
+
+namespace cs = cluster_sampler;
+using testing::describe;
+using testing::row_of;
+
+// Counts the rows where the model and the oracle disagree, printing the first few.
+int mismatches(const std::vector<float>& row, const std::vector<SamplingRow>& params, const cs::Plan& plan,
+               const std::string& what) {
+  const int64_t vocab = static_cast<int64_t>(row.size());
+  int bad = 0;
+  for (const SamplingRow& r : params) {
+    const int32_t want = sample_cpu(row.data(), vocab, r);
+    const int32_t got = cs::sample_model(row.data(), vocab, r, plan);
+    if (got != want && ++bad <= 5)
+      ADD_FAILURE() << what << " cluster " << plan.cluster << ": model " << got << ", sample_cpu " << want
+                    << " for " << describe(r);
+  }
+  return bad;
+}
+
+TEST(ClusterSampler14, PlanCoversTheRowAndFillsTheGpu) {
+  // The H200's 132 SMs, clusters up to 16.
+  const cs::Plan b64 = cs::plan_call(64, 128256, 132, 16);
+  EXPECT_EQ(b64.cluster, 8);  // 512 blocks: two per SM, about two waves
+  EXPECT_EQ(b64.chunk, 16032);
+  EXPECT_EQ(b64.threads, cs::kThreadsShared);
+  // Two blocks of 512 threads fit on an SM (228 KiB of shared memory, 1 KiB of it reserved per block).
+  EXPECT_LE(cs::shared_bytes(b64), (228u * 1024 - 2 * 1024) / 2);
+  const cs::Plan b1 = cs::plan_call(1, 128256, 132, 16);
+  EXPECT_EQ(b1.cluster, 16);  // one row: as many blocks as a cluster holds
+  EXPECT_EQ(b1.chunk, 8016);
+  EXPECT_EQ(b1.threads, cs::kThreadsAlone);  // 16 blocks on 132 SMs: each alone on its SM
+  EXPECT_EQ(cs::plan_call(8, 128256, 132, 16).threads, cs::kThreadsAlone);   // 128 blocks
+  EXPECT_EQ(cs::plan_call(9, 128256, 132, 16).threads, cs::kThreadsShared);  // 144 blocks
+  EXPECT_EQ(cs::plan_call(1, 128256, 132, 8).cluster, 8);     // a device without the non-portable opt-in
+  EXPECT_EQ(cs::plan_call(1, 7, 132, 16).cluster, 1);         // a tiny row: one block, no barriers to pay for
+  EXPECT_EQ(cs::plan_call(257, 151936, 132, 16).cluster, 4);  // 151936 needs 4 blocks of <= 40960 keys
+  EXPECT_EQ(cs::plan_call(1, 16 * 40960, 132, 16).cluster, 16);
+  EXPECT_EQ(cs::plan_call(1, 16 * 40960 + 1, 132, 16).cluster, 0);  // too big: the multi-pass path
+  EXPECT_EQ(cs::plan_call(1, 200000, 132, 4).cluster, 0);
+  EXPECT_EQ(cs::plan_call(1, 1000, 132, 0).cluster, 0);  // no clusters on this device
+  EXPECT_THROW(cs::plan_call(0, 1000, 132, 16), InputError);
+  // Invariants over many shapes: a power of two within the device's limit, chunks that fit shared memory
+  // and cover the row, odd pieces that cover the chunk.
+  for (int max_cluster : {1, 2, 8, 16})
+    for (int batch : {1, 2, 3, 7, 64, 257, 4096})
+      for (int64_t vocab : {int64_t{1}, int64_t{7}, int64_t{2047}, int64_t{4099}, int64_t{32000},
+                            int64_t{128256}, int64_t{151936}, int64_t{262144}, int64_t{655360}}) {
+        const cs::Plan p = cs::plan_call(batch, vocab, 132, max_cluster);
+        const std::string at = "batch " + std::to_string(batch) + " vocab " + std::to_string(vocab) +
+                               " max " + std::to_string(max_cluster);
+        if (p.cluster == 0) {
+          EXPECT_GT(vocab, int64_t{max_cluster} * cs::kMaxTokensPerBlock) << at;
+          continue;
+        }
+        EXPECT_LE(p.cluster, max_cluster) << at;
+        EXPECT_EQ(p.cluster & (p.cluster - 1), 0) << at;
+        EXPECT_LE(p.chunk, cs::kMaxTokensPerBlock) << at;
+        EXPECT_LE(cs::shared_bytes(p), 227u * 1024) << at;  // a Hopper block's limit
+        EXPECT_GE(int64_t{p.cluster} * p.chunk, vocab) << at;
+        EXPECT_LT(int64_t{p.cluster - 1} * p.chunk, vocab) << at;  // no block without tokens
+        EXPECT_EQ(p.piece % 2, 1) << at;
+        EXPECT_GE(int64_t{p.piece} * p.threads, p.chunk) << at;
+        EXPECT_EQ(p.threads == cs::kThreadsAlone, int64_t{p.cluster} * batch <= 132) << at;
+        if (vocab >= 2 * cs::kMinTokensPerBlock * int64_t{p.cluster} && p.cluster < max_cluster) {
+          EXPECT_GE(int64_t{p.cluster} * batch, 264) << at;  // the grid fills the GPU when the row allows it
+        }
+      }
+}
+
+TEST(ClusterSampler14, DigitsAndStateMachineFollowLesson09) {
+  // The three digits split the key exactly: prefix | digit << shift rebuilds it, level by level.
+  Rng rng(5);
+  for (int n = 0; n < 1000; ++n) {
+    const uint32_t key = static_cast<uint32_t>(rng.next_u64());
+    cs::RowState st{};
+    st.mode = cs::kModeTopK;
+    for (int level = 0; level < 3; ++level) {
+      st.level = level;
+      ASSERT_TRUE(cs::is_candidate(st, key));
+      st.prefix |= cs::digit_of(st, key) << cs::digit_shift(level);
+    }
+    EXPECT_EQ(st.prefix, key);
+  }
+  // initial_state: top-k when on and < vocab, else top-p when on, else straight to the draw.
+  EXPECT_EQ(cs::initial_state(row_of(1, 50, 0.9f, 0, 0), 1000).mode, cs::kModeTopK);
+  EXPECT_EQ(cs::initial_state(row_of(1, 50, 0.9f, 0, 0), 1000).target, 50u);
+  EXPECT_EQ(cs::initial_state(row_of(1, 1000, 0.9f, 0, 0), 1000).mode, cs::kModeTopP);
+  EXPECT_EQ(cs::initial_state(row_of(1, 0, 1.0f, 0, 0), 1000).mode, cs::kModeDraw);
+  // advance: top-k's count reaching k exactly at a bucket ends the search with that bucket's lowest key, then
+  // top-p starts among the survivors; top-p never takes that shortcut.
+  const SamplingRow both = row_of(1, 50, 0.9f, 0, 0);
+  cs::RowState st = cs::initial_state(both, 1000);
+  st = cs::advance(st, both, cs::Pick{0x5a1, 20, 30, 50});
+  EXPECT_EQ(st.mode, cs::kModeTopP);
+  EXPECT_EQ(st.lower, 0x5a1u << 21);
+  EXPECT_EQ(st.level, 0);
+  st = cs::advance(st, both, cs::Pick{0x7, 0, 10, 10});  // measure == target, but top-p: next digit
+  EXPECT_EQ(st.mode, cs::kModeTopP);
+  EXPECT_EQ(st.level, 1);
+  EXPECT_EQ(st.target, 10u);
+  st = cs::advance(st, both, cs::Pick{0x3, 4, 9, 10});
+  st = cs::advance(st, both, cs::Pick{0x2, 5, 9, 10});
+  EXPECT_EQ(st.mode, cs::kModeDraw);
+  EXPECT_EQ(st.threshold, (0x7u << 21) | (0x3u << 10) | 0x2u);
+}
+
+TEST(ClusterSampler14, ModelMatchesTheOracleOnRandomRows) {
+  struct Case {
+    int64_t vocab;
+    int rows;
+  };
+  Rng rng(2026);
+  for (const Case& c :
+       {Case{1, 40}, Case{7, 80}, Case{1000, 80}, Case{4099, 60}, Case{32000, 30}, Case{128256, 12}}) {
+    for (int cluster : {1, 2, 4, 8, 16}) {
+      if (c.vocab >= 32000 && cluster < 4) continue;  // the run time: fewer sizes for the big rows
+      std::vector<SamplingRow> params;
+      for (int i = 0; i < c.rows; ++i) params.push_back(testing::random_row_params(rng, c.vocab));
+      const std::vector<float> row = testing::model_like_row(c.vocab, rng.next_u64() % 1000,
+                                                             0.5f + 4.0f * static_cast<float>(rng.uniform()));
+      const int threads = cluster % 2 ? cs::kThreadsAlone : cs::kThreadsShared;  // both block sizes
+      EXPECT_EQ(mismatches(row, params, cs::plan_with(c.vocab, cluster, threads),
+                           "vocab " + std::to_string(c.vocab)),
+                0);
+    }
+  }
+}
+
+TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
+  // Ties at the thresholds (kept whole), flat rows, masks, +inf, NaN, -0 and +0, overflow at tiny
+  // temperatures.
+  const int64_t vocab = 5003;  // odd: the last block and the last pieces are short
+  std::vector<std::vector<float>> edge;
+  edge.emplace_back(vocab, 0.0f);
+  std::vector<float> steps(vocab);
+  for (int64_t i = 0; i < vocab; ++i) steps[static_cast<size_t>(i)] = static_cast<float>((i * 7) % 10);
+  edge.push_back(steps);
+  std::vector<float> plateau = random_normal(vocab, 9, 1.0f);
+  for (int64_t i = 0; i < vocab; i += 17) plateau[static_cast<size_t>(i)] = 5.0f;
+  edge.push_back(plateau);
+  std::vector<float> masked(vocab, -INFINITY);
+  masked[5002] = -3.0f;
+  masked[7] = -3.5f;
+  edge.push_back(masked);
+  masked[5] = INFINITY;
+  masked[4000] = INFINITY;
+  edge.push_back(masked);
+  edge.emplace_back(vocab, -INFINITY);
+  std::vector<float> nans = random_normal(vocab, 3, 2.0f);
+  for (int64_t i = 0; i < vocab; i += 7) nans[static_cast<size_t>(i)] = std::nanf("");
+  edge.push_back(nans);
+  edge.push_back(random_normal(vocab, 4, 1e38f));
+  edge.push_back(random_normal(vocab, 5, 1e-30f));
+  std::vector<float> zeros = random_normal(vocab, 6, 1.0f);
+  for (int64_t i = 0; i < vocab; i += 3) zeros[static_cast<size_t>(i)] = i % 2 ? -0.0f : 0.0f;
+  edge.push_back(zeros);
+  for (size_t e = 0; e < edge.size(); ++e) {
+    std::vector<SamplingRow> params;
+    for (float t : {0.0f, 1e-30f, 0.01f, 0.7f, 1.0f, 3e4f})
+      for (int k : {0, 1, 3, 18, 301, 5002})
+        for (float p : {1.0f, 0.9f, 0.3f, 1e-6f})
+          params.push_back(
+              row_of(t, k, p, e * 1000 + static_cast<uint64_t>(k), static_cast<uint64_t>(t * 10)));
+    for (int cluster :
+         {1, 3, 16})  // 3: not a power of two, but the model does not care (a plan never gives it)
+      for (int threads : {cs::kThreadsShared, cs::kThreadsAlone})
+        EXPECT_EQ(mismatches(edge[e], params, cs::plan_with(vocab, cluster, threads),
+                             "edge row " + std::to_string(e)),
+                  0);
+  }
+}
+
+TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {
+  const std::vector<float> row(100, 0.0f);
+  cs::Plan p = cs::plan_with(100, 1, cs::kThreadsShared);
+  p.chunk = 50;  // one block of 50 tokens cannot hold a row of 100
+  EXPECT_THROW(cs::sample_model(row.data(), 100, row_of(1, 0, 1, 0, 0), p), InputError);
+  EXPECT_THROW(
+      cs::sample_model(nullptr, 100, row_of(1, 0, 1, 0, 0), cs::plan_with(100, 1, cs::kThreadsShared)),
+      InputError);
+  EXPECT_THROW(cs::plan_with(100, 1, 256), InputError);  // only the two block sizes the kernel is built for
+}
+
+}  // namespace
+}  // namespace tvllm
