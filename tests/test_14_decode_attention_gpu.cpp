@@ -389,7 +389,9 @@ TEST(FastDecode14Gpu, TheOpsPassTheShapesSlidingWindowToTheKernel) {
   // 12's ops (cached_attention / paged_attention pick the split count, decode_attention / paged_decode_attention
   // pin it), so the hooks must hand the kernel shape.window. Contexts below, at and past the window, and one far
   // past it; the windowed answer must differ from the full one, or this test could not see a dropped window.
-  for (const AttentionShape& s : {AttentionShape{32, 8, 64, 300}, AttentionShape{16, 4, 128, 37}}) {
+  // The last: the tiny Mistral's heads (tests/data/models/mistral: head_dim 16, window 5).
+  for (const AttentionShape& s :
+       {AttentionShape{32, 8, 64, 300}, AttentionShape{16, 4, 128, 37}, AttentionShape{4, 2, 16, 5}}) {
     const Step st(s, {1, 1, 1, 1, 1}, {1, s.window - 1, s.window, s.window + 1, 2500}, 90 + s.window);
     const std::vector<float> cpu = cpu_reference(st);  // lesson 10's CPU reference applies the shape's window
     const std::vector<float> exact = windowed_reference(st, static_cast<int>(s.window));
