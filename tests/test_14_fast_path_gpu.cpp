@@ -147,6 +147,17 @@ TEST(FastPath14Gpu, TheBatchInvariantEngineWithTheFastPathEqualsAloneExactly) {
   }
 }
 
+// Teacher-forced logits of the GPU generator within lesson 08's GPU bound (eps) of the fp32 CPU generator's, the
+// same argmax wherever the CPU's margin exceeds 2 eps.
+void expect_forced_logits_within_the_gpu_bound(Generator& gpu, Generator& cpu, const testing::FamilyReference& ref) {
+  const Tensor a = gpu.forced_logits(ref.prompt_ids, ref.greedy_ids);
+  const Tensor b = cpu.forced_logits(ref.prompt_ids, ref.greedy_ids);
+  const double eps = gpu_logit_bound(rms(b.view()), nullptr).epsilon;
+  const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * eps);
+  EXPECT_LE(t.max_abs_error, eps) << t.summary();
+  EXPECT_TRUE(t.pass()) << t.summary();
+}
+
 // Issue 18: models with biases or q/k norms (tests/data/models) decline the fused GEMV path, which computes
 // Llama's layer only, and run the composed forward with CUDA graphs and the fast sampler: greedy ids the same
 // with graphs as eager (pinned splits), teacher-forced logits within lesson 08's GPU bound of the fp32 CPU
@@ -175,13 +186,25 @@ TEST(FastPath14Gpu, FamilyModelsDeclineTheFusedPathAndKeepGraphs) {
     auto* runner = dynamic_cast<const GraphRunner*>(graphs.context().launcher());
     ASSERT_NE(runner, nullptr);
     EXPECT_GT(runner->stats().replays, 0);
-    const Tensor a = graphs.forced_logits(ref.prompt_ids, ref.greedy_ids);
-    const Tensor b = reference.forced_logits(ref.prompt_ids, ref.greedy_ids);
-    const double eps = gpu_logit_bound(rms(b.view()), nullptr).epsilon;
-    const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * eps);
-    EXPECT_LE(t.max_abs_error, eps) << t.summary();
-    EXPECT_TRUE(t.pass()) << t.summary();
+    expect_forced_logits_within_the_gpu_bound(graphs, reference, ref);
   }
+}
+
+TEST(FastPath14Gpu, MistralsSlidingWindowHoldsThroughTheFastDecodeAttention) {
+  TVLLM_REQUIRE_GPU();
+  // The tiny Mistral's window (5 positions) bites from the sixth token on; teacher forcing feeds one decode step
+  // per forced id, so every step past it reads the cache through lesson 14's kernel with shape.window. A kernel
+  // that saw every key would drift from the CPU reference (which applies the window) by far more than eps.
+  const testing::FamilyReference ref = testing::read_family_reference("mistral");
+  const ModelDir model = ModelDir::open(testing::family_model_dir("mistral"));
+  ASSERT_GT(model.config.sliding_window, 0);
+  ASSERT_GT(static_cast<int64_t>(ref.prompt_ids.size() + ref.greedy_ids.size()), model.config.sliding_window + 1);
+  const ModelWeights gpu = ModelWeights::bind(model, Device::CUDA), cpu = ModelWeights::bind(model, Device::CPU);
+  const EngineLimits lim = Generator::limits_for(model.config, 64, 1, 64);
+  Generator fast(gpu, lim), reference(cpu, lim);
+  use_fast_path(fast);
+  ASSERT_EQ(fast.attention().decode_kind(), DecodeAttention::Fast);
+  expect_forced_logits_within_the_gpu_bound(fast, reference, ref);
 }
 
 }  // namespace

@@ -33,8 +33,9 @@ void CachedAttention::attend(int layer, const TensorView& q, const TensorView& k
   kv_cache_write(cache_k, cache_v, k, v, batch, slots_, shape_, stream);
   // 2. ...and every query attends over its sequence's whole row, the new tokens included (same stream: the
   //    write is ordered before the reads).
-  if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ == DecodeAttention::Split) {
-    decode_attention(out, q, cache_k, cache_v, batch, slots_, shape_, forced_splits_, &decode_, stream);
+  if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {
+    decode_attention(out, q, cache_k, cache_v, batch, slots_, shape_, forced_splits_, &decode_, stream,
+                     decode_attention_);
   } else {
     cached_attention(out, q, cache_k, cache_v, batch, slots_, shape_, &decode_, stream, decode_attention_);
   }

@@ -29,8 +29,10 @@ class CachedAttention final : public AttentionBackend {
   void force_decode_splits(int num_splits);
   void pin_decode_splits(int num_splits) override { force_decode_splits(num_splits); }  // lesson 14's graphs
   // Split (default): decode steps through the split decode kernel. Flash: every step through the flash kernel,
-  // so that a token's attention does not depend on the rest of its step (kv_cache.h, DecodeAttention).
+  // so that a token's attention does not depend on the rest of its step. Fast: lesson 14's split decode kernel
+  // (installed by lesson 14; kv_cache.h, DecodeAttention).
   void set_decode_attention(DecodeAttention decode) { decode_attention_ = decode; }
+  DecodeAttention decode_kind() const { return decode_attention_; }
 
   // AttentionBackend: kv write, then attention over the cache. InputError when the step has another number of
   // sequences than set_slots() named, or reaches past the cache's max_context.

@@ -2,8 +2,8 @@
 // lesson 12 runs the same kernel over its paged pool without a copy of it (as flash_attention.cuh does for
 // prefill):
 //
-//   lesson 10  CacheKV (kv_cache.cu): position pos of sequence b at row slot[b] * max_context + pos
-//   lesson 12  PagedKV (paged_kv.cu): position pos at row block_table[b][pos / block_size] * block_size + pos % ...
+//   lesson 10  CacheKV (cache_kv.cuh): position pos of sequence b at row slot[b] * max_context + pos
+//   lesson 12  PagedKV (paged_kv_policy.cuh): position pos at row block_table[b][pos / bs] * bs + pos % bs
 //
 //   decode_attention_kernel   one block per (sequence, kv head, <= 8 query heads of its group, split of the
 //                             keys): scores, softmax and P V over its keys, fp32; writes a partial result

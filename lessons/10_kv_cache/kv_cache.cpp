@@ -2,6 +2,7 @@
 #include "kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -198,6 +199,36 @@ int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len
   return static_cast<int>(std::clamp<int64_t>(splits, 1, DecodeWorkspace::kMaxDecodeSplits));
 }
 
+// ---- lesson 14's seam ------------------------------------------------------------------------------------
+
+namespace {
+// Two atomics rather than one struct behind a mutex: a reader on the decode path pays one atomic load each.
+std::atomic<decltype(FastDecodeKernel::splits)> g_fast_splits{nullptr};
+std::atomic<decltype(FastDecodeKernel::contiguous)> g_fast_contiguous{nullptr};
+}  // namespace
+
+void install_fast_decode(const FastDecodeKernel& kernel) {
+  TVLLM_REQUIRE(kernel.splits != nullptr && kernel.contiguous != nullptr,
+                "install_fast_decode: both the split policy and the kernel are needed");
+  g_fast_splits.store(kernel.splits);
+  g_fast_contiguous.store(kernel.contiguous);
+}
+
+FastDecodeKernel installed_fast_decode() {
+  FastDecodeKernel k;
+  k.splits = g_fast_splits.load();
+  k.contiguous = g_fast_contiguous.load();
+  return k;
+}
+
+int decode_splits_for(DecodeAttention decode, const AttentionShape& shape, int batch_size, int64_t max_k_len,
+                      int num_sms) {
+  const auto fast = g_fast_splits.load();
+  if (decode == DecodeAttention::Fast && num_sms > 0 && fast != nullptr)
+    return fast(shape, batch_size, max_k_len, num_sms);
+  return decode_splits(shape, batch_size, max_k_len, num_sms);
+}
+
 // ---- argument checks -------------------------------------------------------------------------------------
 
 namespace {
@@ -288,7 +319,10 @@ void kv_cache_write(const TensorView& cache_k, const TensorView& cache_v, const 
 
 void decode_attention(const TensorView& out, const TensorView& q, const TensorView& cache_k,
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
-                      const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace, cudaStream_t stream) {
+                      const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace, cudaStream_t stream,
+                      DecodeAttention kernel) {
+  TVLLM_REQUIRE(kernel != DecodeAttention::Flash,
+                "decode_attention runs a split decode kernel (Split or Fast); Flash goes through cached_attention");
   check_attention_queries(out, q, batch, shape);
   const Device device = q.device;
   check_cache(cache_k, cache_v, shape, device, "decode_attention");
@@ -311,6 +345,17 @@ void decode_attention(const TensorView& out, const TensorView& q, const TensorVi
                 "decode_attention: " + std::to_string(batch.batch_size()) +
                     " sequences exceed the DecodeWorkspace's max_sequences of " +
                     std::to_string(workspace->max_sequences()));
+  if (kernel == DecodeAttention::Fast) {
+    const FastDecodeKernel fast = installed_fast_decode();
+    TVLLM_REQUIRE(fast.contiguous != nullptr,
+                  "decode_attention: DecodeAttention::Fast is lesson 14's kernel, and it is not installed: call "
+                  "install_fast_decode_attention() (lessons/14_performance/decode_attention_fast.h; use_fast_path "
+                  "does) or ask for DecodeAttention::Split");
+    // The shape's sliding window (Mistral), as lesson 10's kernel applies it (DecodeParams::window).
+    fast.contiguous(out, q, cache_k, cache_v, batch, slots, shape, num_splits, static_cast<int>(shape.window),
+                    *workspace, stream);
+    return;
+  }
   decode_attention_cuda(out, q, cache_k, cache_v, batch, slots, shape, num_splits, *workspace, stream);
 }
 
@@ -318,10 +363,11 @@ void cached_attention(const TensorView& out, const TensorView& q, const TensorVi
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
                       const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream,
                       DecodeAttention decode) {
-  if (batch.max_q_len() <= 1 && decode == DecodeAttention::Split) {
+  if (batch.max_q_len() <= 1 && decode != DecodeAttention::Flash) {
     const int num_sms = q.device == Device::CUDA && workspace ? workspace->num_sms() : 0;
     decode_attention(out, q, cache_k, cache_v, batch, slots, shape,
-                     decode_splits(shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace, stream);
+                     decode_splits_for(decode, shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace,
+                     stream, decode);
     return;
   }
   check_attention_queries(out, q, batch, shape);

@@ -16,6 +16,7 @@
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
 #include "common/exercise.h"
+#include "cache_kv.cuh"
 #include "decode_attention.cuh"
 #include "flash_attention.cuh"
 #include "kv_cache.h"
@@ -92,34 +93,7 @@ __global__ void __launch_bounds__(kWriteThreads) kv_write_kernel(const KvWritePa
 // Decode and prefill over the cache: decode_attention.cuh's and lesson 07's kernels with this cache's policy
 // =================================================================================================
 
-// The contract is at the top of flash_attention.cuh: sequence() once per block, key()/value() in the hot loop.
-struct CacheKV {
-  const bf16* k;         // the layer's k: [slots, max_context, kv_dim]
-  const bf16* v;
-  const int32_t* slots;  // [B] device: sequence b's slot
-  int64_t slot_stride;   // max_context * kv_dim: elements from one slot to the next
-  int kv_dim;            // elements from one position to the next
-  int head_dim;
-
-  struct Sequence {
-    const bf16* k;  // position 0 of this sequence's slot, this kv head
-    const bf16* v;
-    int stride;
-    __device__ __forceinline__ const bf16* key(int pos) const { return k + static_cast<int64_t>(pos) * stride; }
-    __device__ __forceinline__ const bf16* value(int pos) const { return v + static_cast<int64_t>(pos) * stride; }
-  };
-  // k_begin (where packed keys would start) means nothing here: a sequence's keys are its slot's positions.
-  __device__ __forceinline__ Sequence sequence(int b, int /*k_begin*/, int kv_head) const {
-    const int64_t at = static_cast<int64_t>(slots[b]) * slot_stride + static_cast<int64_t>(kv_head) * head_dim;
-    return {k + at, v + at, kv_dim};
-  }
-};
-
-CacheKV cache_kv(const TensorView& cache_k, const TensorView& cache_v, const CacheSlots& slots,
-                 const AttentionShape& shape) {
-  return {cache_k.ptr<const bf16>(), cache_v.ptr<const bf16>(), slots.device_slots(),
-          cache_k.shape[1] * cache_k.shape[2], static_cast<int>(cache_k.shape[2]), static_cast<int>(shape.head_dim)};
-}
+// CacheKV, the policy both read this cache through, is in cache_kv.cuh (lesson 14's decode kernel reads it too).
 
 }  // namespace
 

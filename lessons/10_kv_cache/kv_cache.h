@@ -166,14 +166,20 @@ int decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len
 //   Flash  lesson 07's flash kernel for every step, the one prefill uses. A query row's sum runs over the
 //          same key tiles in the same order whatever else is in the step and however its token arrived
 //          (prompt, decode, chunk, recomputation): batch-invariant (lesson 11), slower at decode.
-// On the CPU, Flash means the prefill reference (double precision) for every row.
-enum class DecodeAttention { Split, Flash };
+//   Fast   lesson 14's decode kernel (decode_attention_fast.cuh): the same split arithmetic as Split, read at
+//          the memory roofline, with lesson 14's split count. It lives in lesson 14, which this library cannot
+//          link: lesson 14 installs it through install_fast_decode() below, and asking for Fast before that is
+//          an InputError that says so. Lesson 14's use_fast_path makes it the default of decode steps.
+// On the CPU, Flash means the prefill reference (double precision) for every row; Fast and Split both mean
+// decode_attention_cpu (the split reference: the kernels differ in speed, not in arithmetic).
+enum class DecodeAttention { Split, Flash, Fast };
 
 // Attention of the step's queries over the cache (keys 0..k_len[b]-1 of sequence b, already written, this
 // step's included). q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV buffer).
-// Every q_len <= 1 and decode == Split: decode_attention with decode_splits() (workspace needed on CUDA);
-// otherwise the flash kernel over the cache (CUDA) or the double-precision reference (CPU). Throws
-// InputError on a bad shape, device, batch (k_len past max_context, more sequences than slots) or head_dim.
+// Every q_len <= 1 and decode == Split or Fast: decode_attention with that kernel and decode_splits_for()
+// (workspace needed on CUDA); otherwise the flash kernel over the cache (CUDA) or the double-precision
+// reference (CPU). Throws InputError on a bad shape, device, batch (k_len past max_context, more sequences than
+// slots) or head_dim.
 void cached_attention(const TensorView& out, const TensorView& q, const TensorView& cache_k,
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
                       const AttentionShape& shape, DecodeWorkspace* workspace, cudaStream_t stream = nullptr,
@@ -181,11 +187,36 @@ void cached_attention(const TensorView& out, const TensorView& q, const TensorVi
 
 // Decode only (every q_len is 0 or 1), with an explicit split count (1..kMaxDecodeSplits; tests and the
 // chapter's exercises use it). CPU: fp32, the same algorithm as the kernels (per-split max, sum and
-// unnormalised output, then the combine), so it is the kernels' twin; CUDA: the decode + combine kernels.
+// unnormalised output, then the combine), so it is the kernels' twin; CUDA: the decode + combine kernels,
+// lesson 10's (kernel Split) or lesson 14's (kernel Fast, once installed). Flash is not a split kernel: InputError.
 void decode_attention(const TensorView& out, const TensorView& q, const TensorView& cache_k,
                       const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
                       const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace,
-                      cudaStream_t stream = nullptr);
+                      cudaStream_t stream = nullptr, DecodeAttention kernel = DecodeAttention::Split);
+
+// ---- lesson 14's decode kernel, plugged in at run time ---------------------------------------------------
+// Lessons build on the ones before them, never the other way: tvllm_l10 cannot call a kernel that lesson 14
+// compiles. So lesson 10 names the seam and lesson 14 fills it: install_fast_decode() stores two function
+// pointers (lesson 12 has the same seam for its pool, paged_kv.h), and decode_attention(..., Fast) calls them after
+// its own checks. A function pointer rather than a virtual interface: there is exactly one implementation,
+// installed once per process, and the call is one indirect jump on the host per layer.
+struct FastDecodeKernel {
+  // The split count for a decode step (the role decode_splits() plays for lesson 10's kernel).
+  int (*splits)(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms) = nullptr;
+  // The kernels over the contiguous cache, arguments already checked by decode_attention(). window: 0 = every
+  // key; W > 0 = only the last W keys of each sequence (a sliding window; decode_attention passes shape.window).
+  void (*contiguous)(const TensorView& out, const TensorView& q, const TensorView& cache_k, const TensorView& cache_v,
+                     const AttentionBatch& batch, const CacheSlots& slots, const AttentionShape& shape, int num_splits,
+                     int window, const DecodeWorkspace& workspace, cudaStream_t stream) = nullptr;
+};
+// Idempotent; thread-safe against concurrent readers (the pointers are published atomically).
+void install_fast_decode(const FastDecodeKernel& kernel);
+// What is installed (both pointers null until lesson 14 installs them).
+FastDecodeKernel installed_fast_decode();
+// The split count `decode` uses for a decode step: lesson 14's choice for Fast on CUDA (once installed),
+// decode_splits() otherwise.
+int decode_splits_for(DecodeAttention decode, const AttentionShape& shape, int batch_size, int64_t max_k_len,
+                      int num_sms);
 
 // ---- the paths behind the ops (arguments already checked) ----------------------------------------------
 

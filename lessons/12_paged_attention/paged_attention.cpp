@@ -49,8 +49,9 @@ void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k,
   paged_kv_write(pool_k, pool_v, k, v, tables_, shape_, stream);
   // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
   //    ordered before the reads).
-  if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ == DecodeAttention::Split) {
-    paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream);
+  if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {
+    paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream,
+                           decode_attention_);
   } else {
     paged_attention(out, q, pool_k, pool_v, batch, tables_, shape_, &decode_, stream, decode_attention_);
   }

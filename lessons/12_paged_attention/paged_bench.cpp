@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <numeric>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "common/bench.h"
@@ -75,6 +76,23 @@ PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_lay
   };
   const BenchResult paged_t = bench_gpu(paged);
   const BenchResult contiguous_t = bench_gpu(contiguous);
+  // Lesson 14's kernel, when it is installed, with the split count it would choose.
+  const FastDecodeKernel fast = installed_fast_decode();
+  const bool with_fast = fast.splits != nullptr && installed_fast_paged_decode() != nullptr;
+  BenchResult fast_paged_t, fast_contiguous_t;
+  if (with_fast) {
+    r.fast_splits = fast.splits(shape, static_cast<int>(batch), context, ws.num_sms());
+    fast_paged_t = bench_gpu([&] {
+      for (int l = 0; l < num_layers; ++l)
+        paged_decode_attention(o, q, pool.k(l), pool.v(l), lengths, step_tables, shape, r.fast_splits, &ws, nullptr,
+                               DecodeAttention::Fast);
+    });
+    fast_contiguous_t = bench_gpu([&] {
+      for (int l = 0; l < num_layers; ++l)
+        decode_attention(o, q, cache.k(l), cache.v(l), lengths, slots, shape, r.fast_splits, &ws, nullptr,
+                         DecodeAttention::Fast);
+    });
+  }
 
   const double elem = 2.0;  // bf16
   r.bytes = static_cast<double>(num_layers) *
@@ -87,6 +105,12 @@ PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_lay
   r.contiguous_ms = contiguous_t.median_ms;
   r.paged_gbs = r.bytes / (r.paged_ms * 1e-3) / 1e9;
   r.contiguous_gbs = r.bytes / (r.contiguous_ms * 1e-3) / 1e9;
+  if (with_fast) {
+    r.fast_paged_ms = fast_paged_t.median_ms;
+    r.fast_contiguous_ms = fast_contiguous_t.median_ms;
+    r.fast_paged_gbs = r.bytes / (r.fast_paged_ms * 1e-3) / 1e9;
+    r.fast_contiguous_gbs = r.bytes / (r.fast_contiguous_ms * 1e-3) / 1e9;
+  }
 
   char title[256];
   std::snprintf(title, sizeof title,
@@ -95,10 +119,14 @@ PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_lay
                 static_cast<long long>(num_layers), static_cast<long long>(batch), static_cast<long long>(context),
                 static_cast<long long>(shape.n_heads), static_cast<long long>(shape.n_kv_heads),
                 static_cast<long long>(shape.head_dim), r.splits, static_cast<long long>(block_size));
-  print_bench_table(out, title,
-                    {BenchRow{"paged (shuffled blocks)", paged_t, r.bytes, 0.0},
-                     BenchRow{"contiguous (lesson 10)", contiguous_t, r.bytes, 0.0}},
-                    ceilings);
+  std::vector<BenchRow> rows{BenchRow{"paged (shuffled blocks)", paged_t, r.bytes, 0.0},
+                             BenchRow{"contiguous (lesson 10)", contiguous_t, r.bytes, 0.0}};
+  if (with_fast) {
+    const std::string splits = " (" + std::to_string(r.fast_splits) + " splits)";
+    rows.push_back(BenchRow{"lesson 14 kernel, paged" + splits, fast_paged_t, r.bytes, 0.0});
+    rows.push_back(BenchRow{"lesson 14 kernel, contiguous" + splits, fast_contiguous_t, r.bytes, 0.0});
+  }
+  print_bench_table(out, title, rows, ceilings);
   char line[160];
   std::snprintf(line, sizeof line, "paged / contiguous time: %.3f  (%.1f MB of K and V per step)\n",
                 r.paged_ms / r.contiguous_ms, r.bytes / 1e6);

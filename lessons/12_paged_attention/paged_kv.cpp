@@ -3,6 +3,7 @@
 #include "paged_kv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -387,7 +388,9 @@ void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const Te
 void paged_decode_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                             const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                             const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, DecodeAttention kernel) {
+  TVLLM_REQUIRE(kernel != DecodeAttention::Flash, "paged_decode_attention runs a split decode kernel (Split or "
+                                                  "Fast); Flash goes through paged_attention");
   check_attention_queries(out, q, batch, shape);
   const Device device = q.device;
   check_pool(pool_k, pool_v, shape, tables, device, "paged_decode_attention");
@@ -410,16 +413,39 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
                 "paged_decode_attention: " + std::to_string(batch.batch_size()) +
                     " sequences exceed the DecodeWorkspace's max_sequences of " +
                     std::to_string(workspace->max_sequences()));
+  if (kernel == DecodeAttention::Fast) {
+    const FastPagedDecodeFn fast = installed_fast_paged_decode();
+    TVLLM_REQUIRE(fast != nullptr,
+                  "paged_decode_attention: DecodeAttention::Fast is lesson 14's kernel, and it is not installed: call "
+                  "install_fast_decode_attention() (lessons/14_performance/decode_attention_fast.h; use_fast_path "
+                  "does) or ask for DecodeAttention::Split");
+    // The shape's sliding window (Mistral), as lesson 10's kernel applies it (DecodeParams::window).
+    fast(out, q, pool_k, pool_v, batch, tables, shape, num_splits, static_cast<int>(shape.window), *workspace,
+         stream);
+    return;
+  }
   paged_decode_attention_cuda(out, q, pool_k, pool_v, batch, tables, shape, num_splits, *workspace, stream);
 }
+
+namespace {
+std::atomic<FastPagedDecodeFn> g_fast_paged{nullptr};  // lesson 14's kernel (kv_cache.cpp has the contiguous one)
+}  // namespace
+
+void install_fast_paged_decode(FastPagedDecodeFn fn) {
+  TVLLM_REQUIRE(fn != nullptr, "install_fast_paged_decode: no kernel");
+  g_fast_paged.store(fn);
+}
+
+FastPagedDecodeFn installed_fast_paged_decode() { return g_fast_paged.load(); }
 
 void paged_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
                      const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
                      DecodeWorkspace* workspace, cudaStream_t stream, DecodeAttention decode) {
-  if (batch.max_q_len() <= 1 && decode == DecodeAttention::Split) {
+  if (batch.max_q_len() <= 1 && decode != DecodeAttention::Flash) {
     const int num_sms = q.device == Device::CUDA && workspace ? workspace->num_sms() : 0;
     paged_decode_attention(out, q, pool_k, pool_v, batch, tables, shape,
-                           decode_splits(shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace, stream);
+                           decode_splits_for(decode, shape, batch.batch_size(), batch.max_k_len(), num_sms),
+                           workspace, stream, decode);
     return;
   }
   check_attention_queries(out, q, batch, shape);

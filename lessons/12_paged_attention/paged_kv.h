@@ -184,10 +184,10 @@ void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const Te
 
 // Attention of the step's queries over the pool: sequence b's keys 0..k_len[b]-1 (already written, this step's
 // included) through its block table. q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV
-// buffer). Every q_len <= 1 and decode == Split: paged_decode_attention with decode_splits() (workspace needed on
-// CUDA); otherwise the flash kernel with the PagedKV policy (CUDA) or the double-precision reference (CPU):
-// lesson 10's DecodeAttention says when to choose Flash. Throws InputError on a bad shape, device, batch, table
-// or head_dim (check_paged_step's checks included).
+// buffer). Every q_len <= 1 and decode == Split or Fast: paged_decode_attention with that kernel and
+// decode_splits_for() (workspace needed on CUDA); otherwise the flash kernel with the PagedKV policy (CUDA) or
+// the double-precision reference (CPU): lesson 10's DecodeAttention says when to choose Flash. Throws InputError
+// on a bad shape, device, batch, table or head_dim (check_paged_step's checks included).
 void paged_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
                      const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
                      DecodeWorkspace* workspace, cudaStream_t stream = nullptr,
@@ -195,11 +195,21 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
 
 // Decode only (every q_len is 0 or 1), with an explicit split count (1..kMaxDecodeSplits). CPU: fp32, lesson
 // 10's split algorithm (cache_attention_cpu.h) through the block table; CUDA: lesson 10's decode kernel and
-// combine (decode_attention.cuh) with the PagedKV policy.
+// combine (decode_attention.cuh) with the PagedKV policy (kernel Split), or lesson 14's (kernel Fast, installed
+// through install_fast_paged_decode below). Flash is not a split kernel: InputError.
 void paged_decode_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                             const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                             const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace,
-                            cudaStream_t stream = nullptr);
+                            cudaStream_t stream = nullptr, DecodeAttention kernel = DecodeAttention::Split);
+
+// Lesson 14's decode kernel over the pool: the same seam as lesson 10's install_fast_decode (kv_cache.h says why
+// a seam), for the paged policy. Arguments already checked by paged_decode_attention(); window as there.
+using FastPagedDecodeFn = void (*)(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                   const TensorView& pool_v, const AttentionBatch& batch,
+                                   const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                   int window, const DecodeWorkspace& workspace, cudaStream_t stream);
+void install_fast_paged_decode(FastPagedDecodeFn fn);  // idempotent; published atomically
+FastPagedDecodeFn installed_fast_paged_decode();         // null until lesson 14 installs it
 
 // ---- the paths behind the ops (arguments already checked) ----------------------------------------------
 
@@ -228,11 +238,15 @@ void paged_decode_attention_cuda(const TensorView& out, const TensorView& q, con
 // (blocks of `block_size`, block tables shuffled over the pool) beside lesson 10's contiguous cache on the same
 // shapes and split count. Bytes = the K and V rows actually read (+ q and out), achieved GB/s as % of the
 // measured device copy bandwidth (common/bench.h). Prints a table to `out`. CUDA only (CudaError without a GPU).
+// When lesson 14's kernel is installed (install_fast_paged_decode and install_fast_decode), two more rows: it over
+// the same pool and cache, with its own split count.
 struct PagedDecodeBench {
   int splits = 0;
   double bytes = 0.0;  // per step (all layers)
   double paged_ms = 0.0, contiguous_ms = 0.0;
   double paged_gbs = 0.0, contiguous_gbs = 0.0, copy_gbs = 0.0;
+  int fast_splits = 0;  // lesson 14's rows (0: not installed)
+  double fast_paged_ms = 0.0, fast_contiguous_ms = 0.0, fast_paged_gbs = 0.0, fast_contiguous_gbs = 0.0;
 };
 PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_layers, int64_t batch, int64_t context,
                                     int64_t block_size, std::ostream& out);

@@ -17,7 +17,7 @@ namespace tvllm {
 // every decode matrix (qkv 33% vs 32% of the copy bandwidth, gate|up 73% vs 61%, down 49% vs 46%); from M = 2
 // cuBLAS wins on every one, against v3 (each block re-reads all M rows of x, and the per-row register sums cut
 // the loads in flight) and against v4's tensor cores too (gate|up at M = 8: v3 33%, v4 42%, cuBLAS 61%). So the
-// fused path runs single-token steps, and larger decode batches keep cuBLAS (README sections 4 and 10).
+// fused path runs single-token steps, and larger decode batches keep cuBLAS (README sections 4 and 11).
 int64_t fast_forward_max_tokens() { return 1; }
 
 std::string fast_forward_declines(const ModelConfig& c) { return family_extras(c); }

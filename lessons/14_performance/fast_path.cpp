@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "decode_attention_fast.h"
 #include "fast_forward.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
@@ -13,28 +14,37 @@ namespace tvllm {
 
 namespace {
 
+// use_fast_attention: makes DecodeAttention::Fast the backend's decode kernel unless it attends with Flash (batch
+// invariance); returns the kernel decode steps will use, whose split policy the launchers pin.
 void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const FastPathOptions& o,
-             const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler) {
+             const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler,
+             const std::function<DecodeAttention()>& use_fast_attention) {
   if (w.device != Device::CUDA) return;
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
+  DecodeAttention decode = DecodeAttention::Split;
+  if (o.fast_attention) {
+    install_fast_decode_attention();
+    decode = use_fast_attention();
+  }
   if (o.graphs) {
-    ctx.set_launcher(std::make_unique<GraphRunner>(shape, o.max_graph_batch));
+    ctx.set_launcher(std::make_unique<GraphRunner>(shape, o.max_graph_batch, decode));
   } else {
-    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape));
+    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape, decode));
   }
   if (o.fast_sampler) set_sampler(std::make_unique<FastSampler>(max_sequences, w.config.vocab_size));
 }
 
 }  // namespace
 
-FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl) {
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention) {
   FastPathOptions o;
   o.fused = fused;
   o.graphs = graphs;
   o.fast_sampler = fast_sampler;
   o.pdl = pdl;
+  o.fast_attention = fast_attention;
   return o;
 }
 
@@ -54,17 +64,32 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
   s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
                 : ", eager (--enforce-eager)";
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
+  s += o.fast_attention ? ", fast decode attention" : ", lesson 10 decode attention";
   return s;
 }
 
 void use_fast_path(Generator& gen, const FastPathOptions& o) {
-  install(gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences), o,
-          [&](std::unique_ptr<TokenSampler> s) { gen.set_sampler(std::move(s)); });
+  install(
+      gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences), o,
+      [&](std::unique_ptr<TokenSampler> s) { gen.set_sampler(std::move(s)); },
+      [&] {
+        // Generator::set_batch_invariant(true) chose Flash: keep it. (Turning batch invariance off afterwards
+        // goes back to lesson 10's Split kernel: correct, only slower; call use_fast_path again to come back.)
+        if (gen.attention().decode_kind() != DecodeAttention::Flash)
+          gen.attention().set_decode_attention(DecodeAttention::Fast);
+        return gen.attention().decode_kind();
+      });
 }
 
 void use_fast_path(Engine& engine, const FastPathOptions& o) {
-  install(engine.context(), engine.weights(), static_cast<int>(engine.limits().max_logits_rows), o,
-          [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); });
+  install(
+      engine.context(), engine.weights(), static_cast<int>(engine.limits().max_logits_rows), o,
+      [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); },
+      [&] {
+        if (engine.config().batch_invariant) return DecodeAttention::Flash;  // the engine chose Flash: keep it
+        engine.kv().set_decode_attention(DecodeAttention::Fast);
+        return DecodeAttention::Fast;
+      });
 }
 
 std::vector<int64_t> warm_up_prefills(const Engine& engine) {

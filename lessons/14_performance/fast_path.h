@@ -11,6 +11,9 @@
 //                enforce_eager (vLLM's --enforce-eager) a PinnedEagerLauncher instead, which launches the same
 //                kernels with the same splits eagerly: the same tokens, only slower
 //   fast_sampler set_sampler(FastSampler): top-k / top-p without a sort, the same ids as lesson 09's
+//   fast_attention  install_fast_decode_attention() and DecodeAttention::Fast on the attention backend: decode
+//                steps read the KV cache with decode_attention_fast.cuh (left alone in batch-invariant mode, whose
+//                Flash kernel is the point of that mode)
 // On the CPU nothing is installed: the CPU path is the fp32 reference and stays as it is.
 #pragma once
 
@@ -28,10 +31,11 @@ struct FastPathOptions {
   bool fast_sampler = true;
   int max_graph_batch = 64;    // decode steps of more sequences run eagerly
   bool pdl = true;             // false: --no-pdl. Only where pdl_supported(); needs fused
+  bool fast_attention = true;  // false: --no-fast-attention. Lesson 14's decode attention kernel
 };
 
-// The three switches of the fused path as one value (each on or off), for the progression and the tests.
-FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl);
+// The five switches of the fast path as one value (each on or off), for the progression and the tests.
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention);
 
 // Whether `options` launch the fused GEMVs as programmatic dependents on this machine: fused and pdl asked for,
 // a CUDA device, and pdl_supported().

@@ -28,6 +28,7 @@
 #include "common/exercise.h"
 #include "gemv.h"
 #include "pdl.cuh"
+#include "stream_load.cuh"
 
 namespace tvllm {
 
@@ -139,15 +140,9 @@ __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16
 
 // ---- v3: a block per tile of weight rows, K split among its threads -----------------------------------
 
-// Weights are read once per step: load them without allocating in L1 (".L1::no_allocate"), through the
-// read-only path (".nc"), so L1 keeps x, which every block reads.
-__device__ __forceinline__ Pack<8> load_weights(const bf16* p) {
-  Pack<8> r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.word[0]), "=r"(r.word[1]), "=r"(r.word[2]), "=r"(r.word[3])
-      : "l"(p));
-  return r;
-}
+// Weights are read once per step: load_streaming (stream_load.cuh) reads them past L1, so L1 keeps x, which
+// every block reads.
+__device__ __forceinline__ Pack<8> load_weights(const bf16* p) { return load_streaming(p); }
 
 // Asks the memory system to bring [p, p + bytes) into L2 without waiting for it (Hopper's bulk prefetch: one
 // instruction for a whole row; p and bytes multiples of 16). A hint: no register, no completion to wait for.

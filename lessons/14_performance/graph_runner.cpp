@@ -27,16 +27,17 @@ int64_t context_bucket(int64_t max_k_len) {
   return bucket;
 }
 
-int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms) {
-  return decode_splits(shape, batch, context_bucket(max_k_len), num_sms);
+int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms,
+                        DecodeAttention decode) {
+  return decode_splits_for(decode, shape, batch, context_bucket(max_k_len), num_sms);
 }
 
 namespace {
 int sm_count() { return cuda_available() ? query_device().multiprocessors : 0; }
 }  // namespace
 
-GraphRunner::GraphRunner(const AttentionShape& shape, int max_batch)
-    : shape_(shape), max_batch_(max_batch), num_sms_(sm_count()) {
+GraphRunner::GraphRunner(const AttentionShape& shape, int max_batch, DecodeAttention decode)
+    : shape_(shape), max_batch_(max_batch), decode_(decode), num_sms_(sm_count()) {
   TVLLM_REQUIRE(max_batch >= 0, "GraphRunner: max_batch must be >= 0, got " + std::to_string(max_batch));
 }
 
@@ -57,7 +58,7 @@ void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBack
     return;
   }
   const int B = step.num_sequences();
-  const int splits = graph_decode_splits(shape_, B, step.batch().max_k_len(), num_sms_);
+  const int splits = graph_decode_splits(shape_, B, step.batch().max_k_len(), num_sms_, decode_);
   const DecodeGraphKey key{B, splits, static_cast<int>(ctx.matmul_kernel()),
                            reinterpret_cast<const void*>(ctx.forward_fn()), &backend};
   backend.pin_decode_splits(splits);
@@ -81,7 +82,8 @@ void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBack
   // --- end of exercise 14.3 ---
 }
 
-PinnedEagerLauncher::PinnedEagerLauncher(const AttentionShape& shape) : shape_(shape), num_sms_(sm_count()) {}
+PinnedEagerLauncher::PinnedEagerLauncher(const AttentionShape& shape, DecodeAttention decode)
+    : shape_(shape), decode_(decode), num_sms_(sm_count()) {}
 
 void PinnedEagerLauncher::launch(ExecContext& /*ctx*/, const StepInputs& step, AttentionBackend& backend,
                                  const std::function<void()>& work) {
@@ -89,7 +91,8 @@ void PinnedEagerLauncher::launch(ExecContext& /*ctx*/, const StepInputs& step, A
     work();
     return;
   }
-  backend.pin_decode_splits(graph_decode_splits(shape_, step.num_sequences(), step.batch().max_k_len(), num_sms_));
+  backend.pin_decode_splits(
+      graph_decode_splits(shape_, step.num_sequences(), step.batch().max_k_len(), num_sms_, decode_));
   try {
     work();
   } catch (...) {

@@ -41,6 +41,7 @@
 
 #include "attention.h"
 #include "common/cuda_stream.h"
+#include "kv_cache.h"  // DecodeAttention
 #include "transformer.h"
 
 namespace tvllm {
@@ -65,8 +66,10 @@ bool is_decode_step(const StepInputs& step);
 // The context length a graph is captured for: the next power of two >= max_k_len (at least 64).
 int64_t context_bucket(int64_t max_k_len);
 
-// The split count of decode steps with B sequences whose longest context is in max_k_len's bucket.
-int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms);
+// The split count of decode steps with B sequences whose longest context is in max_k_len's bucket, by the split
+// policy of the decode kernel the backend runs (lesson 10's decode_splits_for: Fast has lesson 14's policy).
+int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms,
+                        DecodeAttention decode = DecodeAttention::Split);
 
 struct GraphRunnerStats {
   int64_t replays = 0;      // decode steps replayed from a graph
@@ -77,9 +80,9 @@ struct GraphRunnerStats {
 
 class GraphRunner final : public StepLauncher {
  public:
-  // shape: the model's attention layout (for the split choice); decode steps of up to max_batch sequences are
-  // replayed from graphs. CUDA only.
-  GraphRunner(const AttentionShape& shape, int max_batch);
+  // shape: the model's attention layout and decode: the backend's decode kernel (for the split choice); decode
+  // steps of up to max_batch sequences are replayed from graphs. CUDA only.
+  GraphRunner(const AttentionShape& shape, int max_batch, DecodeAttention decode = DecodeAttention::Split);
   GraphRunner(const GraphRunner&) = delete;
   GraphRunner& operator=(const GraphRunner&) = delete;
 
@@ -96,6 +99,7 @@ class GraphRunner final : public StepLauncher {
  private:
   AttentionShape shape_;
   int max_batch_ = 0;
+  DecodeAttention decode_ = DecodeAttention::Split;
   int num_sms_ = 0;
   std::map<DecodeGraphKey, CudaGraph> graphs_;
   GraphRunnerStats stats_;
@@ -105,12 +109,13 @@ class GraphRunner final : public StepLauncher {
 // tokens as the graphs, and the "before" of the chapter's graph measurement.
 class PinnedEagerLauncher final : public StepLauncher {
  public:
-  explicit PinnedEagerLauncher(const AttentionShape& shape);
+  explicit PinnedEagerLauncher(const AttentionShape& shape, DecodeAttention decode = DecodeAttention::Split);
   void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
               const std::function<void()>& work) override;
 
  private:
   AttentionShape shape_;
+  DecodeAttention decode_ = DecodeAttention::Split;
   int num_sms_ = 0;
 };
 

@@ -30,10 +30,11 @@ double median(std::vector<double> v) {
 
 std::vector<LatencyVariant> progression_variants() {
   return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
-          {"+ CUDA graphs", fast_path_options(false, true, false, false)},
-          {"+ fused GEMV decode", fast_path_options(true, true, false, false)},
-          {"+ fast sampler", fast_path_options(true, true, true, false)},
-          {"+ programmatic dependent launch (the default)", fast_path_options(true, true, true, true)}};
+          {"+ CUDA graphs", fast_path_options(false, true, false, false, false)},
+          {"+ fused GEMV decode", fast_path_options(true, true, false, false, false)},
+          {"+ fast sampler", fast_path_options(true, true, true, false, false)},
+          {"+ programmatic dependent launch", fast_path_options(true, true, true, true, false)},
+          {"+ fast decode attention (the default)", fast_path_options(true, true, true, true, true)}};
 }
 
 namespace {

@@ -40,8 +40,9 @@ struct PrefillLatency {
 };
 
 // The chapter's progression, one technique at a time: lesson 10 as it is (nullopt), then + CUDA graphs, + the
-// fused GEMV decode, + the fast sampler, + programmatic dependent launch (the default fast path; on a GPU
-// without it, that row runs the same kernels as the one before). Used by `bench latency --compare` and the lesson
+// fused GEMV decode, + the fast sampler, + programmatic dependent launch (on a GPU without it, that row runs the
+// same kernels as the one before), + the fast decode attention (the default fast path). Used by `bench latency
+// --compare` and the lesson
 // executable's --bench.
 struct LatencyVariant {
   std::string name;

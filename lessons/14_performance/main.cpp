@@ -13,12 +13,14 @@
 //        graphs == --enforce-eager: every reference sequence, id for id (sampled, so the sampler runs too)
 //        PDL on == off: the teacher-forced logits, bit for bit (the same kernels, launched differently)
 //   3. (cuda) FastSampler == lesson 09's CPU oracle, id for id, on rows of random logits at the model's vocab
-//   4. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
+//   4. (cuda) the fast decode attention vs lesson 10's CPU reference and lesson 10's kernel, the model's heads
+//   5. --bench (cuda): each GEMV version and cuBLAS per shape (GB/s against the copy bandwidth); the step's
 //      GEMVs alone, chained and replayed as a graph, with and without programmatic dependent launch; the
 //      timeline of one eager decode step (a CUDA event after each op: where the step's time goes); FastSampler
-//      (cluster path and multi-pass path) vs lesson 09's sampler at batch 1 and 64; the decode progression
-//      (lesson 10 -> graphs -> fused -> fast sampler -> programmatic dependent launch) at batch 1 and 8,
-//      contexts 128 and 4096.
+//      (cluster path and multi-pass path) vs lesson 09's sampler at batch 1 and 64; decode attention, lesson
+//      10's kernel and lesson 14's over the paged pool and the contiguous cache; the decode progression (lesson
+//      10 -> graphs -> fused -> fast sampler -> programmatic dependent launch -> fast decode attention) at batch
+//      1 and 8, contexts 128 and 4096.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,16 +40,19 @@
 #include "common/lesson.h"
 #include "common/random.h"
 #include "common/validate.h"
+#include "decode_attention_fast.h"
 #include "fast_forward.h"
 #include "fast_path.h"
 #include "fast_sampler.h"
 #include "gemv.h"
 #include "generate.h"
 #include "generate_check.h"
+#include "kv_cache.h"
 #include "latency_bench.h"
 #include "logits_check.h"
 #include "matmul.h"
 #include "model_dir.h"
+#include "paged_kv.h"
 #include "pdl.h"
 #include "rmsnorm.h"
 #include "silu_mul.h"
@@ -310,7 +315,58 @@ void check_sampler(Report& report, int64_t vocab) {
   }
 }
 
-// ---- 4. --bench ------------------------------------------------------------------------------------------
+// ---- 4. the fast decode attention -------------------------------------------------------------------------
+
+// One decode step of 5 sequences (1 to 3000 keys, shuffled slots) with the model's attention heads: lesson 14's
+// kernel against lesson 10's CPU reference (within lesson 10's decode tolerance) and lesson 10's kernel (one bf16
+// step apart at most), at the op's own split count and at 1 and 7 pinned splits.
+void check_decode_attention(Report& report, const ModelConfig& c) {
+  install_fast_decode_attention();
+  const AttentionShape s = AttentionShape::from_config(c);
+  const std::vector<int64_t> q_lens{1, 1, 1, 1, 1}, k_lens{1, 17, 3000, 200, 64};
+  const std::vector<int32_t> slot_ids{3, 1, 4, 0, 2};
+  const int64_t B = 5, ctx = 3000;
+  const std::vector<float> k = random_normal(static_cast<size_t>(B * ctx * s.kv_dim()), 71);
+  const std::vector<float> v = random_uniform(static_cast<size_t>(B * ctx * s.kv_dim()), 72);
+  const std::vector<float> q = random_normal(static_cast<size_t>(B * s.q_dim()), 73);
+  // The step on device d with `kernel` and `splits` (0: the op's own count); the CPU computes lesson 10's reference.
+  const auto run = [&](Device d, DecodeAttention kernel, int splits) {
+    const DType dt = d == Device::CPU ? DType::F32 : DType::BF16;
+    KvCache cache(s, 1, B, ctx, d);
+    const Shape shape = cache.k(0).shape;
+    copy_view(cache.k(0), on(Tensor::from_f32(k, shape, DType::BF16, Device::CPU), d, dt).view());
+    copy_view(cache.v(0), on(Tensor::from_f32(v, shape, DType::BF16, Device::CPU), d, dt).view());
+    AttentionBatch batch(B, d);
+    batch.set_lengths(q_lens, k_lens);
+    CacheSlots slots(B, B, d);
+    slots.set(slot_ids);
+    DecodeWorkspace ws(s, B, d);
+    const Tensor qt = on(Tensor::from_f32(q, {B, s.q_dim()}, DType::BF16, Device::CPU), d, dt);
+    Tensor o = Tensor::empty({B, s.q_dim()}, dt, d);
+    if (splits == 0) cached_attention(o, qt, cache.k(0), cache.v(0), batch, slots, s, &ws, nullptr, kernel);
+    else decode_attention(o, qt, cache.k(0), cache.v(0), batch, slots, s, splits, &ws, nullptr, kernel);
+    return to_f32_vector(o);  // waits for the device
+  };
+  const std::vector<float> cpu = run(Device::CPU, DecodeAttention::Split, 0);
+  const std::vector<float> lesson10 = run(Device::CUDA, DecodeAttention::Split, 0);
+  for (int splits : {0, 1, 7}) {
+    // Both pipelines (decode_attention_fast.h): v1 at 7 splits, v2 (the default) otherwise.
+    set_fast_decode_pipeline(splits == 7 ? FastDecodePipeline::Registers : FastDecodePipeline::Ring);
+    const std::vector<float> got = run(Device::CUDA, DecodeAttention::Fast, splits);
+    const std::string name = std::string("fast decode attention ") + fast_decode_pipeline_name(fast_decode_pipeline()) +
+                             ", " + std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " heads of " +
+                             std::to_string(s.head_dim) +
+                             (splits == 0 ? ", its own splits" : ", " + std::to_string(splits) + " splits");
+    const CompareResult vs_cpu = compare(name + " vs cpu", got, cpu, Tolerance{1e-4, 1.0 / 256 + 1e-4});
+    const CompareResult vs_l10 = compare(name + " vs lesson 10", got, lesson10, Tolerance{1e-4, 2.0 / 256 + 1e-4});
+    report.add_check(name, vs_cpu.pass() && vs_l10.pass(),
+                     "max_rel vs cpu " + fmt("%.2e", vs_cpu.max_rel) + ", vs lesson 10's kernel " +
+                         fmt("%.2e", vs_l10.max_rel));
+  }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
+}
+
+// ---- 5. --bench ------------------------------------------------------------------------------------------
 
 void bench_gemvs(const ModelWeights& w, const Ceilings& ceilings) {
   CublasHandle cublas(CublasHandle::kDefaultWorkspaceBytes, nullptr);
@@ -462,6 +518,23 @@ void bench_sampler(int64_t vocab) {
     }
 }
 
+// Decode attention alone, the model's heads and layers: lesson 10's kernel and lesson 14's, each over lesson 12's
+// pool (shuffled blocks of 16) and lesson 10's contiguous cache (paged_bench.cpp measures them).
+void bench_decode_attention(const ModelConfig& c) {
+  install_fast_decode_attention();
+  const AttentionShape s = AttentionShape::from_config(c);
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{1, 4096}, {8, 4096}, {64, 2048}, {256, 1024}};
+  for (const auto& [B, ctx] : shapes) {
+    const int64_t context = std::min<int64_t>(ctx, c.max_position_embeddings);
+    for (FastDecodePipeline pipeline : {FastDecodePipeline::Registers, FastDecodePipeline::Ring}) {
+      set_fast_decode_pipeline(pipeline);
+      std::printf("\nlesson 14 kernel: %s\n", fast_decode_pipeline_name(pipeline));
+      bench_paged_decode(s, c.num_hidden_layers, B, context, 16, std::cout);
+    }
+  }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
+}
+
 void bench_progression(const ModelWeights& w, const Ceilings& ceilings) {
   const ModelConfig& c = w.config;
   std::printf("\ndecode through lesson 10's Generator (what `tiny-vllm generate` does), 64 new tokens per run;\n"
@@ -504,6 +577,7 @@ int run(const LessonOptions& opt) {
   check_gemvs_cuda(report, w, kernel);
   check_fast_path(report, opt.model_dir, w);
   check_sampler(report, c.vocab_size);
+  check_decode_attention(report, c);
   report.print(std::cout);
   if (opt.bench) {
     const Ceilings ceilings = measure_ceilings(false);
@@ -511,6 +585,7 @@ int run(const LessonOptions& opt) {
     bench_gemv_chain(w, ceilings);
     bench_step_timeline(w);
     bench_sampler(c.vocab_size);
+    bench_decode_attention(c);
     bench_progression(w, ceilings);
   }
   return report.exit_code();

@@ -1,12 +1,12 @@
 // tiny-vllm bench latency --model DIR [--batch-size 1 8 ...] [--context 128 4096] [--output-len 128]
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
-//                         [--no-pdl] [--compare] [--device auto|cpu|cuda] [--output table|json]
+//                         [--no-pdl] [--no-fast-attention] [--compare] [--device auto|cpu|cuda] [--output table|json]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
 // decode), and prefill tok/s. --compare runs the lesson's progression in one process, so that every row is
 // measured on the same GPU in the same minute: lesson 10 as it is, then + CUDA graphs, + the fused GEMV forward,
-// + the fast sampler, + programmatic dependent launch (the default fast path).
+// + the fast sampler, + programmatic dependent launch, + the fast decode attention (the default fast path).
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -31,7 +31,8 @@ struct BenchLatencyOptions {
   std::vector<int64_t> batch_sizes{1}, contexts{128, 4096}, prefill_lens{512, 4096};
   int64_t output_len = 128;
   int iters = 3;
-  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, compare = false;
+  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
+       compare = false;
 };
 
 std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device, const ModelConfig& config) {
@@ -40,6 +41,7 @@ std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device
   chosen.fused = !o.no_fused;
   chosen.fast_sampler = !o.no_fast_sampler;
   chosen.pdl = !o.no_pdl;
+  chosen.fast_attention = !o.no_fast_attention;
   if (!o.compare || device != Device::CUDA) return {{describe_fast_path(chosen, device, &config), chosen}};
   return progression_variants();
 }
@@ -125,6 +127,8 @@ void add_bench_latency_command(CLI::App& bench) {
   cmd->add_flag("--no-fused", opt->no_fused, "lesson 08's composed forward instead of the fused GEMV decode");
   cmd->add_flag("--no-fast-sampler", opt->no_fast_sampler, "lesson 09's sampler instead of lesson 14's");
   cmd->add_flag("--no-pdl", opt->no_pdl, "the fused GEMVs without programmatic dependent launch");
+  cmd->add_flag("--no-fast-attention", opt->no_fast_attention,
+                "lesson 10's decode attention kernel instead of lesson 14's");
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
   cmd->add_option("--output", opt->output, "table (default) or json");

@@ -2,17 +2,17 @@
 //                 [--api-key KEY] [--max-waiting N] [--kv paged|contiguous] [--max-model-len N] [--max-num-seqs N]
 //                 [--max-num-batched-tokens N] [--kv-blocks N] [--gpu-memory-utilization F] [--shutdown-timeout S]
 //                 [--read-timeout S] [--max-connections N] [--quiet] [--batch-invariant]
-//                 [--enforce-eager] [--no-fused] [--no-fast-sampler] [--no-pdl]
+//                 [--enforce-eager] [--no-fused] [--no-fast-sampler] [--no-pdl] [--no-fast-attention]
 // tiny-vllm bench serve --url http://127.0.0.1:8000 --concurrency C --num-requests N [--max-tokens M]
 //                       [--prompt-len P] [--duration-limit S] [--model NAME] [--api-key KEY] [--output text|json]
 //
 // serve: lesson 13's OpenAI-compatible server over the engine (lessons 11-12), with lesson 14's fast path on a
-// GPU (--enforce-eager, --no-fused, --no-fast-sampler, --no-pdl turn its parts off). It warms the engine up (a dummy
-// request through each code path, and the decode graphs of batch sizes 1, 2, 4, ...), then prints "listening on
-// http://HOST:PORT" once it accepts connections (--port 0: any free port, the line says which), one line per
-// finished request on stderr (unless --quiet), and on SIGINT/SIGTERM stops accepting (503), lets in-flight
-// requests finish for --shutdown-timeout seconds, aborts the rest, closes every connection and exits 0. A second
-// signal exits at once (130).
+// GPU (--enforce-eager, --no-fused, --no-fast-sampler, --no-pdl, --no-fast-attention turn its parts off). It warms
+// the engine up (a dummy request through each code path, and the decode graphs of batch sizes 1, 2, 4, ...), then
+// prints "listening on http://HOST:PORT" once it accepts connections (--port 0: any free port, the line says
+// which), one line per finished request on stderr (unless --quiet), and on SIGINT/SIGTERM stops accepting (503),
+// lets in-flight requests finish for --shutdown-timeout seconds, aborts the rest, closes every connection and
+// exits 0. A second signal exits at once (130).
 // bench serve: lesson 13's load generator against a running server on this machine (loopback only).
 #include <unistd.h>
 

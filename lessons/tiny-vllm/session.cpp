@@ -39,6 +39,8 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
   cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
+  cmd->add_flag("--no-fast-attention", no_fast_attention,
+                "CUDA: lesson 10's decode attention kernel instead of lesson 14's");
 #else
   (void)cmd;
 #endif
@@ -51,6 +53,7 @@ FastPathOptions FastPathFlags::options() const {
   o.fused = !no_fused;
   o.fast_sampler = !no_fast_sampler;
   o.pdl = !no_pdl;
+  o.fast_attention = !no_fast_attention;
   return o;
 }
 #endif

@@ -38,9 +38,10 @@ struct SamplingFlags {
   SamplingParams params() const;  // validated: InputError naming the flag
 };
 
-// Lesson 14's fast path on CUDA (fused GEMV decode, CUDA graphs, the fast sampler), on by default.
+// Lesson 14's fast path on CUDA (fused GEMV decode, CUDA graphs, the fast sampler, the fast decode attention), on
+// by default.
 struct FastPathFlags {
-  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false;
+  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
   void apply(Generator& gen) const;

@@ -1,0 +1,93 @@
+// Lesson 14: the fast decode kernel (decode_attention_fast.cuh) instantiated for lesson 10's contiguous cache and
+// lesson 12's paged pool, its split policy, and its installation into their seams (decode_attention_fast.h).
+#include "decode_attention_fast.h"
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "cache_kv.cuh"
+#include "common/errors.h"
+#include "decode_attention_fast.cuh"
+#include "paged_kv_policy.cuh"
+
+namespace tvllm {
+
+namespace {
+
+std::atomic<FastDecodePipeline> g_pipeline{FastDecodePipeline::Ring};
+
+fast_decode::Pipeline pipeline() {
+  return g_pipeline.load() == FastDecodePipeline::Ring ? fast_decode::Pipeline::Ring : fast_decode::Pipeline::Registers;
+}
+
+fast_decode::Params fast_params(const TensorView& out, const TensorView& q, const AttentionBatch& batch,
+                                const AttentionShape& shape, int window, const DecodeWorkspace& workspace) {
+  TVLLM_REQUIRE(window >= 0, "fast decode attention: window must be >= 0 (0 = every key), got " +
+                                 std::to_string(window));
+  fast_decode::Params p;
+  p.q = q.ptr<const __nv_bfloat16>();
+  p.out = out.ptr<__nv_bfloat16>();
+  p.q_stride = q.strides[0];
+  p.out_stride = out.strides[0];
+  p.cu_q = batch.cu_seqlens_q_device();
+  p.cu_k = batch.cu_seqlens_k_device();
+  p.head_dim = static_cast<int>(shape.head_dim);
+  p.group = static_cast<int>(shape.group_size());
+  p.n_heads = static_cast<int>(shape.n_heads);
+  p.window = window;
+  p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e), as lessons 07 and 10
+  p.partials = workspace.partials();
+  return p;
+}
+
+}  // namespace
+
+int fast_decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms) {
+  if (num_sms <= 0) return decode_splits(shape, batch_size, max_k_len, num_sms);
+  const int64_t head_tiles = (shape.group_size() + 7) / 8;
+  const int64_t blocks = static_cast<int64_t>(batch_size) * shape.n_kv_heads * head_tiles;
+  // Enough blocks already: every SM holds two or more for the whole step, and a split would only add a combine.
+  if (blocks >= 2 * static_cast<int64_t>(num_sms)) return 1;
+  // A sliding window caps the keys a decode query reads at `window`, however long the context: split those
+  // (as decode_splits does for lesson 10's kernel).
+  if (shape.window > 0) max_k_len = std::min(max_k_len, shape.window);
+  const int64_t by_keys = (max_k_len + kMinKeysPerFastSplit - 1) / kMinKeysPerFastSplit;
+  const int64_t to_fill = (4 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
+  return static_cast<int>(std::clamp<int64_t>(std::min(by_keys, to_fill), 1, DecodeWorkspace::kMaxDecodeSplits));
+}
+
+void fast_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& cache_k,
+                                const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
+                                const AttentionShape& shape, int num_splits, int window,
+                                const DecodeWorkspace& workspace, cudaStream_t stream) {
+  fast_decode::launch(pipeline(), fast_params(out, q, batch, shape, window, workspace),
+                      cache_kv(cache_k, cache_v, slots, shape), static_cast<int>(shape.n_kv_heads), batch.batch_size(),
+                      num_splits, stream);
+}
+
+void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                      const TensorView& pool_v, const AttentionBatch& batch,
+                                      const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                      int window, const DecodeWorkspace& workspace, cudaStream_t stream) {
+  fast_decode::launch(pipeline(), fast_params(out, q, batch, shape, window, workspace),
+                      paged_kv_policy(pool_k, pool_v, tables, shape), static_cast<int>(shape.n_kv_heads),
+                      batch.batch_size(), num_splits, stream);
+}
+
+void set_fast_decode_pipeline(FastDecodePipeline pipeline) { g_pipeline.store(pipeline); }
+FastDecodePipeline fast_decode_pipeline() { return g_pipeline.load(); }
+
+const char* fast_decode_pipeline_name(FastDecodePipeline pipeline) {
+  return pipeline == FastDecodePipeline::Ring ? "v2 cp.async ring" : "v1 register stages";
+}
+
+void install_fast_decode_attention() {
+  FastDecodeKernel kernel;
+  kernel.splits = fast_decode_splits;
+  kernel.contiguous = fast_decode_attention_cuda;
+  install_fast_decode(kernel);
+  install_fast_paged_decode(fast_paged_decode_attention_cuda);
+}
+
+}  // namespace tvllm

@@ -1,0 +1,407 @@
+// Lesson 14's decode attention: lesson 10's flash-decoding, rebuilt to keep the memory bus busy. Templates over
+// lesson 07's KV policy contract (flash_attention.cuh), like lesson 10's kernel, so it reads lesson 10's
+// contiguous cache (CacheKV, cache_kv.cuh) and lesson 12's paged pool (PagedKV, paged_kv_policy.cuh) alike.
+//
+//   fast_decode_kernel     one block per (sequence, kv head, <= 8 query heads of its group, split of the keys);
+//                          its 4 warps work INDEPENDENTLY, each on its own tiles of keys, with its own running
+//                          max, sum and output in registers; ONE barrier at the end merges the 4 warps
+//   fast_combine_kernel    per (sequence, head): the splits' partials rescaled to one max and added (only when
+//                          the grid has more than one split)
+//
+// Why not lesson 10's kernel (README "Decode attention at the memory roofline" has the long story): there, every
+// tile of keys goes load -> scores -> __syncthreads -> softmax by one warp per head -> __syncthreads -> P V ->
+// __syncthreads. While a block computes, it has NO load in flight, and every warp of it waits at the barriers for
+// the slowest. Here a warp, while it computes tile t, already has its next tiles in flight (software pipelining),
+// and nothing but the end of the block waits for another warp. Two ways to hold the tiles in flight:
+//
+//   Pipeline::Registers  v1: two stages in registers (A, B): the loads of the next tile are issued before the
+//                        current one is computed. Simple, but every byte in flight is a register (64 per lane
+//                        at 4 rounds), which limits the blocks per SM.
+//   Pipeline::Ring       v2 (default): kRingStages stages per warp in shared memory, filled by cp.async (16
+//                        bytes global -> shared without registers); a lane reads back only the 16-byte pieces it
+//                        copied itself, so a cp.async.wait_group of its own is all the synchronisation it needs.
+//                        Two tiles ahead in flight per warp at no register cost.
+//
+// A warp's tile: U rounds of 32 / TPK keys, each key read by TPK lanes of 8 dims (16 bytes) each, K and V
+// together. With head_dim 64 (TPK 8) and U 4 that is 16 keys: one block of lesson 12's pool, whose block-table
+// entry every lane reads from the same address (one transaction, an L1 hit after the first lane group).
+//
+// Arithmetic (what the CPU reference computes; README section 8, "What correct means here"): scores in base-2 units, fp32
+// throughout, P never rounded; per split a max m, a sum l and an unnormalised output o relative to m; the
+// combine rescales by 2^(m_s - M). The order of the additions differs from lesson 10's kernel (per warp, then
+// the 4 warps in a fixed order), so the bits may differ from it by fp32 rounding; for a given split count the
+// result is the same on every run and in a CUDA graph (no atomics, fixed orders).
+//
+// Include it from a .cu file (C++17); decode_attention_fast.cu instantiates it and installs it into lessons 10
+// and 12 (decode_attention_fast.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common/cuda_utils.cuh"
+#include "common/errors.h"
+#include "common/mma.cuh"  // cp.async (lesson 06)
+#include "kv_cache.h"
+#include "stream_load.cuh"
+
+namespace tvllm {
+namespace fast_decode {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxSplits = DecodeWorkspace::kMaxDecodeSplits;
+// A split's share of the keys is rounded up to a multiple of this: with blocks of 16 positions (lesson 12's
+// default) and no window, every warp tile of 16 (or 8, 4) keys then lies inside one block of the pool. (With a
+// window a tile may straddle two blocks: correct all the same, each key's address comes from its own entry.)
+constexpr int kSplitAlign = 16;
+// Stages of a warp's shared-memory ring (Pipeline::Ring): the tile being computed and kRingStages - 1 in flight.
+constexpr int kRingStages = 3;
+
+enum class Pipeline { Registers, Ring };
+
+// The query side of a launch and the split scratch (the keys and values come through the KV policy).
+struct Params {
+  const bf16* q;          // row 0 of q: packed rows (cu_seqlens_q), q_stride apart; head h at column h*head_dim
+  bf16* out;              // same layout as q
+  int64_t q_stride, out_stride;
+  const int32_t* cu_q;    // [B+1] device
+  const int32_t* cu_k;    // [B+1] device: k_len[b] = cu_k[b+1] - cu_k[b]
+  int head_dim, group, n_heads;
+  int window;             // 0: every key; W > 0: only keys [max(0, k_len - W), k_len) (a sliding window)
+  float scale_log2;       // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
+  float* partials;        // [B][n_heads][kMaxSplits][head_dim + 2]: unnormalised o, then m, then l (lesson 10's)
+};
+
+// Rounds a lane keeps per stage: U keys' K and V, 8 registers each. With 8 query heads a lane already holds
+// 64 fp32 of q and 64 of output; 2 rounds keep it clear of spills.
+template <int G>
+constexpr int rounds_per_stage() {
+  return G >= 8 ? 2 : 4;
+}
+
+// Shared memory: the ring (Pipeline::Ring: [kWarps][kRingStages][U rounds][K, V][32 lanes] x 16 bytes), which the
+// final merge reuses for the 4 warps' outputs [kWarps][G][head_dim] and their m and l [kWarps][G]. At most 48 KiB
+// (U 4; head_dim 256 with G 8: 33 KiB of merge), the most a block gets without opting in.
+template <int G>
+size_t smem_bytes(Pipeline pipeline, int head_dim) {
+  const size_t merge = static_cast<size_t>(kWarps * G * (head_dim + 2)) * sizeof(float);
+  const size_t ring_bytes = size_t{kWarps} * kRingStages * rounds_per_stage<G>() * 2 * 32 * 16;
+  const size_t ring = pipeline == Pipeline::Ring ? ring_bytes : 0;
+  return std::max(merge, ring);
+}
+
+// One stage of a warp's pipeline: this lane's 16 bytes of U keys and of their U values.
+template <int U>
+struct Stage {
+  Pack<8> k[U], v[U];
+};
+
+// grid: (num_splits, n_kv_heads * ceil(group / G), B); kThreads threads. TPK: threads per key (head_dim / 8
+// rounded up to a power of two); G: query heads per block; U: rounds per stage; P: where the stages live.
+template <int TPK, int G, int U, Pipeline P, class KV>
+__global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, const KV kv) {
+  constexpr int kKeysPerRound = 32 / TPK;        // keys a warp reads per load instruction
+  constexpr int kTile = U * kKeysPerRound;       // keys per warp tile (one pipeline stage)
+  extern __shared__ __align__(16) float fast_smem[];
+
+  const int b = blockIdx.z;
+  const int q_row = p.cu_q[b];
+  if (p.cu_q[b + 1] - q_row != 1) return;  // no query for this sequence: the whole block leaves
+  const int head_tiles = (p.group + G - 1) / G;
+  const int kv_head = static_cast<int>(blockIdx.y) / head_tiles;
+  const int h0 = kv_head * p.group + (static_cast<int>(blockIdx.y) % head_tiles) * G;
+  const int heads = min(G, (kv_head + 1) * p.group - h0);  // real heads of this block (the rest: zero queries)
+
+  // This split's keys, from THIS step's k_len (a CUDA graph keeps the number of splits, not the lengths): the
+  // window's keys [first, k_len) cut into num_splits shares, each rounded up to kSplitAlign keys.
+  const int k_len = p.cu_k[b + 1] - p.cu_k[b];
+  const int first = p.window > 0 ? max(0, k_len - p.window) : 0;
+  const int splits = static_cast<int>(gridDim.x);
+  const int share = ((k_len - first + splits - 1) / splits + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  const int key_begin = min(k_len, first + static_cast<int>(blockIdx.x) * share);
+  const int key_end = min(k_len, key_begin + share);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kg = lane / TPK, c = lane % TPK;  // this lane's key within a round, and its 8 dims of that key
+  const int D = p.head_dim;
+  const bool active = c * 8 < D;              // TPK * 8 may exceed head_dim (80 -> 16 lanes, 10 active)
+  const int col = active ? c * 8 : 0;
+
+  // The block's query heads, scaled so that q.k comes out in base-2 units. Missing heads are zeros.
+  float qr[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    Pack<8> qp{};
+    if (active && g < heads) qp = load_pack<8>(p.q + static_cast<int64_t>(q_row) * p.q_stride + (h0 + g) * D + col);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qr[g][e] = qp.get(e) * p.scale_log2;
+  }
+  // This warp's running softmax state per head: m is the same in every lane; l and acc are this lane's keys'
+  // share (each key group adds its own keys), added across the warp's key groups at the end.
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+  const auto seq = kv.sequence(b, p.cu_k[b], kv_head);
+
+  // Registers: issue the loads of tile t (its K and V rows together); keys past the split's end are zeros.
+  const auto fetch = [&](Stage<U>& s, int t) {
+    const int base = key_begin + t * kTile + kg;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = base + u * kKeysPerRound;
+      s.k[u] = Pack<8>{};
+      s.v[u] = Pack<8>{};
+      if (active && j < key_end) {
+        s.k[u] = load_streaming(seq.key(j) + col);
+        s.v[u] = load_streaming(seq.value(j) + col);
+      }
+    }
+  };
+  // Fold tile t into the warp's state: scores, the tile's max, rescale, p = 2^(s - m), l += p, acc += p v.
+  const auto consume = [&](const Stage<U>& s, int t) {
+    const int base = key_begin + t * kTile + kg;
+    float sc[U][G];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool valid = base + u * kKeysPerRound < key_end;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(qr[g][e], s.k[u].get(e), dot);
+        // The key's TPK lanes add their 8-dim parts (all of them end with the whole dot product).
+#pragma unroll
+        for (int off = TPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        sc[u][g] = valid ? dot : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float tile_max = sc[0][g];
+#pragma unroll
+      for (int u = 1; u < U; ++u) tile_max = fmaxf(tile_max, sc[u][g]);
+      // Across the warp's key groups: lanes c, c + TPK, c + 2 TPK, ... hold different keys.
+#pragma unroll
+      for (int off = TPK; off < 32; off <<= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+      const float m_new = fmaxf(m[g], tile_max);
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;  // never -inf - -inf (lesson 07 section 6)
+      const float alpha = exp2f(m[g] - m_ref);              // the first tile: 2^-inf = 0
+      m[g] = m_new;
+      l[g] *= alpha;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const float pr = exp2f(sc[u][g] - m_ref);  // a key past the end: 2^-inf = 0
+        l[g] += pr;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pr, s.v[u].get(e), acc[g][e]);
+      }
+    }
+  };
+
+  // The warp's tiles: t = warp, warp + kWarps, ... (neighbouring warps read neighbouring keys). Every branch
+  // below is the same for the whole warp.
+  const int n_tiles = (key_end - key_begin + kTile - 1) / kTile;
+  if constexpr (P == Pipeline::Registers) {
+    // Two stages in registers, A and B: the loads of the next tile are issued before the current one is
+    // computed. (Unrolled by two so that A and B stay in registers without copies.)
+    Stage<U> A, B;
+    int t = warp;
+    if (t < n_tiles) fetch(A, t);
+    for (; t < n_tiles; t += 2 * kWarps) {
+      const int t1 = t + kWarps;
+      if (t1 < n_tiles) fetch(B, t1);
+      consume(A, t);
+      if (t1 >= n_tiles) break;
+      const int t2 = t1 + kWarps;
+      if (t2 < n_tiles) fetch(A, t2);
+      consume(B, t1);
+    }
+  } else {
+    // The ring: this lane's 16-byte pieces of stage s, round u, K (0) or V (1). Lane-private slots, consecutive
+    // lanes at consecutive 16 bytes: no bank conflicts, and no other lane ever reads them.
+    uint4* ring = reinterpret_cast<uint4*>(fast_smem) + warp * (kRingStages * U * 2 * 32);
+    const auto slot = [&](int stage, int u, int kv_half) { return ring + ((stage * U + u) * 2 + kv_half) * 32 + lane; };
+    // cp.async tile t into `stage`; a key past the end (or a lane past head_dim) reads nothing and gets zeros
+    // (cp.async's src-size 0, from an address that is valid anyway: q).
+    const auto issue = [&](int stage, int t) {
+      const int base = key_begin + t * kTile + kg;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = base + u * kKeysPerRound;
+        const bool valid = active && j < key_end;
+        cp_async_16(slot(stage, u, 0), valid ? static_cast<const void*>(seq.key(j) + col) : p.q, valid);
+        cp_async_16(slot(stage, u, 1), valid ? static_cast<const void*>(seq.value(j) + col) : p.q, valid);
+      }
+    };
+    // One commit group per tile, empty ones included, so that "the group of the tile now computed" is always
+    // kRingStages - 1 groups behind the newest.
+#pragma unroll
+    for (int i = 0; i < kRingStages - 1; ++i) {
+      if (warp + i * kWarps < n_tiles) issue(i, warp + i * kWarps);
+      cp_async_commit();
+    }
+    int stage = 0;
+    for (int t = warp; t < n_tiles; t += kWarps) {
+      // The stage this lane computed last iteration is free again (its reads were used before this point).
+      const int ahead = t + (kRingStages - 1) * kWarps;
+      if (ahead < n_tiles) issue((stage + kRingStages - 1) % kRingStages, ahead);
+      cp_async_commit();
+      cp_async_wait<kRingStages - 1>();  // this lane's copies of tile t have landed
+      Stage<U> cur;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint4 kw = *slot(stage, u, 0), vw = *slot(stage, u, 1);
+        cur.k[u].word[0] = kw.x, cur.k[u].word[1] = kw.y, cur.k[u].word[2] = kw.z, cur.k[u].word[3] = kw.w;
+        cur.v[u].word[0] = vw.x, cur.v[u].word[1] = vw.y, cur.v[u].word[2] = vw.z, cur.v[u].word[3] = vw.w;
+      }
+      consume(cur, t);
+      stage = (stage + 1) % kRingStages;
+    }
+    cp_async_wait<0>();  // nothing of this lane's left in flight (the groups past the end were empty)
+    __syncthreads();     // every warp is done with its ring: the merge below reuses the memory
+  }
+
+  // The warp's sum and output: add the key groups' shares (after the butterfly every lane holds the total).
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int off = TPK; off < 32; off <<= 1) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], off);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+    }
+  }
+  // The block's one barrier: the 4 warps' (m, l, o) meet in shared memory and are merged in a fixed order.
+  float* sO = fast_smem;                    // [kWarps][G][D]
+  float* sM = fast_smem + kWarps * G * D;   // [kWarps][G]
+  float* sL = sM + kWarps * G;              // [kWarps][G]
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      sM[warp * G + g] = m[g];
+      sL[warp * G + g] = l[g];
+    }
+  }
+  if (lane < TPK && active) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sO[(warp * G + g) * D + col + e] = acc[g][e];
+  }
+  __syncthreads();
+  const bool direct = gridDim.x == 1;  // one split: this block has the whole answer
+  for (int i = threadIdx.x; i < heads * D; i += kThreads) {
+    const int g = i / D, d = i % D, h = h0 + g;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sM[w * G + g]);
+    float o = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = sM[w * G + g];
+      if (mw == -INFINITY) continue;  // a warp that had no keys adds nothing
+      const float weight = exp2f(mw - M);
+      o = fmaf(weight, sO[(w * G + g) * D + d], o);
+      L = fmaf(weight, sL[w * G + g], L);
+    }
+    if (direct) {
+      p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(L > 0.f ? o / L : 0.f);
+    } else {
+      // Lesson 10's partial layout; an empty split (no keys) writes m = -inf, which the combine skips.
+      float* part = p.partials + ((static_cast<int64_t>(b) * p.n_heads + h) * kMaxSplits + blockIdx.x) * (D + 2);
+      part[d] = o;
+      if (d == 0) {
+        part[D] = M;
+        part[D + 1] = L;
+      }
+    }
+  }
+}
+
+// grid: (ceil(n_heads / kWarps), B); kThreads threads: one warp per (sequence, head). The lanes take the splits'
+// maxima and sums 32 at a time (shuffle reductions), then the output dims 32 at a time.
+static __global__ void __launch_bounds__(kThreads) fast_combine_kernel(const Params p, int num_splits) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = static_cast<int>(blockIdx.x) * kWarps + warp, b = blockIdx.y;
+  const int q_row = p.cu_q[b];
+  if (h >= p.n_heads || p.cu_q[b + 1] - q_row != 1) return;  // whole warps leave: the shuffles stay full
+  const int D = p.head_dim;
+  const float* part = p.partials + (static_cast<int64_t>(b) * p.n_heads + h) * kMaxSplits * (D + 2);
+  float M = -INFINITY;
+  for (int s = lane; s < num_splits; s += 32) M = fmaxf(M, part[s * (D + 2) + D]);
+  M = warp_max(M);
+  float L = 0.f;
+  for (int s = lane; s < num_splits; s += 32) {
+    const float ms = part[s * (D + 2) + D];
+    if (ms != -INFINITY) L += exp2f(ms - M) * part[s * (D + 2) + D + 1];
+  }
+  L = warp_sum(L);
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  for (int d = lane; d < D; d += 32) {
+    float o = 0.f;
+    for (int s = 0; s < num_splits; ++s) {
+      const float ms = part[s * (D + 2) + D];
+      if (ms != -INFINITY) o = fmaf(exp2f(ms - M), part[s * (D + 2) + d], o);
+    }
+    p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(o * inv);
+  }
+}
+
+template <int TPK, int G, class KV>
+void launch_for(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
+                cudaStream_t stream) {
+  const int head_tiles = (p.group + G - 1) / G;
+  const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(n_kv_heads * head_tiles),
+                  static_cast<unsigned>(batch_size));
+  constexpr int U = rounds_per_stage<G>();
+  const size_t smem = smem_bytes<G>(pipeline, p.head_dim);
+  if (pipeline == Pipeline::Ring) {
+    fast_decode_kernel<TPK, G, U, Pipeline::Ring, KV><<<grid, kThreads, smem, stream>>>(p, kv);
+  } else {
+    fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV><<<grid, kThreads, smem, stream>>>(p, kv);
+  }
+  TVLLM_CHECK_LAUNCH();
+}
+
+// Query heads per block: the group rounded up to a power of two, at most 8 (as lesson 10's kernel).
+template <int TPK, class KV>
+void launch_for_group(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size,
+                      int num_splits, cudaStream_t stream) {
+  if (p.group >= 5) launch_for<TPK, 8>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+  else if (p.group >= 3) launch_for<TPK, 4>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+  else if (p.group == 2) launch_for<TPK, 2>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+  else launch_for<TPK, 1>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+}
+
+// The decode kernel for p.head_dim (a multiple of 8 up to 256), then (num_splits > 1) the combine, on `stream`.
+template <class KV>
+void launch(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
+            cudaStream_t stream) {
+  const int B = batch_size, S = num_splits;
+  if (p.head_dim <= 32) launch_for_group<4>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  else if (p.head_dim <= 64) launch_for_group<8>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  else if (p.head_dim <= 128) launch_for_group<16>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  else launch_for_group<32>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  if (num_splits > 1) {
+    const dim3 grid(static_cast<unsigned>((p.n_heads + kWarps - 1) / kWarps), static_cast<unsigned>(batch_size));
+    fast_combine_kernel<<<grid, kThreads, 0, stream>>>(p, num_splits);
+    TVLLM_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace fast_decode
+}  // namespace tvllm

@@ -1,0 +1,56 @@
+// Lesson 14: decode attention at the memory roofline (decode_attention_fast.cuh has the kernel; README section
+// "Decode attention at the memory roofline" the story).
+//
+// The kernel reads lesson 10's contiguous cache and lesson 12's paged pool through their KV policies. Lessons 10 and
+// 12 cannot link lesson 14, so they expose a seam (kv_cache.h: install_fast_decode; paged_kv.h:
+// install_fast_paged_decode) and DecodeAttention::Fast; install_fast_decode_attention() fills both. From then on
+//
+//   decode_attention(..., DecodeAttention::Fast)          paged_decode_attention(..., DecodeAttention::Fast)
+//   cached_attention / paged_attention with decode == Fast, and the backends' set_decode_attention(Fast)
+//
+// run this kernel (after the lessons' own argument checks), with fast_decode_splits() as the split policy unless
+// a caller pins the count. use_fast_path installs it and makes it the decode kernel of the Generator and the Engine.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention.h"
+#include "common/tensor.h"
+#include "kv_cache.h"
+#include "paged_kv.h"
+
+namespace tvllm {
+
+// Fills lesson 10's and lesson 12's seams. Idempotent, cheap; call it before asking for DecodeAttention::Fast.
+void install_fast_decode_attention();
+
+// Where a warp keeps the tiles it has in flight (decode_attention_fast.cuh): v1 two stages in registers, v2 (the
+// default) a cp.async ring of 3 stages in shared memory. Process-wide; the benchmark and the tests switch it. The
+// pipeline only moves bytes: both give the same bits.
+enum class FastDecodePipeline { Registers, Ring };
+void set_fast_decode_pipeline(FastDecodePipeline pipeline);
+FastDecodePipeline fast_decode_pipeline();
+const char* fast_decode_pipeline_name(FastDecodePipeline pipeline);
+
+// Splits for a decode step of `batch_size` sequences whose longest context is max_k_len (of which a sliding window
+// reads at most shape.window keys: those are what is split). One block per (sequence, kv head, <= 8 query heads,
+// split): when the step alone gives at least 2 blocks per SM (B x kv heads >= 264 on an H200) there is no split
+// and no combine pass; below that, enough splits for ~4 blocks per SM, each of at least kMinKeysPerFastSplit
+// keys, at most kMaxDecodeSplits. num_sms 0 (the CPU): decode_splits()'s choice.
+inline constexpr int kMinKeysPerFastSplit = 64;
+int fast_decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms);
+
+// The kernels behind the seams (lesson 10 and 12's ops check the arguments first; call those). window: 0 = all keys,
+// W > 0 = each sequence's last W keys.
+void fast_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& cache_k,
+                                const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
+                                const AttentionShape& shape, int num_splits, int window,
+                                const DecodeWorkspace& workspace, cudaStream_t stream);
+void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                      const TensorView& pool_v, const AttentionBatch& batch,
+                                      const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                      int window, const DecodeWorkspace& workspace, cudaStream_t stream);
+
+}  // namespace tvllm
