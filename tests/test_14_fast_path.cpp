@@ -1,10 +1,19 @@
 // Lesson 14, CPU: the fast path's switches as data. The progression the chapter measures adds one technique per
+<<<<<<< HEAD
 // row (graphs, fused GEMVs, the fast sampler, programmatic dependent launch, the fast decode attention), the
 // default options are its last row, and on the CPU nothing of it is installed (the CPU path is the fp32
 // reference) and PDL is never claimed.
 // What the fast path says it installs: the fused GEMV decode computes Llama's layer only, so a model with biases
 // or q/k norms (issue 18; tests/data/models) is declined by name, and the notice says the composed kernels run
 // (the GPU side: tests/test_14_fast_path_gpu.cpp).
+=======
+// row (graphs, fused GEMVs, the fast sampler, programmatic dependent launch), the default options are its last
+// row, and on the CPU nothing of it is installed (the CPU path is the fp32 reference) and PDL is never claimed.
+// What the fast path says it installs: the fused GEMV decode computes Llama's layer with Qwen2's q/k/v biases and
+// Qwen3's q/k norm, but no bias after o_proj or in the MLP, so a model with one (issue 18; tests/data/models) is
+// declined by name, and the notice says the composed kernels run; and the fp32 fact that lets the GPU test tell a
+// fused layer that skipped a Qwen extra (the GPU side: tests/test_14_fast_path_gpu.cpp).
+>>>>>>> qwenfast
 #include <gtest/gtest.h>
 
 #include <string>
@@ -15,6 +24,7 @@
 #include "fast_path.h"
 #include "generate.h"
 #include "latency_bench.h"
+#include "logits_check.h"
 #include "model_dir.h"
 #include "pdl.h"
 #include "testing/engine_fixture.h"
@@ -78,28 +88,73 @@ TEST(FastPath14, OnTheCpuNothingIsInstalled) {
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 TEST(FastPath14, TheFamiliesExtrasAreDeclinedByName) {
-  const std::pair<const char*, const char*> cases[] = {
-      {"qwen2", "q/k/v biases"},
-      {"qwen3", "q/k norm"},
-      {"llama_bias", "q/k/v biases, o_proj bias, MLP biases"},
-  };
-  for (const auto& [family, declined] : cases) {
+  // The fused layer computes Qwen2's q/k/v biases and Qwen3's q/k norm (lesson 08's kernels, before RoPE); it
+  // has no bias after o_proj or in the MLP, so the biased Llama is declined by those two names alone.
+  const ModelDir llama_bias = ModelDir::open(testing::family_model_dir("llama_bias"));
+  ASSERT_TRUE(llama_bias.config.qkv_bias) << "the fixture has q/k/v biases too: the name must leave them out";
+  const std::string declined = "o_proj bias, MLP biases";
+  EXPECT_EQ(fast_forward_declines(llama_bias.config), declined);
+  const std::string notice = describe_fast_path({}, Device::CUDA, &llama_bias.config);
+  EXPECT_TRUE(contains(notice, "composed kernels (the fused GEMV decode does not compute this model's " + declined +
+                                   ")"))
+      << notice;
+  EXPECT_TRUE(contains(notice, "CUDA graphs")) << "graphs still apply: " << notice;
+  // Each of the two alone is declined by its own name.
+  ModelConfig o_only = llama_bias.config, mlp_only = llama_bias.config;
+  o_only.mlp_bias = false;
+  mlp_only.o_bias = false;
+  EXPECT_EQ(fast_forward_declines(o_only), "o_proj bias");
+  EXPECT_EQ(fast_forward_declines(mlp_only), "MLP biases");
+
+  for (const std::string family : {"qwen2", "qwen3", "mistral"}) {
     SCOPED_TRACE(family);
     const ModelDir model = ModelDir::open(testing::family_model_dir(family));
-    EXPECT_EQ(fast_forward_declines(model.config), declined);
-    const std::string notice = describe_fast_path({}, Device::CUDA, &model.config);
-    EXPECT_TRUE(contains(notice, std::string("composed kernels (the fused GEMV decode does not compute this "
-                                             "model's ") + declined + ")"))
-        << notice;
-    EXPECT_TRUE(contains(notice, "CUDA graphs")) << "graphs still apply: " << notice;
+    EXPECT_EQ(fast_forward_declines(model.config), "");
+    const std::string n = describe_fast_path({}, Device::CUDA, &model.config);
+    EXPECT_TRUE(contains(n, "fused GEMV decode") && !contains(n, "composed")) << n;
+  }
+  for (const std::string family : {"qwen2", "qwen3", "llama_bias"}) {
     // CPU weights never take the fused path, whatever the model.
-    EXPECT_FALSE(fast_forward_supported(ModelWeights::bind(model, Device::CPU)));
+    const ModelDir model = ModelDir::open(testing::family_model_dir(family));
+    EXPECT_FALSE(fast_forward_supported(ModelWeights::bind(model, Device::CPU))) << family;
   }
   const ModelDir llama = ModelDir::open(testing::tiny_model_dir());
   EXPECT_EQ(fast_forward_declines(llama.config), "");
-  const std::string notice = describe_fast_path({}, Device::CUDA, &llama.config);
-  EXPECT_TRUE(contains(notice, "fused GEMV decode") && !contains(notice, "composed")) << notice;
-  EXPECT_EQ(describe_fast_path({}, Device::CUDA), notice) << "without a config: the options alone";
+  const std::string plain = describe_fast_path({}, Device::CUDA, &llama.config);
+  EXPECT_TRUE(contains(plain, "fused GEMV decode") && !contains(plain, "composed")) << plain;
+  EXPECT_EQ(describe_fast_path({}, Device::CUDA), plain) << "without a config: the options alone";
+}
+
+// What FastPath14Gpu.QwenFamiliesTakeTheFusedPath can tell: it holds the fused path's teacher-forced logits within
+// eps (lesson 08's GPU bound, 0.2 x rms) of the fp32 CPU generator's. A fused layer that skipped Qwen2's biases
+// or Qwen3's q/k norm would compute the model without them, whose fp32 logits are the distance below away, and
+// its own bf16 error is again within eps: past 3 eps, such a layer is more than eps off, and the GPU test fails.
+// Measured: without the biases 13.8 eps, without the q/k norm 8.6 eps, k normalised with q's weight 5.8 eps.
+TEST(FastPath14, DroppingAQwenExtraMovesTheLogitsPastTheGpuBound) {
+  struct Drop {
+    const char* family;
+    void (*drop)(LayerWeights&);
+  };
+  const Drop drops[] = {
+      {"qwen2", [](LayerWeights& L) { L.bq = L.bk = L.bv = {}; }},
+      {"qwen3", [](LayerWeights& L) { L.q_norm = L.k_norm = {}; }},
+      {"qwen3", [](LayerWeights& L) { L.k_norm = L.q_norm; }},  // k normalised with q's weight
+  };
+  for (const Drop& d : drops) {
+    SCOPED_TRACE(d.family);
+    const testing::FamilyReference ref = testing::read_family_reference(d.family);
+    const ModelDir model = ModelDir::open(testing::family_model_dir(d.family));
+    const ModelWeights full = ModelWeights::bind(model, Device::CPU);
+    ModelWeights wrong = ModelWeights::bind(model, Device::CPU);
+    for (LayerWeights& L : wrong.layers) d.drop(L);
+    const EngineLimits lim = Generator::limits_for(model.config, 64, 1, 64);
+    Generator a(full, lim), b(wrong, lim);
+    const Tensor la = a.forced_logits(ref.prompt_ids, ref.greedy_ids);
+    const Tensor lb = b.forced_logits(ref.prompt_ids, ref.greedy_ids);
+    const double eps = gpu_logit_bound(rms(la.view()), nullptr).epsilon;
+    const Top1Agreement t = top1_agreement(lb.view(), la.view(), 2 * eps);
+    EXPECT_GT(t.max_abs_error, 3 * eps) << "eps " << eps << ": " << t.summary();
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "common/errors.h"
 #include "common/exercise.h"
 #include "embedding.h"
+#include "family_ops.h"
 #include "gemv.h"
 #include "rmsnorm.h"
 #include "rope.h"
@@ -20,21 +21,35 @@ namespace tvllm {
 // fused path runs single-token steps, and larger decode batches keep cuBLAS (README sections 4 and 11).
 int64_t fast_forward_max_tokens() { return 1; }
 
-std::string fast_forward_declines(const ModelConfig& c) { return family_extras(c); }
+// The fused kernels have no bias in their epilogues: o_proj's and the MLP's biases (Llama's attention_bias and
+// mlp_bias) would need one in gemv_residual and rmsnorm_gemv_silu_mul, so those models stay declined. What the
+// layer adds before RoPE (the q/k/v biases, the q/k norm) runs as lesson 08's own kernels between the fused ones.
+std::string fast_forward_declines(const ModelConfig& c) {
+  std::string s;
+  if (c.o_bias) s = "o_proj bias";
+  if (c.mlp_bias) s += (s.empty() ? "" : ", ") + std::string("MLP biases");
+  return s;
+}
 
 namespace {
 
-// Every layer is plain Llama: what the fused kernels compute (a bias or a q/k norm would be skipped).
-bool all_llama_only(const ModelWeights& w) {
+// Whether the fused layer computes this layer: anything but a bias after o_proj or in the MLP, and a q/k/v bias
+// only packed like wqkv (bqkv, as ModelWeights::bind packs it on CUDA).
+bool fused_computes(const LayerWeights& L) {
+  return L.bo.data == nullptr && L.b_gate.data == nullptr && L.b_up.data == nullptr && L.b_down.data == nullptr &&
+         (!L.has_qkv_bias() || L.bqkv.data != nullptr);
+}
+
+bool fused_computes_every_layer(const ModelWeights& w) {
   for (const LayerWeights& L : w.layers)
-    if (!L.llama_only()) return false;
+    if (!fused_computes(L)) return false;
   return true;
 }
 
 }  // namespace
 
 bool fast_forward_supported(const ModelWeights& w) {
-  if (w.device != Device::CUDA || w.layers.empty() || !all_llama_only(w)) return false;
+  if (w.device != Device::CUDA || w.layers.empty() || !fused_computes_every_layer(w)) return false;
   // One token's views, for the shape checks: x [1, in] -> y [1, out] for every matrix.
   const auto ok = [](const TensorView& weight, DType out_dtype) {
     return weight.rank() == 2 && gemv_shape_supported(weight, out_dtype);
@@ -67,13 +82,17 @@ bool rows_are_tokens(const StepInputs& step) {
 namespace {
 
 // Both ForwardFns: pdl launches the fused GEMVs as programmatic dependents of the kernel before each (pdl.h).
+// Everything else of the step (embedding, add_bias, head_rmsnorm, RoPE, the attention backend's kernels) is a
+// plain launch, which starts only once the kernel before it has completed: that keeps pdl.cuh's induction
+// ("a kernel completed => every earlier kernel of the stream completed") true across them, so a PDL GEMV after
+// them still reads everything they wrote, and they never overwrite what a GEMV before them still reads.
 // after_op (the timeline, fast_forward_traced): called after each op is queued; nullptr for the real steps.
 TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step, AttentionBackend& backend,
                          bool pdl, const OpMark* after_op = nullptr) {
   const int64_t T = step.num_tokens(), R = step.num_logits_rows();
-  // all_llama_only: also when installed by hand, past fast_forward_supported (a few pointer tests per layer).
+  // fused_computes_every_layer: also when installed by hand, past fast_forward_supported (a few pointer tests).
   if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel ||
-      !all_llama_only(w))
+      !fused_computes_every_layer(w))
     return forward_composed(ctx, w, step, backend);
   check_forward_args(ctx, w, step);
   const ModelConfig& c = w.config;
@@ -95,8 +114,11 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph); the
   //   fused GEMVs get `pdl` (their launch, not their math: see pdl.h); after each op, mark(its name) with the
   //   names fast_forward.h lists for fast_forward_traced (optional: only the timeline reads them).
+  //   Qwen2's q/k/v biases and Qwen3's q/k norm: lesson 08's add_bias and head_rmsnorm, where decoder_layer
+  //   runs them (after the qkv projection, before RoPE), as plain launches.
   // Tests: FastPath14Gpu.GreedyEqualsHuggingFaceWhereTheMarginsAreClear
   // Tests: FastPath14Gpu.TeacherForcedLogitsMatchTheComposedForward
+  // Tests: FastPath14Gpu.QwenFamiliesTakeTheFusedPath
   // --- solution ---
   embedding_async(h, step.token_ids(), w.embed, *ws.bad_token, kDefaultEmbeddingKernel, stream);
   mark("embedding");
@@ -105,7 +127,18 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
     // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
     rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, stream, pdl);
     mark("rmsnorm_gemv (qkv)");
+    // Qwen2: + the q/k/v biases on the bf16 product, rounded again, as lesson 08's project() adds them.
+    if (L.bqkv.data) {
+      add_bias(qkv, L.bqkv, stream);
+      mark("add_bias (qkv)");
+    }
     const QkvViews v = split_qkv(qkv, shape);
+    // Qwen3: each head of q and of k RMS-normalised over head_dim, before RoPE rotates them.
+    if (L.has_qk_norm()) {
+      head_rmsnorm(v.q, L.q_norm, eps, stream);
+      head_rmsnorm(v.k, L.k_norm, eps, stream);
+      mark("head_rmsnorm (q, k)");
+    }
     apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
     mark("rope");
     backend.attend(layer, v.q, v.k, v.v, attn, step, stream);

@@ -17,9 +17,12 @@
 //                           no `gate_up` buffer, no silu_mul kernel
 //
 // and the final norm is fused into the lm_head GEMV when the step wants every row's logits (a decode step).
+// Qwen2's q/k/v biases and Qwen3's q/k norm run between rmsnorm_gemv(QKV) and RoPE as lesson 08's own kernels
+// (add_bias, head_rmsnorm), exactly where decoder_layer runs them.
 // Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU, a
-// model with biases or q/k norms: fast_forward_declines) go to forward_composed(): a prefill's GEMMs are compute-bound, where cuBLAS is the right tool, and at a few
-// rows the measurements say cuBLAS still wins (fast_forward.cpp).
+// model with an o_proj or MLP bias: fast_forward_declines) go to forward_composed(): a prefill's GEMMs are
+// compute-bound, where cuBLAS is the right tool, and at a few rows the measurements say cuBLAS still wins
+// (fast_forward.cpp).
 #pragma once
 
 #include <functional>
@@ -34,12 +37,14 @@ namespace tvllm {
 int64_t fast_forward_max_tokens();
 
 // Whether fast_forward() can run the fused path for these weights at all (CUDA, packed, every matrix a shape
-// and alignment the GEMV kernels take, and plain Llama layers). Checked once when the path is installed.
+// and alignment the GEMV kernels take, and no bias after o_proj or in the MLP). Checked once when the path is
+// installed.
 bool fast_forward_supported(const ModelWeights& weights);
 
-// The fused kernels compute Llama's layer only: the Llama-like families' biases and q/k norm (lesson 08's
-// "Other Llama-like families") are not in them. For such a config, what the fused path declines, e.g.
-// "q/k/v biases, q/k norm"; "" for a plain Llama. fast_forward() then runs forward_composed() for every
+// Of the Llama-like families' extras (lesson 08's "Other Llama-like families"), the fused layer computes the
+// q/k/v biases (Qwen2) and the q/k norm (Qwen3); the GEMV epilogues have no bias, so Llama's attention_bias
+// (o_proj) and mlp_bias are not in them. For such a config, what the fused path declines, e.g. "o_proj bias,
+// MLP biases"; "" for Llama, Qwen2, Qwen3 and Mistral. fast_forward() then runs forward_composed() for every
 // step (CUDA graphs and the fast sampler still apply): slower decode, never a wrong answer.
 std::string fast_forward_declines(const ModelConfig& config);
 
@@ -56,7 +61,7 @@ TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& weights, const
 
 // The timeline of a step (lesson14_performance --bench): fast_forward with plain launches, calling after_op(name)
 // on the host right after each op is queued, where the caller records a CUDA event. Per layer: "rmsnorm_gemv
-// (qkv)", "rope", "kv write + decode attention" (the backend's kernels), "gemv_residual (o)", "rmsnorm_gemv_silu_mul
+// (qkv)", "add_bias (qkv)" (Qwen2), "head_rmsnorm (q, k)" (Qwen3), "rope", "kv write + decode attention" (the backend's kernels), "gemv_residual (o)", "rmsnorm_gemv_silu_mul
 // (gate|up)", "gemv_residual (down)"; around them "embedding" and "rmsnorm_gemv (lm_head)". Eager steps only (an
 // event between two kernels also stops them overlapping, so this is the step without PDL). A step the fused path
 // does not take runs forward_composed() and marks nothing.

@@ -42,7 +42,7 @@ FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bo
 bool fast_path_uses_pdl(const FastPathOptions& options, Device device);
 
 // What was installed, for the command line's one-line notice ("fast path: fused GEMV, CUDA graphs (<= 64), ...").
-// With the model's config, says when the fused GEMV path declines the model (its biases or q/k norm:
+// With the model's config, says when the fused GEMV path declines the model (an o_proj or MLP bias:
 // fast_forward_declines) and the composed kernels run instead.
 std::string describe_fast_path(const FastPathOptions& options, Device device, const ModelConfig* config = nullptr);
 

@@ -14,6 +14,11 @@
 // Why it is enough: the wait returns when the previous grid has completed and its memory is visible, and
 // that grid itself waited for the one before it, so by induction every earlier kernel of the stream is done.
 // That induction needs every PDL kernel to call the wait in every block, also in blocks with nothing to do.
+// Plain launches may sit anywhere in the chain (RoPE, attention, lesson 08's add_bias and head_rmsnorm between
+// the fused GEMVs): a kernel launched without the attribute starts only after the previous kernel has completed,
+// so it too completes only after every earlier kernel has; and since it never triggers early, the PDL kernel
+// after it is scheduled when it exits. What the induction cannot survive is a kernel launched WITH the
+// attribute that does not call the wait.
 //
 // Both instructions are harmless where PDL is not in use, so the same kernel serves both launches and gives
 // the same bits: griddepcontrol.wait waits for the prerequisite grids "in flight" (PTX ISA, griddepcontrol),
