@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "fast_forward.h"
+#include "common/errors.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
 #include "pdl.h"
@@ -13,21 +15,33 @@ namespace tvllm {
 
 namespace {
 
-void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const FastPathOptions& o,
+void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max_rows, const FastPathOptions& o,
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler) {
   if (w.device != Device::CUDA) return;
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
+  // Both launchers get the same buckets: --enforce-eager pads the steps the graphs pad, for the same ids.
+  const GraphBuckets buckets = graph_buckets(o, max_sequences);
   if (o.graphs) {
-    ctx.set_launcher(std::make_unique<GraphRunner>(shape, o.max_graph_batch));
+    ctx.set_launcher(std::make_unique<GraphRunner>(shape, buckets));
   } else {
-    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape));
+    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape, buckets));
   }
-  if (o.fast_sampler) set_sampler(std::make_unique<FastSampler>(max_sequences, w.config.vocab_size));
+  if (o.fast_sampler) set_sampler(std::make_unique<FastSampler>(max_rows, w.config.vocab_size));
 }
 
 }  // namespace
+
+GraphBuckets graph_buckets(const FastPathOptions& o, int64_t max_sequences) {
+  TVLLM_REQUIRE(o.max_graph_batch >= 0, "max_graph_batch must be >= 0 (0: every decode batch), got " +
+                                            std::to_string(o.max_graph_batch));
+  GraphBuckets b;
+  b.exact = o.exact_graph_batch;
+  b.step = o.graph_bucket_step;
+  b.max_batch = o.max_graph_batch == 0 ? max_sequences : std::min<int64_t>(o.max_graph_batch, max_sequences);
+  return b;
+}
 
 FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl) {
   FastPathOptions o;
@@ -51,27 +65,34 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
                       : "composed kernels (the fused GEMV decode does not compute this model's " + declined + ")";
   if (o.fused && declined.empty())
     s += fast_path_uses_pdl(o, device) ? " with PDL" : o.pdl ? " (no PDL: needs sm_90+)" : " (--no-pdl)";
-  s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
-                : ", eager (--enforce-eager)";
+  const std::string padded = " (exact <= " + std::to_string(o.exact_graph_batch) + ", padded to multiples of " +
+                             std::to_string(o.graph_bucket_step) + " above)";
+  s += !o.graphs                 ? ", eager (--enforce-eager)"
+       : o.max_graph_batch == 0 ? ", CUDA graphs for every decode batch" + padded
+                                : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
   return s;
 }
 
 void use_fast_path(Generator& gen, const FastPathOptions& o) {
-  install(gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences), o,
+  install(gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences),
+          static_cast<int>(gen.limits().max_sequences), o,
           [&](std::unique_ptr<TokenSampler> s) { gen.set_sampler(std::move(s)); });
 }
 
 void use_fast_path(Engine& engine, const FastPathOptions& o) {
-  install(engine.context(), engine.weights(), static_cast<int>(engine.limits().max_logits_rows), o,
+  install(engine.context(), engine.weights(), static_cast<int>(engine.limits().max_sequences),
+          static_cast<int>(engine.limits().max_logits_rows), o,
           [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); });
 }
 
 std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& o) {
   std::vector<int64_t> sizes;
   if (engine.device() != Device::CUDA || !o.graphs) return sizes;
-  const int64_t top = std::min<int64_t>(engine.limits().max_sequences, o.max_graph_batch);
-  for (int64_t b = 1; b <= top; b *= 2) sizes.push_back(b);
+  const GraphBuckets buckets = graph_buckets(o, engine.limits().max_sequences);
+  const int64_t small = std::min(buckets.max_batch, buckets.exact);
+  for (int64_t b = 1; b <= small; b *= 2) sizes.push_back(b);
+  for (int64_t b : buckets.buckets()) sizes.push_back(b);  // every padded bucket: a step of any size above lands on one
   return sizes;
 }
 
