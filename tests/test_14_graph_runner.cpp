@@ -138,7 +138,8 @@ class PaddingRecorder final : public StepLauncher {
 
 std::vector<CheckRequest> padding_workload() {
   // 12 requests of different lengths: the decode batch shrinks from 12 through every size down to 1.
-  std::vector<CheckRequest> r = make_check_requests(12, 2, 9, 1, 30, workload_id_high(testing::bundled_model<Device::CPU>().w.config), 3);
+  const int32_t id_high = workload_id_high(testing::bundled_model<Device::CPU>().w.config);
+  std::vector<CheckRequest> r = make_check_requests(12, 2, 9, 1, 30, id_high, 3);
   for (size_t i = 0; i < r.size(); ++i) {
     r[i].params.max_tokens = 2 + 2 * static_cast<int64_t>(i);
     r[i].params.ignore_eos = true;

@@ -46,7 +46,8 @@ bool fast_path_uses_pdl(const FastPathOptions& options, Device device);
 // The graph batch sizes `options` give a loop of max_sequences (max_graph_batch 0 resolved to max_sequences).
 GraphBuckets graph_buckets(const FastPathOptions& options, int64_t max_sequences);
 
-// What was installed, for the command line's one-line notice ("fast path: fused GEMV, CUDA graphs (<= 64), ...").
+// What was installed, for the command line's one-line notice ("fused GEMV decode with PDL, CUDA graphs for every
+// decode batch (exact <= 64, padded to multiples of 16 above), fast sampler").
 // With the model's config, says when the fused GEMV path declines the model (its biases or q/k norm:
 // fast_forward_declines) and the composed kernels run instead.
 std::string describe_fast_path(const FastPathOptions& options, Device device, const ModelConfig* config = nullptr);

@@ -74,7 +74,8 @@ void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBack
   // Tests: GraphRunner14.OnTheCpuEveryStepRunsEagerly GraphRunner14Gpu.GeneratorGraphsEqualEager
   // Tests: GraphRunner14Gpu.EngineGraphsEqualEager GraphRunner14Gpu.OneGraphPerBatchSizeAndBucket
   // --- solution ---
-  const bool graphable = ctx.device() == Device::CUDA && is_decode_step(step) && step.num_sequences() <= buckets_.max_batch;
+  const bool graphable =
+      ctx.device() == Device::CUDA && is_decode_step(step) && step.num_sequences() <= buckets_.max_batch;
   if (!graphable) {
     ++stats_.eager_steps;
     work();

@@ -15,7 +15,8 @@
 // async copies before each step, and why what is left on the host must be a key of the graph:
 //
 //   B         sequences in the step (= tokens = logits rows in a decode step): every kernel's grid and every
-//             GEMM's M. One graph per batch size actually seen, captured the first time that size decodes.
+//             GEMM's M. One graph per batch size it is launched with, captured the first time that size decodes
+//             (a padded step is launched with its bucket's size: see below).
 //   splits    how many parts the split decode-attention kernel cuts each sequence's keys into: its grid. Chosen
 //             from the step's longest context ROUNDED UP to a power of two, and pinned on the attention backend
 //             (AttentionBackend::pin_decode_splits) for the capture and every replay, so one graph serves every
