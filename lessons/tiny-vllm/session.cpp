@@ -39,6 +39,10 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
   cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
+  cmd->add_option("--max-graph-batch", max_graph_batch,
+                  "CUDA: decode steps of more sequences run eagerly (default 0: none do; graphs of every size up "
+                  "to 64, padded buckets of 16 above; 64: no padded buckets)")
+      ->check(CLI::Range(0, 1 << 20));
 #else
   (void)cmd;
 #endif
@@ -51,6 +55,7 @@ FastPathOptions FastPathFlags::options() const {
   o.fused = !no_fused;
   o.fast_sampler = !no_fast_sampler;
   o.pdl = !no_pdl;
+  o.max_graph_batch = max_graph_batch;
   return o;
 }
 #endif
