@@ -1,19 +1,11 @@
 // Lesson 14, CPU: the fast path's switches as data. The progression the chapter measures adds one technique per
-<<<<<<< HEAD
 // row (graphs, fused GEMVs, the fast sampler, programmatic dependent launch, the fast decode attention), the
 // default options are its last row, and on the CPU nothing of it is installed (the CPU path is the fp32
 // reference) and PDL is never claimed.
-// What the fast path says it installs: the fused GEMV decode computes Llama's layer only, so a model with biases
-// or q/k norms (issue 18; tests/data/models) is declined by name, and the notice says the composed kernels run
-// (the GPU side: tests/test_14_fast_path_gpu.cpp).
-=======
-// row (graphs, fused GEMVs, the fast sampler, programmatic dependent launch), the default options are its last
-// row, and on the CPU nothing of it is installed (the CPU path is the fp32 reference) and PDL is never claimed.
 // What the fast path says it installs: the fused GEMV decode computes Llama's layer with Qwen2's q/k/v biases and
 // Qwen3's q/k norm, but no bias after o_proj or in the MLP, so a model with one (issue 18; tests/data/models) is
 // declined by name, and the notice says the composed kernels run; and the fp32 fact that lets the GPU test tell a
 // fused layer that skipped a Qwen extra (the GPU side: tests/test_14_fast_path_gpu.cpp).
->>>>>>> qwenfast
 #include <gtest/gtest.h>
 
 #include <string>

@@ -5,6 +5,10 @@
 // and paged KV with prefix caching, requests arriving and leaving). The captures run in
 // cudaStreamCaptureModeGlobal (common/cuda_stream.h): an allocation, a synchronisation or a handle creation
 // inside a step would fail them, so these tests also prove the step is capture-safe.
+// Padded buckets (engine with 100 sequences: decode steps of 65..100 replay the graphs of 80, 96 and 100, their
+// extra rows padding): the same ids as the pinned eager launcher padding the same way, contiguous and paged, and
+// in batch-invariant mode every request's ids equal its ids alone (a padding row that wrote into a live
+// sequence's KV would change them).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -101,6 +105,87 @@ TEST(GraphRunner14Gpu, EngineGraphsEqualEager) {
     ASSERT_NE(runner, nullptr);
     EXPECT_GT(runner->stats().replays, 0) << (paged ? "paged" : "contiguous");
     EXPECT_GT(runner->stats().eager_steps, 0);  // prefill and mixed steps
+  }
+}
+
+
+// 100 requests whose outputs end one after another: decode steps of every size from 100 down to 1.
+std::vector<CheckRequest> hundred_requests() {
+  std::vector<CheckRequest> r = make_check_requests(100, 2, 24, 1, 8, workload_id_high(bundled().w.config), 17);
+  for (size_t i = 0; i < r.size(); ++i) {
+    r[i].params.max_tokens = 4 + static_cast<int64_t>(i % 67);
+    r[i].params.ignore_eos = true;
+  }
+  return r;
+}
+
+const GraphBuckets kHundred{64, 16, 100};  // exact 1..64, then 80, 96, 100
+// A budget that takes every prompt whole in the first step (100 x <= 24 tokens): no chunked prefill, so the
+// batch-invariant comparison with each request alone rests on batch invariance alone.
+EngineConfig hundred_config(bool batch_invariant) {
+  EngineConfig config = testing::engine_config(2560, 100, 160);
+  config.batch_invariant = batch_invariant;
+  return config;
+}
+
+EngineRunResult run_hundred(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher, GraphRunner** runner,
+                            bool batch_invariant = false) {
+  Engine engine(bundled().w, hundred_config(batch_invariant), kv);
+  if (runner) *runner = dynamic_cast<GraphRunner*>(launcher.get());
+  engine.context().set_launcher(std::move(launcher));
+  EngineRunResult run = run_requests(engine, hundred_requests());
+  EXPECT_TRUE(run.events_ok) << run.events_error;
+  EXPECT_EQ(engine.stats().kv.used_blocks(), 0);  // every block back in the pool
+  return run;
+}
+
+void expect_bucket_replays(const GraphRunner& runner, const char* which) {
+  int64_t above = 0;
+  for (const auto& [batch, n] : runner.stats().replays_by_batch) {
+    if (batch <= 64) continue;
+    EXPECT_TRUE(batch == 80 || batch == 96 || batch == 100) << which << ": a replay at " << batch << ", not a bucket";
+    above += n;
+  }
+  const auto& by = runner.stats().replays_by_batch;
+  for (int b : {80, 96, 100}) EXPECT_TRUE(by.count(b) && by.at(b) > 0) << which << ": no replay at bucket " << b;
+  EXPECT_GT(above, 0) << which;
+}
+
+TEST(GraphRunner14Gpu, PaddedBucketsEqualEager) {
+  TVLLM_REQUIRE_GPU();
+  for (const bool paged : {false, true}) {
+    const char* which = paged ? "paged" : "contiguous";
+    const KvFactory kv = paged ? paged_kv() : contiguous_kv();
+    const EngineRunResult eager = run_hundred(kv, std::make_unique<PinnedEagerLauncher>(shape(), kHundred), nullptr);
+    GraphRunner* runner = nullptr;
+    const EngineRunResult graphs = run_hundred(kv, std::make_unique<GraphRunner>(shape(), kHundred), &runner);
+    ASSERT_EQ(graphs.ids.size(), eager.ids.size());
+    for (size_t i = 0; i < eager.ids.size(); ++i) EXPECT_EQ(graphs.ids[i], eager.ids[i]) << which << " request " << i;
+    ASSERT_NE(runner, nullptr);
+    expect_bucket_replays(*runner, which);
+  }
+}
+
+TEST(GraphRunner14Gpu, PaddingRowsWriteNoLiveKv) {
+  TVLLM_REQUIRE_GPU();
+  // Batch-invariant mode: a request's ids are the same bits whatever runs beside it, padding rows included; so
+  // any difference from the request alone is a padding row that wrote into (or was read by) a live sequence.
+  const std::vector<CheckRequest> requests = hundred_requests();
+  for (const bool paged : {false, true}) {
+    const char* which = paged ? "paged" : "contiguous";
+    const KvFactory kv = paged ? paged_kv() : contiguous_kv();
+    GraphRunner* runner = nullptr;
+    const EngineRunResult together = run_hundred(kv, std::make_unique<GraphRunner>(shape(), kHundred), &runner, true);
+    ASSERT_NE(runner, nullptr);
+    expect_bucket_replays(*runner, which);
+    Engine alone(bundled().w, hundred_config(true), kv);
+    alone.context().set_launcher(std::make_unique<GraphRunner>(shape(), kHundred));
+    for (size_t i = 0; i < requests.size(); i += 7) {  // 15 requests, short and long ones
+      const EngineRunResult one = run_requests(alone, {requests[i]});
+      ASSERT_EQ(one.ids.size(), 1u);
+      EXPECT_EQ(together.ids[i], one.ids[0]) << which << " request " << i;
+    }
+    EXPECT_EQ(alone.stats().kv.used_blocks(), 0) << which;
   }
 }
 

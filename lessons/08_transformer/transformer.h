@@ -176,6 +176,10 @@ class StepLauncher {
   virtual ~StepLauncher() = default;
   virtual void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
                       const std::function<void()>& work) = 0;
+  // How many sequences a pure decode step of num_sequences should be launched with: more than num_sequences when
+  // the launcher replays padded buckets (lesson 14); the loop then adds harmless rows whose results it ignores
+  // (lesson 11's Engine does). A loop that does not pad may ignore it: the launcher copes with any B.
+  virtual int64_t padded_batch(int64_t num_sequences) const { return num_sequences; }
 };
 
 // What a step runs with. CUDA: a non-blocking stream of its own, the ONE cuBLAS handle (common/cublas.h)

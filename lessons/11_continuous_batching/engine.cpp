@@ -44,6 +44,19 @@ void ContiguousKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) {
   attention_.set_slots(slots, stream);
 }
 
+void ContiguousKv::prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) {
+  TVLLM_REQUIRE(pad_rows >= 0 && pad_rows <= slots_.free_slots(),
+                "ContiguousKv: " + std::to_string(pad_rows) + " padding rows but " +
+                    std::to_string(slots_.free_slots()) + " free slots");
+  std::vector<int32_t> slots;
+  slots.reserve(batch.seqs.size() + static_cast<size_t>(pad_rows));
+  for (const ScheduledSequence& s : batch.seqs) slots.push_back(s.seq->kv_blocks.at(0));
+  // Distinct free slots (CacheSlots refuses a slot twice): the padding row writes its position 0 there, a
+  // position the slot's next owner writes (its prompt's first token) before anything reads it.
+  for (int64_t i = 0; i < pad_rows; ++i) slots.push_back(slots_.free_slot(i));
+  attention_.set_slots(slots, stream);
+}
+
 KvUsage ContiguousKv::usage() const {
   KvUsage u;
   u.kind = "contiguous";
@@ -286,19 +299,56 @@ void Engine::set_sampling(const std::vector<SamplingRow>& rows) {
   }
 }
 
+int64_t Engine::padding_for(const ScheduledBatch& batch) const {
+  const StepLauncher* launcher = ctx_.launcher();
+  const auto B = static_cast<int64_t>(batch.seqs.size());
+  if (launcher == nullptr || B == 0) return 0;
+  // A pure decode step: one token and one logits row per sequence, rows in token order (is_decode_step's shape).
+  if (static_cast<int64_t>(batch.token_ids.size()) != B || static_cast<int64_t>(batch.logits_rows.size()) != B)
+    return 0;
+  for (int64_t i = 0; i < B; ++i)
+    if (batch.q_lens[static_cast<size_t>(i)] != 1 || batch.logits_rows[static_cast<size_t>(i)] != i) return 0;
+  const int64_t padded = std::min(launcher->padded_batch(B), limits_.max_sequences);
+  const int64_t pad = padded - B;
+  // The same answer for the graph runner and the pinned eager launcher (it depends on the batch and the KV
+  // side's state only), so both run the same shapes.
+  return pad > 0 && pad <= kv_->pad_capacity() ? pad : 0;
+}
+
 int64_t Engine::prepare_step(const ScheduledBatch& batch) {
   const cudaStream_t stream = ctx_.stream();
   // This step's tokens and lengths, the KV addressing, the sampling parameters: async copies into buffers
   // allocated once.
-  step_.set(batch.token_ids, batch.q_lens, batch.k_lens, batch.logits_rows, stream);
-  kv_->prepare(batch, stream);
+  const int64_t pad = padding_for(batch);
   std::vector<SamplingRow> rows;
-  rows.reserve(batch.logits_rows.size());
+  rows.reserve(batch.logits_rows.size() + static_cast<size_t>(pad));
   for (const ScheduledSequence& s : batch.seqs)
     if (s.wants_logits)  // the request's step = ids it has so far: a recomputed sequence draws the same ids
       rows.push_back(make_sampling_row(s.seq->params.sampling, s.seq->output.size()));
+  const auto real_rows = static_cast<int64_t>(rows.size());
+  if (pad == 0) {
+    step_.set(batch.token_ids, batch.q_lens, batch.k_lens, batch.logits_rows, stream);
+    kv_->prepare(batch, stream);
+  } else {
+    // Padding rows (lesson 14's graph buckets) after the real ones: token 0 at position 0 (k_len 1), a logits row
+    // each (the graph's shape has B rows for B sequences), sampled greedily (the cheapest row) and never fetched:
+    // fetch_ids reads the first real_rows ids only. Each real row's attention reads its own KV only, and each
+    // GEMM row its own input, so the real rows do not see the padding.
+    std::vector<int32_t> ids = batch.token_ids, logits_rows = batch.logits_rows;
+    std::vector<int64_t> q_lens = batch.q_lens, k_lens = batch.k_lens;
+    const SamplingRow greedy = make_sampling_row(SamplingParams{0.0f, 0, 1.0f, 0}, 0);
+    for (int64_t i = 0; i < pad; ++i) {
+      ids.push_back(0);
+      q_lens.push_back(1);
+      k_lens.push_back(1);
+      logits_rows.push_back(static_cast<int32_t>(logits_rows.size()));
+      rows.push_back(greedy);
+    }
+    step_.set(ids, q_lens, k_lens, logits_rows, stream);
+    kv_->prepare_padded(batch, pad, stream);
+  }
   if (!rows.empty()) set_sampling(rows);
-  return static_cast<int64_t>(rows.size());
+  return real_rows;
 }
 
 void Engine::launch_step() {

@@ -32,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -87,6 +88,15 @@ class EngineKv {
   virtual KvAllocator& allocator() = 0;
   virtual AttentionBackend& attention() = 0;
   virtual void prepare(const ScheduledBatch& batch, cudaStream_t stream) = 0;
+  // Padded decode steps (lesson 14's graph buckets): the batch's addressing, then pad_rows more sequences of one
+  // token each (k_len 1, position 0) whose keys and values go nowhere a live sequence reads. pad_capacity() is
+  // how many such rows the KV side can address now (0: it cannot pad, the engine then launches the step as it
+  // is). The default pads nothing.
+  virtual int64_t pad_capacity() const { return 0; }
+  virtual void prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) {
+    if (pad_rows != 0) throw std::logic_error("EngineKv: this KV side cannot pad a step");
+    prepare(batch, stream);
+  }
   // Which kernel attends decode steps (lesson 10's DecodeAttention): the engine sets Flash for batch invariance.
   virtual void set_decode_attention(DecodeAttention decode) = 0;
   virtual KvUsage usage() const = 0;
@@ -102,6 +112,9 @@ class ContiguousKv final : public EngineKv {
   AttentionBackend& attention() override { return attention_; }
   // Sequence b of the batch uses the slot its allocation holds (seq->kv_blocks[0]).
   void prepare(const ScheduledBatch& batch, cudaStream_t stream) override;
+  // A padding row takes a FREE slot: a slot no sequence holds is read only after its next owner writes it.
+  int64_t pad_capacity() const override { return slots_.free_slots(); }
+  void prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) override;
   void set_decode_attention(DecodeAttention decode) override { attention_.set_decode_attention(decode); }
   KvUsage usage() const override;
   std::string describe() const override { return cache_.describe(); }
@@ -234,7 +247,14 @@ class Engine {
   //   launch_step    device: forward() + the sampler into the id buffer. Allocates nothing, never waits:
   //                  capturable (CUDA).
   //   fetch_ids      ids [0, n) back to the host; waits for the stream (the step's one synchronisation).
+  //                  A pure decode step may be padded to the launcher's bucket (StepLauncher::padded_batch):
+  //                  R stays the batch's own rows; the step holds more.
   int64_t prepare_step(const ScheduledBatch& batch);
+  // How many padding rows prepare_step adds to `batch` (lesson 14): padded_batch(B) - B for a pure decode step
+  // when the launcher asks for more, the engine's limits allow it and the KV side can address them; else 0.
+  int64_t padding_for(const ScheduledBatch& batch) const;
+  // The last step's inputs as the launcher saw them (padding rows included): tests read their host copies.
+  const StepInputs& step_inputs() const { return step_; }
   void launch_step();
   std::vector<int32_t> fetch_ids(int64_t n);
 

@@ -83,6 +83,8 @@ class SlotAllocator final : public KvAllocator {
 
   int64_t num_slots() const { return num_slots_; }
   int64_t free_slots() const { return static_cast<int64_t>(free_.size()); }
+  // The i-th free slot, i < free_slots() (the engine's padded decode rows write into free slots: lesson 14).
+  int32_t free_slot(int64_t i) const { return free_.at(static_cast<size_t>(i)); }
 
  private:
   int64_t num_slots_, max_context_;

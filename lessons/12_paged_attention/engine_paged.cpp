@@ -42,6 +42,21 @@ void PagedKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) {
   attention_.set_tables(slot_mapping_, tables_, stream);
 }
 
+void PagedKv::prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) {
+  TVLLM_REQUIRE(pad_rows >= 0, "PagedKv: " + std::to_string(pad_rows) + " padding rows");
+  TVLLM_REQUIRE(pad_rows == 0 || (!batch.seqs.empty() && !batch.seqs[0].seq->kv_blocks.empty()),
+                "PagedKv: padding rows need a real sequence with a block to read");
+  slot_mapping_.clear();
+  for (int64_t slot : batch.slot_mapping) slot_mapping_.push_back(static_cast<int32_t>(slot));
+  tables_.resize(batch.seqs.size() + static_cast<size_t>(pad_rows));
+  for (size_t b = 0; b < batch.seqs.size(); ++b) tables_[b] = batch.seqs[b].seq->kv_blocks;
+  for (size_t b = batch.seqs.size(); b < tables_.size(); ++b) {
+    slot_mapping_.push_back(-1);                             // stores nothing
+    tables_[b].assign(1, batch.seqs[0].seq->kv_blocks[0]);   // reads a written key: finite, harmless
+  }
+  attention_.set_tables(slot_mapping_, tables_, stream);
+}
+
 KvUsage PagedKv::usage() const {
   KvUsage u;
   u.kind = "paged";

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,10 @@ class PagedKv final : public EngineKv {
   KvAllocator& allocator() override { return blocks_; }
   AttentionBackend& attention() override { return attention_; }
   void prepare(const ScheduledBatch& batch, cudaStream_t stream) override;
+  // Padding rows (lesson 14's graph buckets) store nothing (slot -1, which paged_kv_write skips) and read, through
+  // a one-block table, position 0 of the first real sequence: keys that exist, read only. Any number of them.
+  int64_t pad_capacity() const override { return std::numeric_limits<int64_t>::max(); }
+  void prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) override;
   void set_decode_attention(DecodeAttention decode) override { attention_.set_decode_attention(decode); }
   KvUsage usage() const override;
   std::string describe() const override;

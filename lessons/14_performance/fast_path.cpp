@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "decode_attention_fast.h"
 #include "fast_forward.h"
+#include "common/errors.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
 #include "pdl.h"
@@ -14,9 +16,10 @@ namespace tvllm {
 
 namespace {
 
+// max_sequences: the loop's sequences (graph buckets); max_rows: its logits rows (the sampler).
 // use_fast_attention: makes DecodeAttention::Fast the backend's decode kernel unless it attends with Flash (batch
 // invariance); returns the kernel decode steps will use, whose split policy the launchers pin.
-void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const FastPathOptions& o,
+void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max_rows, const FastPathOptions& o,
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler,
              const std::function<DecodeAttention()>& use_fast_attention) {
   if (w.device != Device::CUDA) return;
@@ -28,15 +31,27 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, const F
     install_fast_decode_attention();
     decode = use_fast_attention();
   }
+  // Both launchers get the same buckets: --enforce-eager pads the steps the graphs pad, for the same ids.
+  const GraphBuckets buckets = graph_buckets(o, max_sequences);
   if (o.graphs) {
-    ctx.set_launcher(std::make_unique<GraphRunner>(shape, o.max_graph_batch, decode));
+    ctx.set_launcher(std::make_unique<GraphRunner>(shape, buckets, decode));
   } else {
-    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape, decode));
+    ctx.set_launcher(std::make_unique<PinnedEagerLauncher>(shape, buckets, decode));
   }
-  if (o.fast_sampler) set_sampler(std::make_unique<FastSampler>(max_sequences, w.config.vocab_size));
+  if (o.fast_sampler) set_sampler(std::make_unique<FastSampler>(max_rows, w.config.vocab_size));
 }
 
 }  // namespace
+
+GraphBuckets graph_buckets(const FastPathOptions& o, int64_t max_sequences) {
+  TVLLM_REQUIRE(o.max_graph_batch >= 0, "max_graph_batch must be >= 0 (0: every decode batch), got " +
+                                            std::to_string(o.max_graph_batch));
+  GraphBuckets b;
+  b.exact = o.exact_graph_batch;
+  b.step = o.graph_bucket_step;
+  b.max_batch = o.max_graph_batch == 0 ? max_sequences : std::min<int64_t>(o.max_graph_batch, max_sequences);
+  return b;
+}
 
 FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention) {
   FastPathOptions o;
@@ -61,8 +76,11 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
                       : "composed kernels (the fused GEMV decode does not compute this model's " + declined + ")";
   if (o.fused && declined.empty())
     s += fast_path_uses_pdl(o, device) ? " with PDL" : o.pdl ? " (no PDL: needs sm_90+)" : " (--no-pdl)";
-  s += o.graphs ? ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch)
-                : ", eager (--enforce-eager)";
+  const std::string padded = " (exact <= " + std::to_string(o.exact_graph_batch) + ", padded to multiples of " +
+                             std::to_string(o.graph_bucket_step) + " above)";
+  s += !o.graphs                 ? ", eager (--enforce-eager)"
+       : o.max_graph_batch == 0 ? ", CUDA graphs for every decode batch" + padded
+                                : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
   s += o.fast_attention ? ", fast decode attention" : ", lesson 10 decode attention";
   return s;
@@ -70,7 +88,8 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
 
 void use_fast_path(Generator& gen, const FastPathOptions& o) {
   install(
-      gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences), o,
+      gen.context(), gen.weights(), static_cast<int>(gen.limits().max_sequences),
+      static_cast<int>(gen.limits().max_sequences), o,
       [&](std::unique_ptr<TokenSampler> s) { gen.set_sampler(std::move(s)); },
       [&] {
         // Generator::set_batch_invariant(true) chose Flash: keep it. (Turning batch invariance off afterwards
@@ -83,7 +102,8 @@ void use_fast_path(Generator& gen, const FastPathOptions& o) {
 
 void use_fast_path(Engine& engine, const FastPathOptions& o) {
   install(
-      engine.context(), engine.weights(), static_cast<int>(engine.limits().max_logits_rows), o,
+      engine.context(), engine.weights(), static_cast<int>(engine.limits().max_sequences),
+      static_cast<int>(engine.limits().max_logits_rows), o,
       [&](std::unique_ptr<TokenSampler> s) { engine.set_sampler(std::move(s)); },
       [&] {
         if (engine.config().batch_invariant) return DecodeAttention::Flash;  // the engine chose Flash: keep it
@@ -99,8 +119,10 @@ std::vector<int64_t> warm_up_prefills(const Engine& engine) {
 std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& o) {
   std::vector<int64_t> sizes;
   if (engine.device() != Device::CUDA || !o.graphs) return sizes;
-  const int64_t top = std::min<int64_t>(engine.limits().max_sequences, o.max_graph_batch);
-  for (int64_t b = 1; b <= top; b *= 2) sizes.push_back(b);
+  const GraphBuckets buckets = graph_buckets(o, engine.limits().max_sequences);
+  const int64_t small = std::min(buckets.max_batch, buckets.exact);
+  for (int64_t b = 1; b <= small; b *= 2) sizes.push_back(b);
+  for (int64_t b : buckets.buckets()) sizes.push_back(b);  // every padded bucket: a step of any size above lands on one
   return sizes;
 }
 

@@ -22,6 +22,7 @@
 
 #include "engine.h"
 #include "generate.h"
+#include "graph_runner.h"
 
 namespace tvllm {
 
@@ -29,7 +30,12 @@ struct FastPathOptions {
   bool fused = true;
   bool graphs = true;          // false: --enforce-eager
   bool fast_sampler = true;
-  int max_graph_batch = 64;    // decode steps of more sequences run eagerly
+  // Decode steps of up to max_graph_batch sequences replay CUDA graphs (0: the loop's max_sequences, i.e. every
+  // decode step); more run eagerly. Up to exact_graph_batch each batch size has its own graph; above, steps are
+  // padded up to buckets of graph_bucket_step sequences (graph_runner.h, chapter section 3).
+  int max_graph_batch = 0;
+  int exact_graph_batch = 64;
+  int graph_bucket_step = 16;
   bool pdl = true;             // false: --no-pdl. Only where pdl_supported(); needs fused
   bool fast_attention = true;  // false: --no-fast-attention. Lesson 14's decode attention kernel
 };
@@ -41,7 +47,11 @@ FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bo
 // a CUDA device, and pdl_supported().
 bool fast_path_uses_pdl(const FastPathOptions& options, Device device);
 
-// What was installed, for the command line's one-line notice ("fast path: fused GEMV, CUDA graphs (<= 64), ...").
+// The graph batch sizes `options` give a loop of max_sequences (max_graph_batch 0 resolved to max_sequences).
+GraphBuckets graph_buckets(const FastPathOptions& options, int64_t max_sequences);
+
+// What was installed, for the command line's one-line notice ("fused GEMV decode with PDL, CUDA graphs for every
+// decode batch (exact <= 64, padded to multiples of 16 above), fast sampler, fast decode attention").
 // With the model's config, says when the fused GEMV path declines the model (an o_proj or MLP bias:
 // fast_forward_declines) and the composed kernels run instead.
 std::string describe_fast_path(const FastPathOptions& options, Device device, const ModelConfig* config = nullptr);
@@ -50,8 +60,9 @@ void use_fast_path(Generator& generator, const FastPathOptions& options = {});
 void use_fast_path(Engine& engine, const FastPathOptions& options = {});
 
 // The decode batch sizes whose graphs Engine::warm_up should capture before a server takes requests: 1, 2, 4, 8,
-// ... up to the engine's max_sequences and the options' max_graph_batch (none without graphs, or on the CPU).
-// Other sizes are captured the first time they decode (a few milliseconds each).
+// ... up to exact_graph_batch, then every padded bucket up to the engine's max_sequences and max_graph_batch
+// (80, 96, ..., 256 for 256 sequences; none without graphs, or on the CPU). The exact sizes between powers of two
+// are captured the first time they decode (a few milliseconds each).
 std::vector<int64_t> warm_up_batches(const Engine& engine, const FastPathOptions& options = {});
 // The prompt lengths Engine::warm_up should prefill once on the GPU (Engine::warm_up_prefill_lengths); none on the
 // CPU, where nothing is loaded lazily and a long prefill would only slow the start.

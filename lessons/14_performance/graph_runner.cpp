@@ -1,6 +1,7 @@
 // Lesson 14: the graph runner (graph_runner.h).
 #include "graph_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -36,22 +37,46 @@ namespace {
 int sm_count() { return cuda_available() ? query_device().multiprocessors : 0; }
 }  // namespace
 
-GraphRunner::GraphRunner(const AttentionShape& shape, int max_batch, DecodeAttention decode)
-    : shape_(shape), max_batch_(max_batch), decode_(decode), num_sms_(sm_count()) {
-  TVLLM_REQUIRE(max_batch >= 0, "GraphRunner: max_batch must be >= 0, got " + std::to_string(max_batch));
+int64_t GraphBuckets::padded(int64_t batch) const {
+  if (batch <= exact || batch > max_batch) return batch;
+  const int64_t up = (batch + step - 1) / step * step;
+  return std::min(up, max_batch);
 }
+
+std::vector<int64_t> GraphBuckets::buckets() const {
+  std::vector<int64_t> out;
+  for (int64_t b = exact + 1; b <= max_batch; ++b)
+    if (padded(b) == b) out.push_back(b);
+  return out;
+}
+
+namespace {
+GraphBuckets checked(const GraphBuckets& b, const char* who) {
+  TVLLM_REQUIRE(b.max_batch >= 0, std::string(who) + ": max_batch must be >= 0, got " + std::to_string(b.max_batch));
+  TVLLM_REQUIRE(b.exact >= 0, std::string(who) + ": exact must be >= 0, got " + std::to_string(b.exact));
+  TVLLM_REQUIRE(b.step >= 1, std::string(who) + ": the bucket step must be >= 1, got " + std::to_string(b.step));
+  return b;
+}
+}  // namespace
+
+GraphRunner::GraphRunner(const AttentionShape& shape, int max_batch, DecodeAttention decode)
+    : GraphRunner(shape, GraphBuckets{64, 16, max_batch}, decode) {}
+
+GraphRunner::GraphRunner(const AttentionShape& shape, const GraphBuckets& buckets, DecodeAttention decode)
+    : shape_(shape), buckets_(checked(buckets, "GraphRunner")), decode_(decode), num_sms_(sm_count()) {}
 
 void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
                          const std::function<void()>& work) {
   // --- exercise 14.3: the graph runner ---------------------------------------------------------------------
-  // Task: replay decode steps of B <= max_batch_ sequences from CUDA graphs; run everything else eagerly.
+  // Task: replay decode steps of B <= buckets_.max_batch sequences from CUDA graphs; run everything else eagerly.
   //   Contract: the tokens are the same bits as an eager run with the same pinned splits; a graph is captured
   //   at most once per DecodeGraphKey; stats_ counts replays, captures and eager steps; the backend's pinned
   //   splits are back to 0 (its own choice) when launch() returns, also when the step throws.
   // Tests: GraphRunner14.OnTheCpuEveryStepRunsEagerly GraphRunner14Gpu.GeneratorGraphsEqualEager
   // Tests: GraphRunner14Gpu.EngineGraphsEqualEager GraphRunner14Gpu.OneGraphPerBatchSizeAndBucket
   // --- solution ---
-  const bool graphable = ctx.device() == Device::CUDA && is_decode_step(step) && step.num_sequences() <= max_batch_;
+  const bool graphable =
+      ctx.device() == Device::CUDA && is_decode_step(step) && step.num_sequences() <= buckets_.max_batch;
   if (!graphable) {
     ++stats_.eager_steps;
     work();
@@ -74,6 +99,7 @@ void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBack
     }
     it->second.launch(ctx.stream());
     ++stats_.replays;
+    ++stats_.replays_by_batch[B];
   } catch (...) {
     backend.pin_decode_splits(0);
     throw;
@@ -82,8 +108,9 @@ void GraphRunner::launch(ExecContext& ctx, const StepInputs& step, AttentionBack
   // --- end of exercise 14.3 ---
 }
 
-PinnedEagerLauncher::PinnedEagerLauncher(const AttentionShape& shape, DecodeAttention decode)
-    : shape_(shape), decode_(decode), num_sms_(sm_count()) {}
+PinnedEagerLauncher::PinnedEagerLauncher(const AttentionShape& shape, const GraphBuckets& buckets,
+                                         DecodeAttention decode)
+    : shape_(shape), buckets_(checked(buckets, "PinnedEagerLauncher")), decode_(decode), num_sms_(sm_count()) {}
 
 void PinnedEagerLauncher::launch(ExecContext& /*ctx*/, const StepInputs& step, AttentionBackend& backend,
                                  const std::function<void()>& work) {

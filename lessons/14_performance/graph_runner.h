@@ -15,7 +15,8 @@
 // async copies before each step, and why what is left on the host must be a key of the graph:
 //
 //   B         sequences in the step (= tokens = logits rows in a decode step): every kernel's grid and every
-//             GEMM's M. One graph per batch size actually seen, captured the first time that size decodes.
+//             GEMM's M. One graph per batch size it is launched with, captured the first time that size decodes
+//             (a padded step is launched with its bucket's size: see below).
 //   splits    how many parts the split decode-attention kernel cuts each sequence's keys into: its grid. Chosen
 //             from the step's longest context ROUNDED UP to a power of two, and pinned on the attention backend
 //             (AttentionBackend::pin_decode_splits) for the capture and every replay, so one graph serves every
@@ -27,17 +28,23 @@
 // Prefill and mixed steps (a sequence with more than one new token) run eagerly: their shapes change every step
 // and their kernels are long enough that launch gaps do not matter.
 //
-// Why exact batch sizes and not vLLM's buckets (1, 2, 4, 8, 16, 24, ...) with padding: vLLM captures ahead of
-// time, so it limits how many graphs it makes, and pads a batch of 5 to 8 with dummy sequences. Our capture is
-// cheap (a few milliseconds, measured in the chapter), so we capture lazily the sizes that occur, never compute
-// a padded row, and need no dummy KV slot. max_batch bounds the number of graphs; larger batches run eagerly
-// (at 64+ sequences a step is long enough that the launches hide behind the GPU work).
+// Batch sizes: exact up to 64, padded buckets above. Up to GraphBuckets::exact (64) every batch size B has its own
+// graph, captured lazily the first time it decodes (a few milliseconds each, measured in the chapter) and no row
+// is ever computed for nothing. Above it, exact graphs would mean up to 192 more captures for a 256-sequence
+// engine, during the very run they should speed up; so a step of B sequences replays the graph of the smallest
+// bucket Bp >= B (multiples of GraphBuckets::step = 16, and max_batch itself), and the Bp - B extra rows are
+// padding. The loop that prepares the step asks the launcher (StepLauncher::padded_batch) and fills those rows
+// with harmless work: token 0 at position 0 (k_len 1), KV addressing that writes nowhere a live sequence reads,
+// logits rows sampled greedily and never read. PinnedEagerLauncher pads the same way, so that the graphs and
+// --enforce-eager run the very same shapes (cuBLAS chooses its kernel by M: a padded M may change a real row's
+// bits, exactly like another batch composition would) and give the same ids. Chapter section 3: the cost model.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "attention.h"
 #include "common/cuda_stream.h"
@@ -71,18 +78,33 @@ int64_t context_bucket(int64_t max_k_len);
 int graph_decode_splits(const AttentionShape& shape, int batch, int64_t max_k_len, int num_sms,
                         DecodeAttention decode = DecodeAttention::Split);
 
+// Which batch size a decode step of B sequences runs at (B itself, or a padded bucket): B <= exact keeps B; up to
+// max_batch, B rounds up to a multiple of step, at most max_batch; above max_batch (eager steps) B stays.
+struct GraphBuckets {
+  int64_t exact = 64;     // batch sizes with a graph of their own
+  int64_t step = 16;      // bucket spacing above exact
+  int64_t max_batch = 0;  // the largest batch a graph serves; 0: none (no padding at all)
+  int64_t padded(int64_t batch) const;
+  // Every bucket above exact, ascending (the last is max_batch): what a warm-up captures besides small sizes.
+  std::vector<int64_t> buckets() const;
+};
+
 struct GraphRunnerStats {
   int64_t replays = 0;      // decode steps replayed from a graph
   int64_t captures = 0;     // graphs captured (= graphs held)
   int64_t eager_steps = 0;  // steps run eagerly (prefill, mixed, batches above max_batch)
   double capture_ms = 0.0;  // host time spent capturing and instantiating, all graphs together
+  std::map<int, int64_t> replays_by_batch;  // replays per graph batch size (padded buckets included)
 };
 
 class GraphRunner final : public StepLauncher {
  public:
   // shape: the model's attention layout and decode: the backend's decode kernel (for the split choice); decode
-  // steps of up to max_batch sequences are replayed from graphs. CUDA only.
+  // steps of up to max_batch sequences are replayed from graphs, exact sizes up to 64 and padded buckets of 16
+  // above (GraphBuckets). CUDA only.
   GraphRunner(const AttentionShape& shape, int max_batch, DecodeAttention decode = DecodeAttention::Split);
+  GraphRunner(const AttentionShape& shape, const GraphBuckets& buckets,
+              DecodeAttention decode = DecodeAttention::Split);
   GraphRunner(const GraphRunner&) = delete;
   GraphRunner& operator=(const GraphRunner&) = delete;
 
@@ -91,14 +113,17 @@ class GraphRunner final : public StepLauncher {
   // bits replayed or eager (--enforce-eager changes the speed, not the tokens).
   void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
               const std::function<void()>& work) override;
+  // StepLauncher: buckets_.padded(B).
+  int64_t padded_batch(int64_t num_sequences) const override { return buckets_.padded(num_sequences); }
 
   const GraphRunnerStats& stats() const { return stats_; }
   size_t num_graphs() const { return graphs_.size(); }
-  int max_batch() const { return max_batch_; }
+  int max_batch() const { return static_cast<int>(buckets_.max_batch); }
+  const GraphBuckets& buckets() const { return buckets_; }
 
  private:
   AttentionShape shape_;
-  int max_batch_ = 0;
+  GraphBuckets buckets_;
   DecodeAttention decode_ = DecodeAttention::Split;
   int num_sms_ = 0;
   std::map<DecodeGraphKey, CudaGraph> graphs_;
@@ -106,15 +131,19 @@ class GraphRunner final : public StepLauncher {
 };
 
 // An eager launcher that pins the decode splits exactly as GraphRunner does: `--enforce-eager` with the same
-// tokens as the graphs, and the "before" of the chapter's graph measurement.
+// tokens as the graphs, and the "before" of the chapter's graph measurement. Given the GraphRunner's buckets it
+// asks for the same padding (same shapes, same bits); without, it pads nothing.
 class PinnedEagerLauncher final : public StepLauncher {
  public:
-  explicit PinnedEagerLauncher(const AttentionShape& shape, DecodeAttention decode = DecodeAttention::Split);
+  explicit PinnedEagerLauncher(const AttentionShape& shape, const GraphBuckets& buckets = {},
+                               DecodeAttention decode = DecodeAttention::Split);
   void launch(ExecContext& ctx, const StepInputs& step, AttentionBackend& backend,
               const std::function<void()>& work) override;
+  int64_t padded_batch(int64_t num_sequences) const override { return buckets_.padded(num_sequences); }
 
  private:
   AttentionShape shape_;
+  GraphBuckets buckets_;
   DecodeAttention decode_ = DecodeAttention::Split;
   int num_sms_ = 0;
 };

@@ -41,6 +41,10 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
   cmd->add_flag("--no-fast-attention", no_fast_attention,
                 "CUDA: lesson 10's decode attention kernel instead of lesson 14's");
+  cmd->add_option("--max-graph-batch", max_graph_batch,
+                  "CUDA: decode steps of more sequences run eagerly (default 0: none do; graphs of every size up "
+                  "to 64, padded buckets of 16 above; 64: no padded buckets)")
+      ->check(CLI::Range(0, 1 << 20));
 #else
   (void)cmd;
 #endif
@@ -54,6 +58,7 @@ FastPathOptions FastPathFlags::options() const {
   o.fast_sampler = !no_fast_sampler;
   o.pdl = !no_pdl;
   o.fast_attention = !no_fast_attention;
+  o.max_graph_batch = max_graph_batch;
   return o;
 }
 #endif

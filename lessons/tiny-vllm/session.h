@@ -42,6 +42,7 @@ struct SamplingFlags {
 // by default.
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
+  int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
   void apply(Generator& gen) const;
