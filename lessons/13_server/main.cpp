@@ -17,6 +17,7 @@
 // and prints a PASS/FAIL table. Exit codes as every lesson: 0 PASS, 1 FAIL, 2 bad usage, 77 no GPU for cuda.
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -208,7 +209,14 @@ int run_lesson(const LessonOptions& opt) {
   // 6. a stop string from the middle of the completion's text
   if (!texts.empty() && texts[0].size() >= 8) {
     const std::string& full = texts[0];
-    const std::string stop = full.substr(full.size() / 2, 3);
+    // Three bytes from the middle, widened to whole UTF-8 characters: a cut inside a character (a random model's
+    // text is full of U+FFFD, three bytes each) would be a stop string that is not UTF-8, which JSON cannot carry.
+    const auto boundary = [&](size_t i) {
+      while (i < full.size() && (static_cast<unsigned char>(full[i]) & 0xC0) == 0x80) ++i;
+      return i;
+    };
+    const size_t begin = boundary(full.size() / 2);
+    const std::string stop = full.substr(begin, boundary(std::min(begin + 3, full.size())) - begin);
     const std::string expected = full.substr(0, full.find(stop));
     json body = cases[0].body;
     body["stop"] = json::array({stop});

@@ -8,6 +8,7 @@
 // SplitMix64 seeded with --seed), which weights/tools/hf_baseline.py --workload throughput ports exactly, so the
 // two run the same requests. Progress on stderr every second; at the end a table (or one JSON object) on stdout.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -79,7 +80,10 @@ void run(const BenchThroughputOptions& o) {
   }
   Engine engine(weights, config, kv);
   o.fast.apply(engine);  // lesson 14 (CUDA): fused decode, CUDA graphs, the fast sampler
+  const auto warm_start = std::chrono::steady_clock::now();
   o.fast.warm_up(engine);  // + the decode graphs of batch sizes 1, 2, 4, ..., before the timed run
+  const double warm_up_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count();
   std::fprintf(stderr, "bench throughput: %s on %s, %s; %lld requests, lengths [%lld, %lld], seed %llu\n",
                o.model.c_str(), std::string(device_name(device)).c_str(), engine.kv().describe().c_str(),
                static_cast<long long>(o.num_requests), static_cast<long long>(o.min_len),
@@ -114,6 +118,7 @@ void run(const BenchThroughputOptions& o) {
     j["kv_blocks"] = r.kv.total_blocks;
     j["kv_block_size"] = r.kv.block_size;
     j["kv_bytes"] = r.kv.bytes;
+    j["warm_up_seconds"] = warm_up_s;
     j["step_seconds"] = {{"total", r.step_s}, {"prepare", r.prepare_s}, {"launch", r.launch_s}, {"wait", r.wait_s},
                          {"other", r.other_s}};
     std::cout << j.dump() << "\n";
@@ -133,6 +138,8 @@ void run(const BenchThroughputOptions& o) {
     std::printf("  %-16s %14s\n", "KV blocks",
                 (std::to_string(r.kv.total_blocks) + " x " + std::to_string(r.kv.block_size)).c_str());
     std::printf("  %-16s %14s\n", "KV memory", gib(r.kv.bytes).c_str());
+    // Before the timed run (not in "seconds"): graph captures of the warm-up batches, the first prefills.
+    std::printf("  %-16s %11.1f ms\n", "warm-up", warm_up_s * 1e3);
     // The engine thread's time per step: only `wait` overlaps the GPU's work; the rest is time the GPU idles.
     const double per_step_ms = r.steps > 0 ? 1e3 / static_cast<double>(r.steps) : 0.0;
     std::printf("  %-16s %11.3f ms  (prepare %.3f, launch %.3f, wait for the GPU %.3f, schedule + deliver %.3f)\n",
