@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/device.h"
+#include "decode_attention_fast.h"
 #include "fast_forward.h"
 #include "fast_path.h"
 #include "generate.h"
@@ -69,6 +70,21 @@ TEST(FastPath14, PdlIsNeverClaimedWhereItCannotRun) {
             std::string::npos);
 }
 
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+TEST(FastPath14, TheFastDecodeAttentionIsTheDefaultWhereItWasMeasuredToPay) {
+  // head_dim 64 (Llama 3.2 1B, the bundled model): faster at every measured batch; head_dim 128 (Qwen3-0.6B,
+  // Llama 3.2 3B, Mistral 7B): slower at batches 1 and 8 on the H200, so lesson 10's kernel stays (chapter 8).
+  EXPECT_TRUE(fast_decode_attention_pays(AttentionShape{32, 8, 64}));
+  EXPECT_TRUE(fast_decode_attention_pays(AttentionShape{4, 2, 16}));
+  EXPECT_FALSE(fast_decode_attention_pays(AttentionShape{16, 8, 128}));
+  ModelConfig c = testing::bundled_model<Device::CPU>().w.config;
+  EXPECT_TRUE(contains(describe_fast_path({}, Device::CUDA, &c), ", fast decode attention"));
+  c.head_dim = 128;
+  const std::string n = describe_fast_path({}, Device::CUDA, &c);
+  EXPECT_TRUE(contains(n, ", lesson 10 decode attention (head_dim 128: lesson 14's kernel is slower there)")) << n;
+}
+
 TEST(FastPath14, OnTheCpuNothingIsInstalled) {
   const auto& m = testing::bundled_model<Device::CPU>();
   Generator gen(m.w, Generator::limits_for(m.w.config, 64, 1, 64));
@@ -76,8 +92,6 @@ TEST(FastPath14, OnTheCpuNothingIsInstalled) {
   EXPECT_EQ(gen.context().forward_fn(), nullptr);  // lesson 08's forward_composed, the reference
   EXPECT_EQ(gen.context().launcher(), nullptr);
 }
-
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 TEST(FastPath14, TheFamiliesExtrasAreDeclinedByName) {
   // The fused layer computes Qwen2's q/k/v biases and Qwen3's q/k norm (lesson 08's kernels, before RoPE); it

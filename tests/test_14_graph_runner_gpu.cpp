@@ -31,13 +31,19 @@ namespace {
 const testing::BundledModel<Device::CUDA>& bundled() { return testing::bundled_model<Device::CUDA>(); }
 AttentionShape shape() { return AttentionShape::from_config(bundled().w.config); }
 
-std::vector<GenerateResult> generate_with(std::unique_ptr<StepLauncher> launcher, GraphRunner** runner,
+// The generator (and its launcher) dies on return: a GraphRunner's stats are copied out first (graph_stats).
+std::vector<GenerateResult> generate_with(std::unique_ptr<StepLauncher> launcher, GraphRunnerStats* graph_stats,
                                           const GenerateOptions& opt) {
   Generator gen(bundled().w, Generator::limits_for(bundled().w.config, 512, 4, 256));
-  if (runner) *runner = dynamic_cast<GraphRunner*>(launcher.get());
+  const auto* runner = dynamic_cast<const GraphRunner*>(launcher.get());
   gen.context().set_launcher(std::move(launcher));
   const std::vector<std::vector<int32_t>> prompts = {{5, 6, 7, 8, 9}, {11, 12}, {20, 21, 22, 23, 24, 25, 26}};
-  return gen.generate(prompts, opt);
+  std::vector<GenerateResult> out = gen.generate(prompts, opt);
+  if (graph_stats) {
+    EXPECT_NE(runner, nullptr) << "graph stats asked of a launcher that is not a GraphRunner";
+    if (runner) *graph_stats = runner->stats();
+  }
+  return out;
 }
 
 TEST(GraphRunner14Gpu, GeneratorGraphsEqualEager) {
@@ -48,14 +54,13 @@ TEST(GraphRunner14Gpu, GeneratorGraphsEqualEager) {
     opt.max_new_tokens = 120;  // crosses the 64 and 128 context buckets
     opt.ignore_eos = true;
     const auto eager = generate_with(std::make_unique<PinnedEagerLauncher>(shape()), nullptr, opt);
-    GraphRunner* runner = nullptr;
-    const auto graphs = generate_with(std::make_unique<GraphRunner>(shape(), 8), &runner, opt);
+    GraphRunnerStats stats;
+    const auto graphs = generate_with(std::make_unique<GraphRunner>(shape(), 8), &stats, opt);
     ASSERT_EQ(eager.size(), graphs.size());
     for (size_t b = 0; b < eager.size(); ++b) EXPECT_EQ(graphs[b].ids, eager[b].ids) << "sequence " << b;
-    ASSERT_NE(runner, nullptr);
-    EXPECT_GT(runner->stats().captures, 0);
-    EXPECT_EQ(runner->stats().replays, graphs[0].decode_steps);  // every decode step replayed
-    EXPECT_EQ(runner->stats().eager_steps, 1);                   // the prefill
+    EXPECT_GT(stats.captures, 0);
+    EXPECT_EQ(stats.replays, graphs[0].decode_steps);  // every decode step replayed
+    EXPECT_EQ(stats.eager_steps, 1);                   // the prefill
   }
 }
 
@@ -81,15 +86,22 @@ TEST(GraphRunner14Gpu, OneGraphPerBatchSizeAndBucket) {
   EXPECT_EQ(runner->stats().captures, static_cast<int64_t>(splits.size()));
 }
 
-EngineRunResult run_engine(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher, GraphRunner** runner) {
+// The engine owns its launcher and dies at the end of the run: a GraphRunner's stats are copied out before
+// (graph_stats, when the launcher is one), never read through a pointer into the dead engine.
+EngineRunResult run_engine(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher,
+                           GraphRunnerStats* graph_stats) {
   static const auto requests =
       make_check_requests(24, 2, 120, 1, 48, workload_id_high(bundled().w.config), 5, 0, {13});
   Engine engine(bundled().w, testing::engine_config(64, 16, 512), kv);
-  if (runner) *runner = dynamic_cast<GraphRunner*>(launcher.get());
+  const auto* runner = dynamic_cast<const GraphRunner*>(launcher.get());
   engine.context().set_launcher(std::move(launcher));
   EngineRunResult run = run_requests(engine, requests);
   EXPECT_TRUE(run.events_ok) << run.events_error;
   EXPECT_EQ(engine.stats().kv.used_blocks(), 0);  // every block back in the pool
+  if (graph_stats) {
+    EXPECT_NE(runner, nullptr) << "graph stats asked of a launcher that is not a GraphRunner";
+    if (runner) *graph_stats = runner->stats();
+  }
   return run;
 }
 
@@ -98,13 +110,12 @@ TEST(GraphRunner14Gpu, EngineGraphsEqualEager) {
   for (const bool paged : {false, true}) {
     const KvFactory kv = paged ? paged_kv() : contiguous_kv();
     const EngineRunResult eager = run_engine(kv, std::make_unique<PinnedEagerLauncher>(shape()), nullptr);
-    GraphRunner* runner = nullptr;
-    const EngineRunResult graphs = run_engine(kv, std::make_unique<GraphRunner>(shape(), 16), &runner);
+    GraphRunnerStats stats;
+    const EngineRunResult graphs = run_engine(kv, std::make_unique<GraphRunner>(shape(), 16), &stats);
     ASSERT_EQ(graphs.ids.size(), eager.ids.size());
     for (size_t i = 0; i < eager.ids.size(); ++i) EXPECT_EQ(graphs.ids[i], eager.ids[i]) << "request " << i;
-    ASSERT_NE(runner, nullptr);
-    EXPECT_GT(runner->stats().replays, 0) << (paged ? "paged" : "contiguous");
-    EXPECT_GT(runner->stats().eager_steps, 0);  // prefill and mixed steps
+    EXPECT_GT(stats.replays, 0) << (paged ? "paged" : "contiguous");
+    EXPECT_GT(stats.eager_steps, 0);  // prefill and mixed steps
   }
 }
 
@@ -128,25 +139,29 @@ EngineConfig hundred_config(bool batch_invariant) {
   return config;
 }
 
-EngineRunResult run_hundred(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher, GraphRunner** runner,
-                            bool batch_invariant = false) {
+EngineRunResult run_hundred(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher,
+                            GraphRunnerStats* graph_stats, bool batch_invariant = false) {
   Engine engine(bundled().w, hundred_config(batch_invariant), kv);
-  if (runner) *runner = dynamic_cast<GraphRunner*>(launcher.get());
+  const auto* runner = dynamic_cast<const GraphRunner*>(launcher.get());
   engine.context().set_launcher(std::move(launcher));
   EngineRunResult run = run_requests(engine, hundred_requests());
   EXPECT_TRUE(run.events_ok) << run.events_error;
   EXPECT_EQ(engine.stats().kv.used_blocks(), 0);  // every block back in the pool
+  if (graph_stats) {
+    EXPECT_NE(runner, nullptr) << "graph stats asked of a launcher that is not a GraphRunner";
+    if (runner) *graph_stats = runner->stats();
+  }
   return run;
 }
 
-void expect_bucket_replays(const GraphRunner& runner, const char* which) {
+void expect_bucket_replays(const GraphRunnerStats& stats, const char* which) {
   int64_t above = 0;
-  for (const auto& [batch, n] : runner.stats().replays_by_batch) {
+  for (const auto& [batch, n] : stats.replays_by_batch) {
     if (batch <= 64) continue;
     EXPECT_TRUE(batch == 80 || batch == 96 || batch == 100) << which << ": a replay at " << batch << ", not a bucket";
     above += n;
   }
-  const auto& by = runner.stats().replays_by_batch;
+  const auto& by = stats.replays_by_batch;
   for (int b : {80, 96, 100}) EXPECT_TRUE(by.count(b) && by.at(b) > 0) << which << ": no replay at bucket " << b;
   EXPECT_GT(above, 0) << which;
 }
@@ -157,12 +172,11 @@ TEST(GraphRunner14Gpu, PaddedBucketsEqualEager) {
     const char* which = paged ? "paged" : "contiguous";
     const KvFactory kv = paged ? paged_kv() : contiguous_kv();
     const EngineRunResult eager = run_hundred(kv, std::make_unique<PinnedEagerLauncher>(shape(), kHundred), nullptr);
-    GraphRunner* runner = nullptr;
-    const EngineRunResult graphs = run_hundred(kv, std::make_unique<GraphRunner>(shape(), kHundred), &runner);
+    GraphRunnerStats stats;
+    const EngineRunResult graphs = run_hundred(kv, std::make_unique<GraphRunner>(shape(), kHundred), &stats);
     ASSERT_EQ(graphs.ids.size(), eager.ids.size());
     for (size_t i = 0; i < eager.ids.size(); ++i) EXPECT_EQ(graphs.ids[i], eager.ids[i]) << which << " request " << i;
-    ASSERT_NE(runner, nullptr);
-    expect_bucket_replays(*runner, which);
+    expect_bucket_replays(stats, which);
   }
 }
 
@@ -174,10 +188,9 @@ TEST(GraphRunner14Gpu, PaddingRowsWriteNoLiveKv) {
   for (const bool paged : {false, true}) {
     const char* which = paged ? "paged" : "contiguous";
     const KvFactory kv = paged ? paged_kv() : contiguous_kv();
-    GraphRunner* runner = nullptr;
-    const EngineRunResult together = run_hundred(kv, std::make_unique<GraphRunner>(shape(), kHundred), &runner, true);
-    ASSERT_NE(runner, nullptr);
-    expect_bucket_replays(*runner, which);
+    GraphRunnerStats stats;
+    const EngineRunResult together = run_hundred(kv, std::make_unique<GraphRunner>(shape(), kHundred), &stats, true);
+    expect_bucket_replays(stats, which);
     Engine alone(bundled().w, hundred_config(true), kv);
     alone.context().set_launcher(std::make_unique<GraphRunner>(shape(), kHundred));
     for (size_t i = 0; i < requests.size(); i += 7) {  // 15 requests, short and long ones

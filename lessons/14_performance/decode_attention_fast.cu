@@ -43,6 +43,8 @@ fast_decode::Params fast_params(const TensorView& out, const TensorView& q, cons
 
 }  // namespace
 
+bool fast_decode_attention_pays(const AttentionShape& shape) { return shape.head_dim <= 64; }
+
 int fast_decode_splits(const AttentionShape& shape, int batch_size, int64_t max_k_len, int num_sms) {
   if (num_sms <= 0) return decode_splits(shape, batch_size, max_k_len, num_sms);
   const int64_t head_tiles = (shape.group_size() + 7) / 8;

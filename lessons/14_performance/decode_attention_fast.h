@@ -26,6 +26,13 @@ namespace tvllm {
 // Fills lesson 10's and lesson 12's seams. Idempotent, cheap; call it before asking for DecodeAttention::Fast.
 void install_fast_decode_attention();
 
+// Whether use_fast_path makes this kernel the decode kernel of a model with these heads: measured on the H200
+// (chapter section 8), it beats lesson 10's at head_dim 64 at every batch (Llama 3.2 1B: +1.5% at batch 1,
+// +13% at batch 8 × 4,096), but at head_dim 128 with groups of 2 (Qwen3-0.6B) decode steps were 1–13% slower at
+// batches 1 and 8. So head_dim <= 64 only, until the head_dim-128 case is understood; --no-fast-attention and
+// this rule leave lesson 10's kernel, the same answer within one bf16 rounding.
+bool fast_decode_attention_pays(const AttentionShape& shape);
+
 // Where a warp keeps the tiles it has in flight (decode_attention_fast.cuh): v1 two stages in registers, v2 (the
 // default) a cp.async ring of 3 stages in shared memory. Process-wide; the benchmark and the tests switch it. The
 // pipeline only moves bytes: both give the same bits.

@@ -27,7 +27,7 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
   DecodeAttention decode = DecodeAttention::Split;
-  if (o.fast_attention) {
+  if (o.fast_attention && fast_decode_attention_pays(shape)) {
     install_fast_decode_attention();
     decode = use_fast_attention();
   }
@@ -82,7 +82,14 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
        : o.max_graph_batch == 0 ? ", CUDA graphs for every decode batch" + padded
                                 : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
-  s += o.fast_attention ? ", fast decode attention" : ", lesson 10 decode attention";
+  if (!o.fast_attention) {
+    s += ", lesson 10 decode attention";
+  } else if (config && !fast_decode_attention_pays(AttentionShape::from_config(*config))) {
+    s += ", lesson 10 decode attention (head_dim " + std::to_string(config->head_dim) +
+         ": lesson 14's kernel is slower there)";
+  } else {
+    s += ", fast decode attention";
+  }
   return s;
 }
 

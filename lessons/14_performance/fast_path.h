@@ -12,8 +12,9 @@
 //                kernels with the same splits eagerly: the same tokens, only slower
 //   fast_sampler set_sampler(FastSampler): top-k / top-p without a sort, the same ids as lesson 09's
 //   fast_attention  install_fast_decode_attention() and DecodeAttention::Fast on the attention backend: decode
-//                steps read the KV cache with decode_attention_fast.cuh (left alone in batch-invariant mode, whose
-//                Flash kernel is the point of that mode)
+//                steps read the KV cache with decode_attention_fast.cuh where it pays (fast_decode_attention_pays:
+//                head_dim <= 64, measured), and never in batch-invariant mode, whose Flash kernel is the point of
+//                that mode
 // On the CPU nothing is installed: the CPU path is the fp32 reference and stays as it is.
 #pragma once
 
