@@ -37,12 +37,7 @@ ContiguousKv::ContiguousKv(const ModelWeights& weights, const EngineLimits& limi
       slots_(cache_.num_slots(), cache_.max_context()),
       attention_(cache_, limits) {}
 
-void ContiguousKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) {
-  std::vector<int32_t> slots;
-  slots.reserve(batch.seqs.size());
-  for (const ScheduledSequence& s : batch.seqs) slots.push_back(s.seq->kv_blocks.at(0));
-  attention_.set_slots(slots, stream);
-}
+void ContiguousKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) { prepare_padded(batch, 0, stream); }
 
 void ContiguousKv::prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) {
   TVLLM_REQUIRE(pad_rows >= 0 && pad_rows <= slots_.free_slots(),

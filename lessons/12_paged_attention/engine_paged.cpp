@@ -34,20 +34,14 @@ PagedKv::PagedKv(const ModelWeights& weights, const EngineLimits& limits, const 
       attention_(pool_, limits),
       prefix_caching_(options.prefix_caching) {}
 
-void PagedKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) {
-  slot_mapping_.clear();
-  for (int64_t slot : batch.slot_mapping) slot_mapping_.push_back(static_cast<int32_t>(slot));  // < 2^31 (pool)
-  tables_.resize(batch.seqs.size());
-  for (size_t b = 0; b < batch.seqs.size(); ++b) tables_[b] = batch.seqs[b].seq->kv_blocks;
-  attention_.set_tables(slot_mapping_, tables_, stream);
-}
+void PagedKv::prepare(const ScheduledBatch& batch, cudaStream_t stream) { prepare_padded(batch, 0, stream); }
 
 void PagedKv::prepare_padded(const ScheduledBatch& batch, int64_t pad_rows, cudaStream_t stream) {
   TVLLM_REQUIRE(pad_rows >= 0, "PagedKv: " + std::to_string(pad_rows) + " padding rows");
   TVLLM_REQUIRE(pad_rows == 0 || (!batch.seqs.empty() && !batch.seqs[0].seq->kv_blocks.empty()),
                 "PagedKv: padding rows need a real sequence with a block to read");
   slot_mapping_.clear();
-  for (int64_t slot : batch.slot_mapping) slot_mapping_.push_back(static_cast<int32_t>(slot));
+  for (int64_t slot : batch.slot_mapping) slot_mapping_.push_back(static_cast<int32_t>(slot));  // < 2^31 (pool)
   tables_.resize(batch.seqs.size() + static_cast<size_t>(pad_rows));
   for (size_t b = 0; b < batch.seqs.size(); ++b) tables_[b] = batch.seqs[b].seq->kv_blocks;
   for (size_t b = batch.seqs.size(); b < tables_.size(); ++b) {
