@@ -311,6 +311,8 @@ TEST(ServeCli13, BenchThroughput) {
     EXPECT_GT(t["launch"].get<double>(), 0.0);  // on the CPU the forward pass itself runs in "launch"
     EXPECT_NEAR(parts, t["total"].get<double>(), 1e-6 + 1e-9 * t["total"].get<double>());
     EXPECT_LE(t["total"].get<double>(), j["seconds"].get<double>());
+    // The warm-up ran before the timed run and is reported beside it, never inside "seconds".
+    EXPECT_GE(j["warm_up_seconds"].get<double>(), 0.0);
   }
   EXPECT_EQ(run(base + " --kv nowhere").status, 2);
   EXPECT_EQ(run(base + " --max-len 100000").status, 2);  // longer than the model's context
