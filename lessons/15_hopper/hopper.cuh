@@ -1,0 +1,251 @@
+// Lesson 15: Hopper's new instructions as small, documented device functions (inline PTX).
+//
+// Read with README.md. Five groups, in the order the chapter meets them:
+//   shared addresses    smem_address()
+//   mbarriers           mbarrier_init / _arrive / _arrive_expect_tx / _try_wait / _wait, and the two fences
+//   TMA                 tma_load_2d (cp.async.bulk.tensor), prefetch_tensor_map
+//   wgmma               wgmma_fence / _commit_group / _wait_group / wgmma_m64n128k16, fence_accumulators
+//   warp specialisation setmaxnreg_inc / setmaxnreg_dec
+//   clusters            cluster_rank / cluster_size / cluster_sync / map_to_rank / load_from_cluster
+//
+// wgmma and setmaxnreg are "arch-specific" instructions of sm_90a: they exist on compute capability 9.0 exactly
+// (H100, H200) and the code must be compiled for sm_90a (lessons/15_hopper/CMakeLists.txt does it). The compiler
+// defines __CUDA_ARCH_FEAT_SM90_ALL in that compilation and only there; TVLLM_HOPPER_DEVICE is 1 exactly then,
+// and every kernel of this lesson compiles its body only under it (elsewhere: an empty stub that the host code
+// never launches, see hopper_available()). Include from .cu files only. C++17.
+#pragma once
+
+#include <cuda.h>  // the CUtensorMap type only: nothing in this lesson links the driver library
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "hopper_layout.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TVLLM_HOPPER_DEVICE 1
+#else
+#define TVLLM_HOPPER_DEVICE 0
+#endif
+
+namespace tvllm {
+
+#if TVLLM_HOPPER_DEVICE
+
+// ---- shared addresses ------------------------------------------------------------------------------------
+// PTX instructions that name shared memory want a 32-bit address in the shared window, not the 64-bit generic
+// pointer C++ hands around. cvta converts one to the other.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarriers ---------------------------------------------------------------------------------------------
+// An mbarrier is a 64-bit object in shared memory that counts two things for its CURRENT PHASE:
+//   arrivals      threads that said "I am done" (mbarrier.arrive), expected: the count given to init;
+//   transactions  bytes an asynchronous copy still has to deliver (expect_tx adds, a TMA copy's complete_tx
+//                 subtracts as its bytes land).
+// When both reach zero the phase completes: the barrier's phase bit flips (0 -> 1 -> 0 ...) and the counts
+// reset for the next phase. A waiter names the parity of the phase it waits for: "wait until phase with
+// parity P has completed". So a loop over a ring of S buffers waits with parity (round & 1), round = k / S.
+//
+//   phase:     0            1            0            1
+//   parity:  ---- done --> ---- done --> ---- done --> ...
+//
+// Waiting for parity 1 on a fresh barrier (phase 0 in progress) returns at once: the "phase before the first"
+// counts as complete. Producers use that to pass their first round over the ring without waiting.
+
+// One thread initialises the barrier before anyone uses it: `arrivals` arrivals complete each phase.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
+}
+
+// After the inits, before the __syncthreads that publishes them: make the initialised barriers visible to the
+// other threads of the cluster AND to the asynchronous proxy (the TMA unit, which is not a thread and does not
+// see ordinary shared-memory writes without a fence: "fence.proxy.async" below).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Orders this thread's ordinary (generic-proxy) shared-memory accesses before later accesses by the async proxy
+// (TMA, wgmma) and the other way round. Needed when threads write shared memory that TMA or wgmma then reads.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// "I am done with this phase": one arrival, with release semantics (my earlier memory accesses happen before
+// whatever the waiter does after its wait).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
+// One arrival that also announces `bytes` of transactions to come: the phase completes only when a TMA copy
+// has delivered that many bytes to the barrier (complete_tx). The producer calls it right before the copies.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+// One test: true once the phase with parity `parity` has completed (with acquire semantics: what the arrivers
+// and the copy wrote is visible after it). try_wait may also sleep a little inside the hardware before saying
+// no, which is why we prefer it to the pure test (mbarrier.test_wait) in a spin loop.
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "  selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_address(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbarrier_try_wait(bar, parity)) {
+  }
+}
+
+// ---- TMA: the tensor memory accelerator --------------------------------------------------------------------
+// One thread hands the TMA unit a tensor map (made on the host: the matrix's address, sizes, strides, the
+// box to copy and the swizzle; tensor_map.h) and the box's coordinates. The unit computes every address
+// itself, copies the whole box global -> shared, writes zeros for the parts of the box outside the matrix
+// (negative coordinates too), and reports the bytes to the mbarrier. No thread spends registers or
+// instructions on addresses: that is what frees the warps of an Ampere kernel's cp.async loops.
+//
+// x is the INNER coordinate (the column, the contiguous dimension), y the row: the order of the tensor map's
+// dimensions. dst must be 128-byte aligned (1024 with the 128-byte swizzle). The map must live in kernel
+// parameter space (a `const __grid_constant__ CUtensorMap` parameter) or global memory.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int32_t x, int32_t y,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(smem_address(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_address(bar))
+      : "memory");
+}
+
+// Fetches the 128-byte tensor map into the TMA unit's cache ahead of the first copy (optional, a latency win).
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- wgmma: warpgroup MMA from shared memory ---------------------------------------------------------------
+// A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4). Together they issue
+// one wgmma.mma_async: D[64 x N] += A[64 x 16] * B[N x 16]^T, A and B read straight from shared memory through
+// their descriptors (hopper_layout.h), D in registers spread over the 128 threads (accumulator_position()).
+// It is ASYNCHRONOUS: the instruction returns before the tensor cores finish, so the sequence is
+//
+//   wgmma_fence();            // registers and shared memory written before this are seen by the MMAs
+//   wgmma_m64n128k16(...);    // as many as you like (e.g. 4 for a 64-wide K tile)
+//   wgmma_commit_group();     // close them into one group
+//   wgmma_wait_group<0>();    // block until at most 0 groups are still running: D is ready
+//   fence_accumulators(d);    // tell the compiler D changed here, not earlier
+//
+// wait_group<1> instead lets the last group keep running while this thread goes on (to release the PREVIOUS
+// stage's buffers, for instance): the GEMM's pipeline does exactly that.
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+template <int kGroupsStillRunning>
+__device__ __forceinline__ void wgmma_wait_group() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kGroupsStillRunning) : "memory");
+}
+
+// The compiler does not know that an asynchronous MMA writes d until the wait: without this, it could read
+// an accumulator (to store it) before wgmma_wait_group. An empty asm that "reads and writes" every register,
+// placed after the wait, pins every later use of d below it.
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x 128] (fp32, 64 floats per thread) += A[64 x 16] * B[128 x 16]^T, A and B bf16 in shared memory,
+// both K-major ("row-major with K contiguous": x and W of y = x W^T as they are stored). The four immediates
+// after the predicate: scale A by +1, scale B by +1, do not transpose A, do not transpose B. The predicate
+// is "scale D": accumulate = true adds to D, false overwrites it (D = A B^T).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                 bool accumulate = true) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %66, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "  {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "   %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      "   %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      "   %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+      "  %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) 
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// ---- warp specialisation: moving registers between warpgroups ----------------------------------------------
+// A block of 3 warpgroups gets the same register budget per thread everywhere (65536 / 384 = 168 at most). The
+// producer warpgroup only issues TMA copies and needs few; the consumers hold 64+ accumulators each and want
+// many. setmaxnreg lets a warpgroup give registers back to the SM's pool (dec) and another take them (inc),
+// while the kernel runs. All threads of the warpgroup execute it; the count is a multiple of 8 in [24, 256].
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// ---- thread-block clusters and distributed shared memory ---------------------------------------------------
+// A cluster is a group of up to 8 blocks (16 with an opt-in) that the hardware places on the SMs of one GPC at
+// the same time. Each block can read and write the shared memory of the others (DSMEM) through the "cluster"
+// shared window, and the blocks can barrier with each other.
+
+// This block's index in its cluster (0 .. cluster_size() - 1) and the cluster's size in blocks.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+
+// A barrier over every thread of every block of the cluster: arrive (release: my writes, to my shared memory
+// or another block's, happen before...) then wait (acquire: ...what anyone does after the barrier).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The address, in the cluster's shared window, of the variable at `p` in block `rank`'s shared memory (the
+// same offset in every block: all blocks run the same kernel with the same shared-memory layout).
+__device__ __forceinline__ uint32_t map_to_rank(const void* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
+  return remote;
+}
+
+// A 4-byte load from another block's shared memory (an address from map_to_rank()).
+__device__ __forceinline__ float load_from_cluster(uint32_t remote_address) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote_address) : "memory");
+  return v;
+}
+
+#endif  // TVLLM_HOPPER_DEVICE
+
+}  // namespace tvllm
