@@ -42,7 +42,7 @@ TEST(Hopper15Layout, SwizzleXorsTheChunkWithTheRowModEight) {
   EXPECT_EQ(swizzled_offset_bf16(1, 0), 128u + 16u);
   EXPECT_EQ(swizzled_offset_bf16(1, 8), 128u + 0u);
   EXPECT_EQ(swizzled_offset_bf16(3, 13), 3u * 128 + ((1u ^ 3u) * 16) + 10);  // col 13: chunk 1, byte 10 in it
-  EXPECT_EQ(swizzled_offset_bf16(8, 8), 8u * 128 + 16);                       // row 8 is row 0 of the next atom
+  EXPECT_EQ(swizzled_offset_bf16(8, 8), 8u * 128 + 16);  // row 8 is row 0 of the next atom
   EXPECT_EQ(swizzled_offset_bf16(15, 0), 15u * 128 + 7 * 16);
   // A permutation of every 1024-byte atom, its own inverse.
   std::set<uint32_t> seen;
@@ -56,11 +56,11 @@ TEST(Hopper15Layout, SwizzleXorsTheChunkWithTheRowModEight) {
 
 TEST(Hopper15Layout, DescriptorFieldsSitOnTheirBits) {
   const uint64_t d = encode_smem_descriptor(0x2C400, 256, 1024, DescriptorSwizzle::B128);
-  EXPECT_EQ(d & 0x3FFF, 0x2C40u);           // bits 0-13: address >> 4
-  EXPECT_EQ((d >> 16) & 0x3FFF, 16u);       // bits 16-29: LBO >> 4
-  EXPECT_EQ((d >> 32) & 0x3FFF, 64u);       // bits 32-45: SBO >> 4
-  EXPECT_EQ((d >> 49) & 7, 0u);             // bits 49-51: base offset 0
-  EXPECT_EQ(d >> 62, 1u);                   // bits 62-63: 1 = 128-byte swizzle
+  EXPECT_EQ(d & 0x3FFF, 0x2C40u);      // bits 0-13: address >> 4
+  EXPECT_EQ((d >> 16) & 0x3FFF, 16u);  // bits 16-29: LBO >> 4
+  EXPECT_EQ((d >> 32) & 0x3FFF, 64u);  // bits 32-45: SBO >> 4
+  EXPECT_EQ((d >> 49) & 7, 0u);        // bits 49-51: base offset 0
+  EXPECT_EQ(d >> 62, 1u);              // bits 62-63: 1 = 128-byte swizzle
   EXPECT_EQ(encode_smem_descriptor(0, 0, 0, DescriptorSwizzle::B32) >> 62, 3u);
   EXPECT_EQ(encode_smem_descriptor(0, 0, 0, DescriptorSwizzle::None), 0u);
   // The swizzled K-major descriptor: LBO 1 (unused), SBO 1024 bytes, K steps of 32 bytes.
@@ -82,7 +82,8 @@ TEST(Hopper15Layout, AccumulatorFragmentIsMmaSyncsLayoutRepeated) {
   EXPECT_EQ(accumulator_position(37, 63).col, 8u * 15 + 3);
   std::vector<int> hits(64 * 128, 0);
   for (uint32_t t = 0; t < 128; ++t)
-    for (uint32_t i = 0; i < 64; ++i) ++hits[accumulator_position(t, i).row * 128 + accumulator_position(t, i).col];
+    for (uint32_t i = 0; i < 64; ++i)
+      ++hits[accumulator_position(t, i).row * 128 + accumulator_position(t, i).col];
   for (int h : hits) ASSERT_EQ(h, 1);
 }
 
@@ -138,7 +139,8 @@ TEST(Hopper15Oracle, ClusterExchangeWrapsAroundInsideEachCluster) {
 
 TEST(Hopper15Args, GemmRefusesAKThatIsNotAMultipleOf64) {
   const std::string e = input_error_of([] {
-    gemm_wgmma(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 100}), fake_cuda(DType::BF16, {16, 100}));
+    gemm_wgmma(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 100}),
+               fake_cuda(DType::BF16, {16, 100}));
   });
   EXPECT_NE(e.find("multiple of 64"), std::string::npos) << e;
 }
@@ -162,7 +164,9 @@ TEST(Hopper15Args, GemmRefusesMismatchedShapesAndDtypes) {
   // y overlapping x.
   const TensorView x = fake_cuda(DType::BF16, {8, 64});
   const TensorView y = TensorView::contiguous(x.data, DType::BF16, Device::CUDA, {8, 16});
-  EXPECT_NE(input_error_of([&] { check_gemm_wgmma_args(y, x, fake_cuda(DType::BF16, {16, 64})); }).find("overlap"),
+  EXPECT_NE(input_error_of([&] {
+              check_gemm_wgmma_args(y, x, fake_cuda(DType::BF16, {16, 64}));
+            }).find("overlap"),
             std::string::npos);
 }
 
@@ -195,10 +199,12 @@ TEST(Hopper15Args, AvailabilityAndItsReasonAgree) {
 }
 
 TEST(Hopper15Args, WithoutAHopperGpuEveryKernelRefusesWithTheReason) {
-  if (hopper_available()) GTEST_SKIP() << "this machine runs the kernels: the refusal is tested where it cannot";
+  if (hopper_available())
+    GTEST_SKIP() << "this machine runs the kernels: the refusal is tested where it cannot";
   const std::string reason = hopper_unavailable_reason();
   const std::string e = input_error_of([] {
-    gemm_wgmma(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 64}), fake_cuda(DType::BF16, {16, 64}));
+    gemm_wgmma(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 64}),
+               fake_cuda(DType::BF16, {16, 64}));
   });
   EXPECT_NE(e.find("gemm_wgmma: " + reason), std::string::npos) << e;
   EXPECT_NE(input_error_of([] {

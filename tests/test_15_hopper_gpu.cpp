@@ -15,26 +15,26 @@
 namespace tvllm {
 namespace {
 
-#define REQUIRE_HOPPER()                                                                  \
-  do {                                                                                    \
-    TVLLM_REQUIRE_GPU();                                                                  \
-    if (!hopper_available()) GTEST_SKIP() << hopper_unavailable_reason();                 \
+#define REQUIRE_HOPPER()                                                  \
+  do {                                                                    \
+    TVLLM_REQUIRE_GPU();                                                  \
+    if (!hopper_available()) GTEST_SKIP() << hopper_unavailable_reason(); \
   } while (0)
 
 std::string describe(const CompareResult& r) {
-  std::string s = r.name + ": bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) + ", max_abs " +
-                  std::to_string(r.max_abs) + " " + r.error;
+  std::string s = r.name + ": bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) +
+                  ", max_abs " + std::to_string(r.max_abs) + " " + r.error;
   for (const Mismatch& m : r.first_mismatches)
     s += "\n  [" + std::to_string(m.index) + "] got " + std::to_string(m.actual) + ", expected " +
          std::to_string(m.expected);
   return s;
 }
 
-#define EXPECT_PASSES(result)                      \
-  do {                                             \
-    const CompareResult r_ = (result);             \
-    EXPECT_GT(r_.count, 0) << r_.name;             \
-    EXPECT_TRUE(r_.pass()) << describe(r_);        \
+#define EXPECT_PASSES(result)               \
+  do {                                      \
+    const CompareResult r_ = (result);      \
+    EXPECT_GT(r_.count, 0) << r_.name;      \
+    EXPECT_TRUE(r_.pass()) << describe(r_); \
   } while (0)
 
 TEST(Hopper15Gpu, TmaTileCopyMatchesTheOracle) {
@@ -50,10 +50,10 @@ TEST(Hopper15Gpu, TmaTileOffTheEdgeIsZeroFilled) {
   REQUIRE_HOPPER();
   for (TmaSwizzle sw : {TmaSwizzle::None, TmaSwizzle::B128}) {
     SCOPED_TRACE(tma_swizzle_name(sw));
-    EXPECT_PASSES(check_tma_tile(200, 136, 150, 96, 64, 64, sw, 10));   // past the bottom and the right
-    EXPECT_PASSES(check_tma_tile(200, 136, -5, -24, 64, 64, sw, 11));   // before row 0 and column 0
-    EXPECT_PASSES(check_tma_tile(37, 72, 0, 0, 128, 64, sw, 12));       // a box taller than the matrix
-    EXPECT_PASSES(check_tma_tile(8, 8, 500, 500, 16, 64, sw, 13));      // entirely outside: all zeros
+    EXPECT_PASSES(check_tma_tile(200, 136, 150, 96, 64, 64, sw, 10));  // past the bottom and the right
+    EXPECT_PASSES(check_tma_tile(200, 136, -5, -24, 64, 64, sw, 11));  // before row 0 and column 0
+    EXPECT_PASSES(check_tma_tile(37, 72, 0, 0, 128, 64, sw, 12));      // a box taller than the matrix
+    EXPECT_PASSES(check_tma_tile(8, 8, 500, 500, 16, 64, sw, 13));     // entirely outside: all zeros
   }
 }
 
@@ -74,12 +74,13 @@ TEST(Hopper15Gpu, WgmmaTileIsExactOnSmallIntegers) {
 TEST(Hopper15Gpu, WgmmaTileMatchesTheOracleOnEverySlice) {
   REQUIRE_HOPPER();
   for (int first = 0; first < 4; ++first)
-    for (int steps = 1; first + steps <= 4; ++steps) EXPECT_PASSES(check_wgmma_tile(first, steps, false, 40 + 4 * first + steps));
+    for (int steps = 1; first + steps <= 4; ++steps)
+      EXPECT_PASSES(check_wgmma_tile(first, steps, false, 40 + 4 * first + steps));
 }
 
 TEST(Hopper15Gpu, ClusterBlocksReadTheirNeighboursSharedMemory) {
   REQUIRE_HOPPER();
-  EXPECT_PASSES(check_cluster_exchange(2, 1, 0, 64, 50));     // a cluster of one reads itself
+  EXPECT_PASSES(check_cluster_exchange(2, 1, 0, 64, 50));  // a cluster of one reads itself
   EXPECT_PASSES(check_cluster_exchange(8, 2, 1, 1000, 51));
   EXPECT_PASSES(check_cluster_exchange(16, 4, 3, 1024, 52));
   EXPECT_PASSES(check_cluster_exchange(64, 8, -1, 333, 53));
@@ -100,7 +101,8 @@ TEST(Hopper15Gpu, GemmIsDeterministicAndRunsOnAStream) {
   REQUIRE_HOPPER();
   const int64_t m = 300, n = 384, k = 1024;
   const Tensor x = Tensor::from_f32(random_uniform(m * k, 80), {m, k}, DType::BF16, Device::CUDA);
-  const Tensor w = Tensor::from_f32(random_uniform(n * k, 81, -0.05f, 0.05f), {n, k}, DType::BF16, Device::CUDA);
+  const Tensor w =
+      Tensor::from_f32(random_uniform(n * k, 81, -0.05f, 0.05f), {n, k}, DType::BF16, Device::CUDA);
   const Tensor y1 = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
   const Tensor y2 = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
   TVLLM_CUDA_CHECK(cudaMemset(y2.data(), 0xFF, y2.view().nbytes()));

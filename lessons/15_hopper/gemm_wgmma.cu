@@ -2,7 +2,8 @@
 //
 // One block computes a 128 x 128 tile of y. Its 384 threads are three warpgroups with different jobs:
 //
-//   warpgroup 0, the PRODUCER: one thread walks K in steps of 64 and, for each step, has TMA copy the 128 x 64
+//   warpgroup 0, the PRODUCER: one thread walks K in steps of 64 and, for each step, has TMA copy the 128 x
+//   64
 //     slice of x and the 128 x 64 slice of W into the next stage of a ring of 4 shared-memory stages.
 //   warpgroups 1 and 2, the CONSUMERS: each owns 64 rows of the tile and, for each stage, issues 4 wgmma
 //     m64n128k16 (K = 64) into its 64 fp32 accumulators per thread.
@@ -34,28 +35,30 @@
 namespace tvllm {
 namespace {
 
-constexpr int kConsumers = 2;                       // consumer warpgroups, 64 rows of the tile each
+constexpr int kConsumers = 2;                         // consumer warpgroups, 64 rows of the tile each
 constexpr int kGemmThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
 constexpr uint32_t kStageBytesX = kGemmBlockM * kGemmBlockK * 2;  // 16 KB: 128 rows of 128 bytes
 constexpr uint32_t kStageBytesW = kGemmBlockN * kGemmBlockK * 2;  // 16 KB
-constexpr int kGemmSmemBytes = kGemmStages * (kStageBytesX + kStageBytesW) + kSwizzleAtomBytes;  // + alignment
+constexpr int kGemmSmemBytes =
+    kGemmStages * (kStageBytesX + kStageBytesW) + kSwizzleAtomBytes;  // + alignment
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536,
               "the warpgroups' registers must fit in the SM's register file");
 static_assert(kGemmBlockM == 64 * kConsumers && kGemmBlockN == 128 && kGemmBlockK == 64,
               "the kernel is written for 2 x m64n128k16 per K slice of 16, four slices per stage");
 
-__global__ void __launch_bounds__(kGemmThreads, 1) gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
-                                                                     const __grid_constant__ CUtensorMap map_w,
-                                                                     __nv_bfloat16* y, int m, int n, int k) {
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                      __nv_bfloat16* y, int m, int n, int k) {
 #if TVLLM_HOPPER_DEVICE
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t full[kGemmStages], empty[kGemmStages];
-  // The stages start on a 1024-byte boundary (the 128-byte swizzle's period) and every stage is a multiple of it.
+  // The stages start on a 1024-byte boundary (the 128-byte swizzle's period) and every stage is a multiple of
+  // it.
   const uint32_t misalignment = smem_address(smem_raw) & (kSwizzleAtomBytes - 1);
   unsigned char* smem = smem_raw + (misalignment == 0 ? 0 : kSwizzleAtomBytes - misalignment);
-  unsigned char* stage_x = smem;                                  // kGemmStages x [128 rows][64 K] bf16
-  unsigned char* stage_w = smem + kGemmStages * kStageBytesX;      // kGemmStages x [128 rows][64 K] bf16
+  unsigned char* stage_x = smem;                               // kGemmStages x [128 rows][64 K] bf16
+  unsigned char* stage_w = smem + kGemmStages * kStageBytesX;  // kGemmStages x [128 rows][64 K] bf16
 
   const int warpgroup = threadIdx.x / 128;
   const int k_tiles = k / kGemmBlockK;
@@ -70,7 +73,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) gemm_wgmma_kernel(const __gri
     }
     fence_barrier_init();
   }
-  __syncthreads();  // the last block-wide barrier: from here on the warpgroups only meet through the mbarriers
+  __syncthreads();  // the last block-wide barrier: from here on the warpgroups only meet through the
+                    // mbarriers
 
   if (warpgroup == 0) {
     // ---- the producer -------------------------------------------------------------------------------------
@@ -79,7 +83,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) gemm_wgmma_kernel(const __gri
       for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % kGemmStages;
         const uint32_t round = static_cast<uint32_t>(kt / kGemmStages);
-        mbarrier_wait(&empty[s], (round & 1u) ^ 1u);  // the consumers have finished with this stage's last use
+        mbarrier_wait(&empty[s],
+                      (round & 1u) ^ 1u);  // the consumers have finished with this stage's last use
         mbarrier_arrive_expect_tx(&full[s], kStageBytesX + kStageBytesW);
         tma_load_2d(stage_x + s * kStageBytesX, &map_x, kt * kGemmBlockK, m0, &full[s]);
         tma_load_2d(stage_w + s * kStageBytesW, &map_w, kt * kGemmBlockK, n0, &full[s]);
@@ -88,10 +93,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1) gemm_wgmma_kernel(const __gri
     return;  // the other 127 threads have nothing to do; the block lives on in its consumers
   }
 
-  // ---- the consumers ------------------------------------------------------------------------------------------
+  // ---- the consumers --------------------------------------------------------------------------------------
   setmaxnreg_inc<kConsumerRegisters>();
-  const int consumer = warpgroup - 1;       // rows consumer * 64 .. + 63 of the tile
-  const int t = threadIdx.x % 128;          // this thread in its warpgroup
+  const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of the tile
+  const int t = threadIdx.x % 128;     // this thread in its warpgroup
   float acc[kGemmBlockN / 2];
 #pragma unroll
   for (int i = 0; i < kGemmBlockN / 2; ++i) acc[i] = 0.0f;
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) gemm_wgmma_kernel(const __gri
   wgmma_wait_group<0>();
   fence_accumulators(acc);
 
-  // ---- the epilogue: fp32 -> bf16, guarded stores ------------------------------------------------------------
+  // ---- the epilogue: fp32 -> bf16, guarded stores ---------------------------------------------------------
   const bool pairs = n % 2 == 0;  // two neighbours at once (4 bytes) when every row starts 4-byte aligned
 #pragma unroll
   for (int i = 0; i < kGemmBlockN / 2; i += 2) {
@@ -142,14 +147,15 @@ void gemm_wgmma(const TensorView& y, const TensorView& x, const TensorView& w, c
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   const int64_t grid_m = (m + kGemmBlockM - 1) / kGemmBlockM, grid_n = (n + kGemmBlockN - 1) / kGemmBlockN;
   TVLLM_REQUIRE(grid_m <= 65535, "gemm_wgmma: M = " + std::to_string(m) + " needs more than 65535 row tiles");
-  const CUtensorMap map_x = make_tensor_map_bf16_2d(x.data, m, k, k * 2, kGemmBlockM, kGemmBlockK, TmaSwizzle::B128);
-  const CUtensorMap map_w = make_tensor_map_bf16_2d(w.data, n, k, k * 2, kGemmBlockN, kGemmBlockK, TmaSwizzle::B128);
+  const CUtensorMap map_x =
+      make_tensor_map_bf16_2d(x.data, m, k, k * 2, kGemmBlockM, kGemmBlockK, TmaSwizzle::B128);
+  const CUtensorMap map_w =
+      make_tensor_map_bf16_2d(w.data, n, k, k * 2, kGemmBlockN, kGemmBlockK, TmaSwizzle::B128);
   TVLLM_CUDA_CHECK(
       cudaFuncSetAttribute(gemm_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmemBytes));
   const dim3 grid(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m));
-  gemm_wgmma_kernel<<<grid, kGemmThreads, kGemmSmemBytes, stream>>>(map_x, map_w, y.ptr<__nv_bfloat16>(),
-                                                                    static_cast<int>(m), static_cast<int>(n),
-                                                                    static_cast<int>(k));
+  gemm_wgmma_kernel<<<grid, kGemmThreads, kGemmSmemBytes, stream>>>(
+      map_x, map_w, y.ptr<__nv_bfloat16>(), static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
   TVLLM_CHECK_LAUNCH();
 }
 

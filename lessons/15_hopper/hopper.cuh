@@ -8,11 +8,11 @@
 //   warp specialisation setmaxnreg_inc / setmaxnreg_dec
 //   clusters            cluster_rank / cluster_size / cluster_sync / map_to_rank / load_from_cluster
 //
-// wgmma and setmaxnreg are "arch-specific" instructions of sm_90a: they exist on compute capability 9.0 exactly
-// (H100, H200) and the code must be compiled for sm_90a (lessons/15_hopper/CMakeLists.txt does it). The compiler
-// defines __CUDA_ARCH_FEAT_SM90_ALL in that compilation and only there; TVLLM_HOPPER_DEVICE is 1 exactly then,
-// and every kernel of this lesson compiles its body only under it (elsewhere: an empty stub that the host code
-// never launches, see hopper_available()). Include from .cu files only. C++17.
+// wgmma and setmaxnreg are "arch-specific" instructions of sm_90a: they exist on compute capability 9.0
+// exactly (H100, H200) and the code must be compiled for sm_90a (lessons/15_hopper/CMakeLists.txt does it).
+// The compiler defines __CUDA_ARCH_FEAT_SM90_ALL in that compilation and only there; TVLLM_HOPPER_DEVICE is 1
+// exactly then, and every kernel of this lesson compiles its body only under it (elsewhere: an empty stub
+// that the host code never launches, see hopper_available()). Include from .cu files only. C++17.
 #pragma once
 
 #include <cuda.h>  // the CUtensorMap type only: nothing in this lesson links the driver library
@@ -39,7 +39,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// ---- mbarriers ---------------------------------------------------------------------------------------------
+// ---- mbarriers --------------------------------------------------------------------------------------------
 // An mbarrier is a 64-bit object in shared memory that counts two things for its CURRENT PHASE:
 //   arrivals      threads that said "I am done" (mbarrier.arrive), expected: the count given to init;
 //   transactions  bytes an asynchronous copy still has to deliver (expect_tx adds, a TMA copy's complete_tx
@@ -59,15 +59,17 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) 
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
 }
 
-// After the inits, before the __syncthreads that publishes them: make the initialised barriers visible to the
-// other threads of the cluster AND to the asynchronous proxy (the TMA unit, which is not a thread and does not
-// see ordinary shared-memory writes without a fence: "fence.proxy.async" below).
+// After the inits, before the __syncthreads that publishes them. Two fences: fence.mbarrier_init releases the
+// initialised barriers to the other threads of the cluster; fence.proxy.async makes them visible to the
+// asynchronous proxy too (the TMA unit is not a thread: it does not see ordinary shared-memory writes without
+// that fence, and its complete_tx must find a barrier that is already initialised).
 __device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// Orders this thread's ordinary (generic-proxy) shared-memory accesses before later accesses by the async proxy
-// (TMA, wgmma) and the other way round. Needed when threads write shared memory that TMA or wgmma then reads.
+// Orders this thread's ordinary (generic-proxy) shared-memory accesses before later accesses by the async
+// proxy (TMA, wgmma) and the other way round. Needed when threads write shared memory that TMA or wgmma then
+// reads.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -107,7 +109,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// ---- TMA: the tensor memory accelerator --------------------------------------------------------------------
+// ---- TMA: the tensor memory accelerator -------------------------------------------------------------------
 // One thread hands the TMA unit a tensor map (made on the host: the matrix's address, sizes, strides, the
 // box to copy and the swizzle; tensor_map.h) and the box's coordinates. The unit computes every address
 // itself, copies the whole box global -> shared, writes zeros for the parts of the box outside the matrix
@@ -120,21 +122,24 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int32_t x, int32_t y,
                                             uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(smem_address(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_address(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_address(bar))
       : "memory");
 }
 
-// Fetches the 128-byte tensor map into the TMA unit's cache ahead of the first copy (optional, a latency win).
+// Fetches the 128-byte tensor map into the TMA unit's cache ahead of the first copy (optional, a latency
+// win).
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// ---- wgmma: warpgroup MMA from shared memory ---------------------------------------------------------------
-// A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4). Together they issue
-// one wgmma.mma_async: D[64 x N] += A[64 x 16] * B[N x 16]^T, A and B read straight from shared memory through
-// their descriptors (hopper_layout.h), D in registers spread over the 128 threads (accumulator_position()).
-// It is ASYNCHRONOUS: the instruction returns before the tensor cores finish, so the sequence is
+// ---- wgmma: warpgroup MMA from shared memory --------------------------------------------------------------
+// A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4). Together they
+// issue one wgmma.mma_async: D[64 x N] += A[64 x 16] * B[N x 16]^T, A and B read straight from shared memory
+// through their descriptors (hopper_layout.h), D in registers spread over the 128 threads
+// (accumulator_position()). It is ASYNCHRONOUS: the instruction returns before the tensor cores finish, so
+// the sequence is
 //
 //   wgmma_fence();            // registers and shared memory written before this are seen by the MMAs
 //   wgmma_m64n128k16(...);    // as many as you like (e.g. 4 for a 64-wide K tile)
@@ -184,20 +189,22 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) 
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// ---- warp specialisation: moving registers between warpgroups ----------------------------------------------
-// A block of 3 warpgroups gets the same register budget per thread everywhere (65536 / 384 = 168 at most). The
-// producer warpgroup only issues TMA copies and needs few; the consumers hold 64+ accumulators each and want
-// many. setmaxnreg lets a warpgroup give registers back to the SM's pool (dec) and another take them (inc),
-// while the kernel runs. All threads of the warpgroup execute it; the count is a multiple of 8 in [24, 256].
+// ---- warp specialisation: moving registers between warpgroups ---------------------------------------------
+// A block of 3 warpgroups gets the same register budget per thread everywhere (65536 / 384 = 168 at most).
+// The producer warpgroup only issues TMA copies and needs few; the consumers hold 64+ accumulators each and
+// want many. setmaxnreg lets a warpgroup give registers back to the SM's pool (dec) and another take them
+// (inc), while the kernel runs. All threads of the warpgroup execute it; the count is a multiple of 8 in [24,
+// 256].
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
@@ -207,10 +214,10 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
-// ---- thread-block clusters and distributed shared memory ---------------------------------------------------
-// A cluster is a group of up to 8 blocks (16 with an opt-in) that the hardware places on the SMs of one GPC at
-// the same time. Each block can read and write the shared memory of the others (DSMEM) through the "cluster"
-// shared window, and the blocks can barrier with each other.
+// ---- thread-block clusters and distributed shared memory --------------------------------------------------
+// A cluster is a group of up to 8 blocks (16 with an opt-in) that the hardware places on the SMs of one GPC
+// at the same time. Each block can read and write the shared memory of the others (DSMEM) through the
+// "cluster" shared window, and the blocks can barrier with each other.
 
 // This block's index in its cluster (0 .. cluster_size() - 1) and the cluster's size in blocks.
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -227,8 +234,10 @@ __device__ __forceinline__ uint32_t cluster_size() {
 // A barrier over every thread of every block of the cluster: arrive (release: my writes, to my shared memory
 // or another block's, happen before...) then wait (acquire: ...what anyone does after the barrier).
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;" ::
+          : "memory");
 }
 
 // The address, in the cluster's shared window, of the variable at `p` in block `rank`'s shared memory (the

@@ -43,7 +43,8 @@ std::string dims(int64_t a, int64_t b) { return std::to_string(a) + "x" + std::t
 
 CompareResult check_tma_tile(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t box_rows,
                              int64_t box_cols, TmaSwizzle swizzle, uint64_t seed) {
-  const std::vector<float> values = bf16_exact(random_uniform(static_cast<size_t>(rows * cols), seed, -4.f, 4.f));
+  const std::vector<float> values =
+      bf16_exact(random_uniform(static_cast<size_t>(rows * cols), seed, -4.f, 4.f));
   const Tensor src = Tensor::from_f32(values, {rows, cols}, DType::BF16, Device::CUDA);
   const Tensor dst = poisoned({box_rows, box_cols}, DType::BF16);
   tma_tile_copy(dst, src, row0, col0, swizzle);
@@ -52,15 +53,17 @@ CompareResult check_tma_tile(int64_t rows, int64_t cols, int64_t row0, int64_t c
   const Tensor src_cpu = Tensor::from_f32(values, {rows, cols}, DType::F32, Device::CPU);
   const Tensor expected = Tensor::empty({box_rows, box_cols}, DType::F32, Device::CPU);
   tma_tile_copy_cpu(expected, src_cpu, row0, col0);
-  return compare("TMA " + std::string(tma_swizzle_name(swizzle)) + ": box " + dims(box_rows, box_cols) + " at (" +
-                     std::to_string(row0) + ", " + std::to_string(col0) + ") of " + dims(rows, cols),
+  return compare("TMA " + std::string(tma_swizzle_name(swizzle)) + ": box " + dims(box_rows, box_cols) +
+                     " at (" + std::to_string(row0) + ", " + std::to_string(col0) + ") of " +
+                     dims(rows, cols),
                  dst, expected, Tolerance{0.0, 0.0});
 }
 
 CompareResult check_wgmma_tile(int k_first, int k_steps, bool integers, uint64_t seed) {
   const size_t na = kTileM * kTileK, nb = kTileN * kTileK;
   const std::vector<float> a = integers ? small_integers(na, seed) : bf16_exact(random_uniform(na, seed));
-  const std::vector<float> b = integers ? small_integers(nb, seed + 1) : bf16_exact(random_uniform(nb, seed + 1));
+  const std::vector<float> b =
+      integers ? small_integers(nb, seed + 1) : bf16_exact(random_uniform(nb, seed + 1));
   const Tensor a_dev = Tensor::from_f32(a, {kTileM, kTileK}, DType::BF16, Device::CUDA);
   const Tensor b_dev = Tensor::from_f32(b, {kTileN, kTileK}, DType::BF16, Device::CUDA);
   const Tensor d = poisoned({kTileM, kTileN}, DType::F32);
@@ -71,20 +74,22 @@ CompareResult check_wgmma_tile(int k_first, int k_steps, bool integers, uint64_t
   wgmma_tile_cpu(expected, Tensor::from_f32(a, {kTileM, kTileK}, DType::F32, Device::CPU),
                  Tensor::from_f32(b, {kTileN, kTileK}, DType::F32, Device::CPU), k_first, k_steps);
   const std::string name = std::string("wgmma tile 64x128, K slices ") + std::to_string(k_first) + ".." +
-                           std::to_string(k_first + k_steps - 1) + (integers ? ", small integers" : ", random");
+                           std::to_string(k_first + k_steps - 1) +
+                           (integers ? ", small integers" : ", random");
   if (integers) return compare(name, d, expected, Tolerance{0.0, 0.0});
   return compare_rows(name, d, expected, kF32OutVsCpu);
 }
 
-CompareResult check_cluster_exchange(int blocks, int cluster_blocks, int shift, int per_block, uint64_t seed) {
+CompareResult check_cluster_exchange(int blocks, int cluster_blocks, int shift, int per_block,
+                                     uint64_t seed) {
   const std::vector<float> values = random_uniform(static_cast<size_t>(blocks) * per_block, seed);
   const Tensor v = Tensor::from_f32(values, {blocks, per_block}, DType::F32, Device::CUDA);
   const Tensor out = poisoned({blocks, per_block}, DType::F32);
   cluster_exchange(out, v, blocks, cluster_blocks, shift);
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
   const Tensor expected = Tensor::empty({blocks, per_block}, DType::F32, Device::CPU);
-  cluster_exchange_cpu(expected, Tensor::from_f32(values, {blocks, per_block}, DType::F32, Device::CPU), blocks,
-                       cluster_blocks, shift);
+  cluster_exchange_cpu(expected, Tensor::from_f32(values, {blocks, per_block}, DType::F32, Device::CPU),
+                       blocks, cluster_blocks, shift);
   return compare("cluster of " + std::to_string(cluster_blocks) + ": " + std::to_string(blocks) +
                      " blocks read rank + " + std::to_string(shift),
                  out, expected, Tolerance{0.0, 0.0});
@@ -92,8 +97,8 @@ CompareResult check_cluster_exchange(int blocks, int cluster_blocks, int shift, 
 
 CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, bool check_guards) {
   const std::vector<float> x = bf16_exact(random_uniform(static_cast<size_t>(m * k), seed));
-  const std::vector<float> w =
-      bf16_exact(random_normal(static_cast<size_t>(n * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
+  const std::vector<float> w = bf16_exact(
+      random_normal(static_cast<size_t>(n * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
   const Tensor x_dev = Tensor::from_f32(x, {m, k}, DType::BF16, Device::CUDA);
   const Tensor w_dev = Tensor::from_f32(w, {n, k}, DType::BF16, Device::CUDA);
   const Tensor y_buf = poisoned({m + 1, n}, DType::BF16);  // one row past the end: must stay NaN
@@ -107,7 +112,8 @@ CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, b
   CompareResult r = compare_rows("wgmma GEMM " + dims(m, k) + " . " + dims(k, n), y, expected, kBf16OutVsCpu);
   if (check_guards) {
     std::vector<uint16_t> past(static_cast<size_t>(n));
-    TVLLM_CUDA_CHECK(cudaMemcpy(past.data(), y_buf.view().rows(m, 1).data, past.size() * 2, cudaMemcpyDeviceToHost));
+    TVLLM_CUDA_CHECK(
+        cudaMemcpy(past.data(), y_buf.view().rows(m, 1).data, past.size() * 2, cudaMemcpyDeviceToHost));
     int64_t written = 0;
     for (uint16_t bits : past) written += bits != 0xFFFF;
     if (written > 0 && r.error.empty())
@@ -129,25 +135,30 @@ const std::vector<GemmShape>& gemm_check_shapes() {
   return shapes;
 }
 
-// ---- the CPU's own checks ----------------------------------------------------------------------------------
+// ---- the CPU's own checks ---------------------------------------------------------------------------------
 
 void add_oracle_checks(Report& report) {
-  {  // The swizzle: within each 1024-byte atom, a permutation of the 16-byte chunks that keeps each 128-byte row.
+  {  // The swizzle: within each 1024-byte atom, a permutation of the 16-byte chunks that keeps each 128-byte
+     // row.
     bool ok = true;
     std::set<uint32_t> seen;
     for (uint32_t chunk = 0; chunk < 64; ++chunk) {
       const uint32_t to = swizzle128(chunk * 16);
-      ok = ok && to % 16 == 0 && to / 128 == chunk / 8 && swizzle128(to) == chunk * 16;  // it is its own inverse
+      ok = ok && to % 16 == 0 && to / 128 == chunk / 8 &&
+           swizzle128(to) == chunk * 16;  // it is its own inverse
       seen.insert(to);
     }
-    ok = ok && seen.size() == 64 && swizzled_offset_bf16(0, 0) == 0 && swizzled_offset_bf16(1, 0) == 128 + 16 &&
-         swizzled_offset_bf16(7, 63) == 7 * 128 + (7 ^ 7) * 16 + 14 && swizzled_offset_bf16(9, 8) == 9 * 128 + 0;
+    ok = ok && seen.size() == 64 && swizzled_offset_bf16(0, 0) == 0 &&
+         swizzled_offset_bf16(1, 0) == 128 + 16 &&
+         swizzled_offset_bf16(7, 63) == 7 * 128 + (7 ^ 7) * 16 + 14 &&
+         swizzled_offset_bf16(9, 8) == 9 * 128 + 0;
     report.add_check("128-byte swizzle: a permutation of each 1024-byte atom, row by row", ok);
   }
   {  // The descriptor's fields.
     const uint64_t d = encode_smem_descriptor(0x1230, 16, 1024, DescriptorSwizzle::B128);
     const bool ok = (d & 0x3FFF) == 0x123 && ((d >> 16) & 0x3FFF) == 1 && ((d >> 32) & 0x3FFF) == 64 &&
-                    ((d >> 62) & 3) == 1 && ((d >> 14) & 3) == 0 && ((d >> 30) & 3) == 0 && ((d >> 46) & 0xFFFF) == 0 &&
+                    ((d >> 62) & 3) == 1 && ((d >> 14) & 3) == 0 && ((d >> 30) & 3) == 0 &&
+                    ((d >> 46) & 0xFFFF) == 0 &&
                     sw128_kmajor_descriptor(0x400, 3) - sw128_kmajor_descriptor(0x400, 0) == 6;
     report.add_check("wgmma descriptor: address, LBO, SBO and swizzle on bits 0, 16, 32 and 62", ok);
   }
@@ -160,7 +171,8 @@ void add_oracle_checks(Report& report) {
       }
     bool ok = true;
     for (int h : hits) ok = ok && h == 1;
-    report.add_check("wgmma accumulator layout: every element of 64 x 128 held by exactly one (thread, register)", ok);
+    report.add_check(
+        "wgmma accumulator layout: every element of 64 x 128 held by exactly one (thread, register)", ok);
   }
   {  // The tile oracle against lesson 06's linear() on the same slice.
     const std::vector<float> a = bf16_exact(random_uniform(kTileM * kTileK, 7));
@@ -174,8 +186,8 @@ void add_oracle_checks(Report& report) {
     const Tensor expected = Tensor::empty({kTileM, kTileN}, DType::F32, Device::CPU);
     linear(expected, Tensor::from_f32(a_slice, {kTileM, 32}, DType::F32, Device::CPU),
            Tensor::from_f32(b_slice, {kTileN, 32}, DType::F32, Device::CPU));
-    report.add(compare("wgmma tile oracle (slices 1..2) vs lesson 06's linear() on columns 16..47", d, expected,
-                       Tolerance{0.0, 0.0}));
+    report.add(compare("wgmma tile oracle (slices 1..2) vs lesson 06's linear() on columns 16..47", d,
+                       expected, Tolerance{0.0, 0.0}));
   }
   {  // The TMA oracle: a box over the corner of a 5 x 8 matrix of 1..40, at (-1, 4), 4 x 8: zeros outside.
     std::vector<float> src(40);

@@ -1,8 +1,8 @@
 // Lesson 15: who may run the Hopper kernels, the arguments' checks, and the CPU oracles.
+#include <cuda_runtime.h>
+
 #include <cstdio>
 #include <string>
-
-#include <cuda_runtime.h>
 
 #include "common/device.h"
 #include "common/errors.h"
@@ -10,7 +10,7 @@
 
 namespace tvllm {
 
-// ---- availability ------------------------------------------------------------------------------------------
+// ---- availability -----------------------------------------------------------------------------------------
 
 std::string hopper_unavailable_reason() {
 #ifndef TVLLM_HOPPER_SM90A
@@ -23,8 +23,8 @@ std::string hopper_unavailable_reason() {
   const DeviceProps p = query_device(device);
   if (p.compute_major != 9 || p.compute_minor != 0)
     return "lesson 15's kernels use sm_90a instructions (wgmma, setmaxnreg), which only a GPU of compute "
-           "capability 9.0 runs (H100, H200); this one, " + p.name + ", is " + std::to_string(p.compute_major) +
-           "." + std::to_string(p.compute_minor);
+           "capability 9.0 runs (H100, H200); this one, " +
+           p.name + ", is " + std::to_string(p.compute_major) + "." + std::to_string(p.compute_minor);
   return "";
 #endif
 }
@@ -42,7 +42,7 @@ const char* tma_swizzle_name(TmaSwizzle swizzle) {
   return swizzle == TmaSwizzle::B128 ? "128-byte swizzle" : "no swizzle";
 }
 
-// ---- helpers -------------------------------------------------------------------------------------------------
+// ---- helpers ----------------------------------------------------------------------------------------------
 
 namespace {
 
@@ -50,20 +50,20 @@ void require_matrix(const TensorView& t, const char* name, DType dtype, Device d
                     int64_t cols = -1) {
   const std::string n = name;
   TVLLM_REQUIRE(t.rank() == 2, n + " must be a matrix, got " + t.describe());
-  TVLLM_REQUIRE(t.dtype == dtype && t.device == device,
-                n + " must be " + std::string(dtype_name(dtype)) + " on " + std::string(device_name(device)) +
-                    ", got " + t.describe());
+  TVLLM_REQUIRE(t.dtype == dtype && t.device == device, n + " must be " + std::string(dtype_name(dtype)) +
+                                                            " on " + std::string(device_name(device)) +
+                                                            ", got " + t.describe());
   TVLLM_REQUIRE(t.is_contiguous(), n + " must be contiguous, got " + t.describe());
-  TVLLM_REQUIRE(rows < 0 || t.dim(0) == rows, n + " must have " + std::to_string(rows) + " rows, got " +
-                                                  t.describe());
-  TVLLM_REQUIRE(cols < 0 || t.dim(1) == cols, n + " must have " + std::to_string(cols) + " columns, got " +
-                                                  t.describe());
+  TVLLM_REQUIRE(rows < 0 || t.dim(0) == rows,
+                n + " must have " + std::to_string(rows) + " rows, got " + t.describe());
+  TVLLM_REQUIRE(cols < 0 || t.dim(1) == cols,
+                n + " must have " + std::to_string(cols) + " columns, got " + t.describe());
   TVLLM_REQUIRE(t.data != nullptr || t.numel() == 0, n + " has no data");
 }
 
 }  // namespace
 
-// ---- step 1's oracle: the box, zeros outside the matrix --------------------------------------------------------
+// ---- step 1's oracle: the box, zeros outside the matrix ---------------------------------------------------
 
 void tma_tile_copy_cpu(const TensorView& dst, const TensorView& src, int64_t row0, int64_t col0) {
   require_matrix(src, "src", DType::F32, Device::CPU);
@@ -79,7 +79,7 @@ void tma_tile_copy_cpu(const TensorView& dst, const TensorView& src, int64_t row
     }
 }
 
-// ---- step 2's oracle: one tile, double accumulation ------------------------------------------------------------
+// ---- step 2's oracle: one tile, double accumulation -------------------------------------------------------
 
 void wgmma_tile_cpu(const TensorView& d, const TensorView& a, const TensorView& b, int k_first, int k_steps) {
   require_matrix(a, "a", DType::F32, Device::CPU, kTileM, kTileK);
@@ -100,7 +100,7 @@ void wgmma_tile_cpu(const TensorView& d, const TensorView& a, const TensorView& 
     }
 }
 
-// ---- step 3's oracle ------------------------------------------------------------------------------------------------
+// ---- step 3's oracle --------------------------------------------------------------------------------------
 
 void cluster_exchange_cpu(const TensorView& out, const TensorView& values, int blocks, int cluster_blocks,
                           int shift) {
@@ -110,9 +110,9 @@ void cluster_exchange_cpu(const TensorView& out, const TensorView& values, int b
                     out.numel() == values.numel(),
                 "cluster_exchange_cpu: out must be contiguous fp32 on the CPU, shaped like values, got " +
                     out.describe());
-  TVLLM_REQUIRE(blocks >= 1 && cluster_blocks >= 1 && blocks % cluster_blocks == 0 &&
-                    values.numel() % blocks == 0,
-                "cluster_exchange_cpu: blocks must be a multiple of cluster_blocks and divide the values");
+  TVLLM_REQUIRE(
+      blocks >= 1 && cluster_blocks >= 1 && blocks % cluster_blocks == 0 && values.numel() % blocks == 0,
+      "cluster_exchange_cpu: blocks must be a multiple of cluster_blocks and divide the values");
   const int64_t n = values.numel() / blocks;
   const float* v = values.ptr<float>();
   float* o = out.ptr<float>();
@@ -124,15 +124,15 @@ void cluster_exchange_cpu(const TensorView& out, const TensorView& values, int b
   }
 }
 
-// ---- step 4's checks (the oracle is lesson 06's linear() on the CPU) -----------------------------------------------
+// ---- step 4's checks (the oracle is lesson 06's linear() on the CPU) --------------------------------------
 
 void check_gemm_wgmma_args(const TensorView& y, const TensorView& x, const TensorView& w) {
   require_matrix(x, "gemm_wgmma: x", DType::BF16, Device::CUDA);
   require_matrix(w, "gemm_wgmma: w", DType::BF16, Device::CUDA);
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   require_matrix(y, "gemm_wgmma: y", DType::BF16, Device::CUDA, m, n);
-  TVLLM_REQUIRE(m >= 1 && n >= 1, "gemm_wgmma: M and N must be at least 1, got " + x.describe() + " and " +
-                                      w.describe());
+  TVLLM_REQUIRE(m >= 1 && n >= 1,
+                "gemm_wgmma: M and N must be at least 1, got " + x.describe() + " and " + w.describe());
   TVLLM_REQUIRE(w.dim(1) == k, "gemm_wgmma: x and w must have the same K (columns), got " + x.describe() +
                                    " and " + w.describe());
   TVLLM_REQUIRE(k >= kGemmBlockK && k % kGemmBlockK == 0,

@@ -1,6 +1,7 @@
 // Lesson 15: the two bit-level layouts Hopper's tensor cores read, as plain functions the CPU can test.
 //
-//   1. The 128-byte swizzle: where element (row, col) of a tile lands in shared memory when TMA writes it with
+//   1. The 128-byte swizzle: where element (row, col) of a tile lands in shared memory when TMA writes it
+//   with
 //      CU_TENSOR_MAP_SWIZZLE_128B, and where wgmma expects it (the two agree: that is the point).
 //   2. The shared-memory matrix descriptor: the 64-bit word that tells wgmma where an operand tile lives in
 //      shared memory and how it is laid out.
@@ -20,13 +21,13 @@
 namespace tvllm {
 
 // ---- the 128-byte swizzle --------------------------------------------------------------------------------
-// Shared memory has 32 banks of 4 bytes: the 128 bytes of one "bank row". A tile whose rows are 128 bytes long
-// puts column c of EVERY row in the same bank, so eight threads reading one 16-byte column chunk of eight rows
-// collide eight ways. The swizzle moves the sixteen-byte chunk j of row r to chunk j XOR (r mod 8): eight
-// consecutive rows now spread any one chunk over all eight chunk positions, conflict-free for the tensor
-// cores and for us. In address bits (offsets from a 1024-byte aligned base): bits 4-6 (which 16-byte chunk)
-// are XORed with bits 7-9 (which 128-byte row, mod 8). The pattern repeats every 8 rows = 1024 bytes, which is
-// why every swizzled tile in this lesson starts at a multiple of 1024 bytes.
+// Shared memory has 32 banks of 4 bytes: the 128 bytes of one "bank row". A tile whose rows are 128 bytes
+// long puts column c of EVERY row in the same bank, so eight threads reading one 16-byte column chunk of
+// eight rows collide eight ways. The swizzle moves the sixteen-byte chunk j of row r to chunk j XOR (r mod
+// 8): eight consecutive rows now spread any one chunk over all eight chunk positions, conflict-free for the
+// tensor cores and for us. In address bits (offsets from a 1024-byte aligned base): bits 4-6 (which 16-byte
+// chunk) are XORed with bits 7-9 (which 128-byte row, mod 8). The pattern repeats every 8 rows = 1024 bytes,
+// which is why every swizzled tile in this lesson starts at a multiple of 1024 bytes.
 inline constexpr uint32_t kSwizzleBytes = 128;       // one row of the pattern
 inline constexpr uint32_t kSwizzleAtomBytes = 1024;  // 8 rows: the period of the pattern
 
@@ -40,7 +41,7 @@ TVLLM_HOST_DEVICE constexpr uint32_t swizzled_offset_bf16(uint32_t row, uint32_t
   return swizzle128(row * kSwizzleBytes + col * 2u);
 }
 
-// ---- the wgmma shared-memory matrix descriptor -------------------------------------------------------------
+// ---- the wgmma shared-memory matrix descriptor ------------------------------------------------------------
 // wgmma reads its A and B operands from shared memory through one 64-bit descriptor each (PTX ISA, "Matrix
 // Descriptor Format" of the warpgroup-level MMA):
 //
@@ -52,27 +53,28 @@ TVLLM_HOST_DEVICE constexpr uint32_t swizzled_offset_bf16(uint32_t row, uint32_t
 //
 // A "core matrix" is 8 rows of 16 bytes (8 x 8 bf16). For a K-major tile with the 128-byte swizzle (each row
 // of the tile holds 64 consecutive K values = 128 bytes) the 8-row groups sit 1024 bytes apart: SBO = 1024.
-// The 16 K values one wgmma consumes (32 bytes) lie inside one swizzled row, so LBO is not used by the hardware
-// in this mode; we set it to 1 (the conventional placeholder). Stepping K by 16 inside the tile is adding 32
-// bytes to the start address: the hardware applies the swizzle to the addresses it forms, so the XOR pattern
-// stays right as long as the tile itself starts on a 1024-byte boundary.
+// The 16 K values one wgmma consumes (32 bytes) lie inside one swizzled row, so LBO is not used by the
+// hardware in this mode; we set it to 1 (the conventional placeholder). Stepping K by 16 inside the tile is
+// adding 32 bytes to the start address: the hardware applies the swizzle to the addresses it forms, so the
+// XOR pattern stays right as long as the tile itself starts on a 1024-byte boundary.
 enum class DescriptorSwizzle : uint32_t { None = 0, B128 = 1, B64 = 2, B32 = 3 };
 
-TVLLM_HOST_DEVICE constexpr uint64_t encode_smem_descriptor(uint32_t smem_address, uint32_t leading_byte_offset,
-                                                            uint32_t stride_byte_offset, DescriptorSwizzle swizzle) {
-  return (uint64_t{(smem_address >> 4) & 0x3FFFu}) |
-         (uint64_t{(leading_byte_offset >> 4) & 0x3FFFu} << 16) |
+TVLLM_HOST_DEVICE constexpr uint64_t encode_smem_descriptor(uint32_t smem_address,
+                                                            uint32_t leading_byte_offset,
+                                                            uint32_t stride_byte_offset,
+                                                            DescriptorSwizzle swizzle) {
+  return (uint64_t{(smem_address >> 4) & 0x3FFFu}) | (uint64_t{(leading_byte_offset >> 4) & 0x3FFFu} << 16) |
          (uint64_t{(stride_byte_offset >> 4) & 0x3FFFu} << 32) |
          (uint64_t{static_cast<uint32_t>(swizzle) & 3u} << 62);
 }
 
-// The descriptor of a K-major bf16 tile with the 128-byte swizzle at shared address `smem_address` (a multiple
-// of 1024), advanced by `k16` steps of 16 K values (32 bytes: 2 in the start-address field).
+// The descriptor of a K-major bf16 tile with the 128-byte swizzle at shared address `smem_address` (a
+// multiple of 1024), advanced by `k16` steps of 16 K values (32 bytes: 2 in the start-address field).
 TVLLM_HOST_DEVICE constexpr uint64_t sw128_kmajor_descriptor(uint32_t smem_address, uint32_t k16 = 0) {
   return encode_smem_descriptor(smem_address + k16 * 32u, 16u, kSwizzleAtomBytes, DescriptorSwizzle::B128);
 }
 
-// ---- the wgmma accumulator fragment -------------------------------------------------------------------------
+// ---- the wgmma accumulator fragment -----------------------------------------------------------------------
 // After wgmma m64nNk16 with an fp32 accumulator, thread t (0..127) of the warpgroup holds N/2 floats d[i].
 // Warp w = t / 32 owns rows 16w .. 16w + 15; inside a warp the layout of every 8-column slice j = i / 4 is
 // mma.sync's m16n8 accumulator (lesson 06, v4): lane l holds rows l/4 and l/4 + 8, columns 2(l%4) and +1.

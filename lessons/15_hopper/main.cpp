@@ -3,10 +3,10 @@
 //   build/bin/lesson15_hopper [--device auto|cpu|cuda] [--bench] [--tokens N]
 //
 // CUDA (an H100/H200: compute capability 9.0, and a build with sm_90a):
-//   step 1  TMA tile loads, no swizzle and 128-byte swizzle, boxes inside, across the edges and before the start
-//   step 2  one wgmma tile on every K slice, exact on small integers, within fp32 reordering on random values
-//   step 3  clusters of 2, 4 and 8 blocks reading each other's shared memory
-//   step 4  the wgmma GEMM on shapes with ragged edges, against lesson 06's CPU linear()
+//   step 1  TMA tile loads, no swizzle and 128-byte swizzle, boxes inside, across the edges and before the
+//   start step 2  one wgmma tile on every K slice, exact on small integers, within fp32 reordering on random
+//   values step 3  clusters of 2, 4 and 8 blocks reading each other's shared memory step 4  the wgmma GEMM on
+//   shapes with ragged edges, against lesson 06's CPU linear()
 // On another GPU it says why and exits 77 (CTest: skipped). On the CPU it checks the oracles themselves: the
 // swizzle formula, the descriptor's bits, the accumulator layout, the tile and copy oracles.
 //
@@ -32,7 +32,8 @@ namespace {
 using namespace tvllm;
 
 int check_cpu() {
-  Report report("lesson15_hopper: the CPU oracles (swizzle, descriptor, fragment layout, tile and copy oracles)");
+  Report report(
+      "lesson15_hopper: the CPU oracles (swizzle, descriptor, fragment layout, tile and copy oracles)");
   add_oracle_checks(report);
   report.print(std::cout);
   return report.exit_code();
@@ -60,8 +61,9 @@ int check_cuda() {
   for (int cluster : {2, 4, 8}) report.add(check_cluster_exchange(4 * cluster, cluster, 1, 1000, seed++));
   // Step 4.
   for (const GemmShape& s : gemm_check_shapes()) report.add(check_gemm_wgmma(s.m, s.n, s.k, seed++));
-  std::cout << "tolerances: copies and small-integer tiles exact; random tile 2^-12 row RMS + 2^-12 relative; "
-               "GEMM 2^-12 row RMS + 2^-8 relative (README: What correct means)\n";
+  std::cout
+      << "tolerances: copies and small-integer tiles exact; random tile 2^-12 row RMS + 2^-12 relative; "
+         "GEMM 2^-12 row RMS + 2^-8 relative (README: What correct means)\n";
   report.print(std::cout);
   return report.exit_code();
 }
@@ -72,8 +74,8 @@ void run_bench(int64_t tokens) {
     std::string name;
     int64_t m, n, k;
   };
-  // Llama-3.2-1B's projections (hidden 2048, 32 q heads and 8 kv heads of 64, intermediate 8192), as the engine
-  // packs them (q|k|v, gate|up), at `tokens` rows: sizes of the benchmark, not of the kernel.
+  // Llama-3.2-1B's projections (hidden 2048, 32 q heads and 8 kv heads of 64, intermediate 8192), as the
+  // engine packs them (q|k|v, gate|up), at `tokens` rows: sizes of the benchmark, not of the kernel.
   const std::vector<Shape> shapes = {{"4096x2048 . 2048x8192", 4096, 8192, 2048},
                                      {"1B qkv_proj", tokens, 3072, 2048},
                                      {"1B o_proj", tokens, 2048, 2048},
@@ -101,11 +103,13 @@ void run_bench(int64_t tokens) {
     rows.push_back(ours);
     rows.push_back(cublas);
   }
-  print_bench_table(std::cout, "y = x W^T, bf16 in/out, fp32 accumulation (T = " + std::to_string(tokens) + ")",
-                    rows, ceilings);
+  print_bench_table(std::cout,
+                    "y = x W^T, bf16 in/out, fp32 accumulation (T = " + std::to_string(tokens) + ")", rows,
+                    ceilings);
   for (const std::string& s : summary) std::cout << s << "\n";
-  std::printf("target (issue 19): wgmma >= 90%% of cuBLAS on every shape; measured GEMM ceiling %.0f TFLOP/s\n",
-              ceilings.bf16_tflops);
+  std::printf(
+      "target (issue 19): wgmma >= 90%% of cuBLAS on every shape; measured GEMM ceiling %.0f TFLOP/s\n",
+      ceilings.bf16_tflops);
 }
 
 }  // namespace
