@@ -104,9 +104,23 @@ __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity
   return done != 0;
 }
 
+// Spins until the phase with parity `parity` has completed. A wait that never ends is the worst way a GPU
+// test can fail (the process hangs until someone kills it), and a lost copy or a wrong byte count would cause
+// exactly that; so after kMbarrierTimeoutNs of waiting the thread traps: the launch fails, and the host's
+// TVLLM_CUDA_CHECK reports it. No correct wait of this lesson comes anywhere near that long.
+inline constexpr uint64_t kMbarrierTimeoutNs = 10'000'000'000ull;  // 10 s
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  while (!mbarrier_try_wait(bar, parity)) {
-  }
+  if (mbarrier_try_wait(bar, parity)) return;
+  const uint64_t start = global_timer_ns();
+  while (!mbarrier_try_wait(bar, parity))
+    if (global_timer_ns() - start > kMbarrierTimeoutNs) __trap();
 }
 
 // ---- TMA: the tensor memory accelerator -------------------------------------------------------------------

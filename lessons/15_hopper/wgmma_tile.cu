@@ -57,6 +57,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads)
 #pragma unroll
   for (int i = 0; i < kTileN / 2; ++i) acc[i] = 0.0f;
   wgmma_fence();  // the zeros above are written before the tensor cores read the accumulator
+  // (A loop whose trip count is known only at run time: ptxas notes that it adds its own fences here and
+  // serialises the MMAs, C7515/C7519. Harmless for one tile; the GEMM's inner loop is unrolled.)
   for (int s = k_first; s < k_first + k_steps; ++s)
     wgmma_m64n128k16(acc, sw128_kmajor_descriptor(smem_address(a), s),
                      sw128_kmajor_descriptor(smem_address(b), s));
