@@ -13,6 +13,7 @@
 #include "hopper.h"
 #include "hopper_check.h"
 #include "hopper_layout.h"
+#include "tensor_map.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -191,6 +192,26 @@ TEST(Hopper15Args, TmaAndTileRefuseWhatTheHardwareCannotDo) {
   EXPECT_NE(input_error_of([] {
               cluster_exchange(fake_cuda(DType::F32, {12}), fake_cuda(DType::F32, {12}), 6, 4, 1);
             }).find("whole number of clusters"),
+            std::string::npos);
+}
+
+TEST(Hopper15Args, TensorMapsRefuseWhatTmaCannotDescribe) {
+  // Each rule is checked before the driver is asked for anything: no GPU needed.
+  const void* base = reinterpret_cast<const void*>(uintptr_t{1} << 20);
+  const auto error = [&](const void* b, uint64_t rows, uint64_t cols, uint64_t pitch, uint32_t box_rows,
+                         uint32_t box_cols, TmaSwizzle sw) {
+    return input_error_of([&] { make_tensor_map_bf16_2d(b, rows, cols, pitch, box_rows, box_cols, sw); });
+  };
+  EXPECT_NE(error(static_cast<const char*>(base) + 8, 64, 64, 128, 64, 64, TmaSwizzle::None).find("16-byte"),
+            std::string::npos);
+  EXPECT_NE(error(base, 64, 60, 120, 64, 64, TmaSwizzle::None).find("row pitch"), std::string::npos);
+  EXPECT_NE(error(base, 64, 64, 64, 64, 64, TmaSwizzle::None).find("row pitch"),
+            std::string::npos);  // < a row
+  EXPECT_NE(error(base, 0, 64, 128, 64, 64, TmaSwizzle::None).find("[1, 2^32)"), std::string::npos);
+  EXPECT_NE(error(base, 512, 512, 1024, 257, 64, TmaSwizzle::None).find("[1, 256]"), std::string::npos);
+  EXPECT_NE(error(base, 512, 512, 1024, 64, 12, TmaSwizzle::None).find("multiple of 16 bytes"),
+            std::string::npos);
+  EXPECT_NE(error(base, 512, 512, 1024, 64, 128, TmaSwizzle::B128).find("at most 128 bytes"),
             std::string::npos);
 }
 
