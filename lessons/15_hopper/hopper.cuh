@@ -4,7 +4,8 @@
 //   shared addresses    smem_address()
 //   mbarriers           mbarrier_init / _arrive / _arrive_expect_tx / _try_wait / _wait, and the two fences
 //   TMA                 tma_load_2d (cp.async.bulk.tensor), prefetch_tensor_map
-//   wgmma               wgmma_fence / _commit_group / _wait_group / wgmma_m64n128k16, fence_accumulators
+//   wgmma               wgmma_fence / _commit_group / _wait_group / wgmma_m64n128k16, fence_accumulators,
+//                       and with A from registers: wgmma_m64n64k16_rs / wgmma_m64n128k16_rs, fence_operands
 //   warp specialisation setmaxnreg_inc / setmaxnreg_dec
 //   clusters            cluster_rank / cluster_size / cluster_sync / map_to_rank / load_from_cluster
 //
@@ -211,6 +212,68 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
         "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// D[64 x 64] (fp32, 32 floats per thread) += A[64 x 16] * B[64 x 16]^T with A from REGISTERS and B from shared
+// memory stored MN-major (the N index contiguous: V [keys][dims] read as B[dims][keys], "transposed B").
+// a[4] is the thread's A fragment (a_fragment_position() in hopper_layout.h: the same places as an
+// accumulator's registers, packed two bf16 per 32-bit register). The last immediate, 1, says "B is
+// transposed"; A in registers cannot be transposed, so there is no immediate for it. The predicate is
+// "scale D", as above. The caller keeps a[] alive until the wait (fence_operands).
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    bool accumulate = true) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %37, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+      "  {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "   %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+      "  {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// D[64 x 128] (fp32, 64 floats per thread) += A[64 x 16] * B[128 x 16]^T with A from REGISTERS and B from shared
+// memory stored MN-major (the N index contiguous: V [keys][dims] read as B[dims][keys], "transposed B").
+// a[4] is the thread's A fragment (a_fragment_position() in hopper_layout.h: the same places as an
+// accumulator's registers, packed two bf16 per 32-bit register). The last immediate, 1, says "B is
+// transposed"; A in registers cannot be transposed, so there is no immediate for it. The predicate is
+// "scale D", as above. The caller keeps a[] alive until the wait (fence_operands).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    bool accumulate = true) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %69, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "  {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "   %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      "   %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      "   %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+      "  {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// The register twin of fence_accumulators: an asynchronous MMA READS a[] until its wait; without this the
+// compiler, which believes the asm consumed a[] when it was issued, could reuse those registers sooner.
+template <int kCount>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 // ---- warp specialisation: moving registers between warpgroups ---------------------------------------------

@@ -74,6 +74,19 @@ TVLLM_HOST_DEVICE constexpr uint64_t sw128_kmajor_descriptor(uint32_t smem_addre
   return encode_smem_descriptor(smem_address + k16 * 32u, 16u, kSwizzleAtomBytes, DescriptorSwizzle::B128);
 }
 
+// The descriptor of an MN-MAJOR bf16 operand with the 128-byte swizzle: the N index is the contiguous one.
+// That is V [keys][dims] when P V reads it as B [dims][keys] (wgmma's "transposed B"). The PTX ISA's
+// canonical MN-major 128-byte layout: each 128-byte row holds 64 consecutive N values at one K; 8 rows (K)
+// form the 1024-byte atom; then
+//   LBO  bytes from one 64-wide N block to the next (our V tile keeps dims 64..127 in a second sub-tile),
+//   SBO  bytes from one group of 8 K rows to the next (the next atom: 1024).
+// Stepping K by 16 is two atoms: 2048 bytes added to the start address (k16 below).
+TVLLM_HOST_DEVICE constexpr uint64_t sw128_mnmajor_descriptor(uint32_t smem_address, uint32_t n_block_bytes,
+                                                              uint32_t k16 = 0) {
+  return encode_smem_descriptor(smem_address + k16 * 2u * kSwizzleAtomBytes, n_block_bytes, kSwizzleAtomBytes,
+                                DescriptorSwizzle::B128);
+}
+
 // ---- the wgmma accumulator fragment -----------------------------------------------------------------------
 // After wgmma m64nNk16 with an fp32 accumulator, thread t (0..127) of the warpgroup holds N/2 floats d[i].
 // Warp w = t / 32 owns rows 16w .. 16w + 15; inside a warp the layout of every 8-column slice j = i / 4 is
@@ -85,5 +98,19 @@ TVLLM_HOST_DEVICE constexpr FragmentPosition accumulator_position(uint32_t threa
   const uint32_t warp = thread / 32, lane = thread % 32;
   return {16u * warp + lane / 4u + 8u * ((i / 2u) % 2u), 8u * (i / 4u) + 2u * (lane % 4u) + (i % 2u)};
 }
+
+// The A operand of wgmma from REGISTERS (m64 x k16, bf16): thread t holds 8 values in 4 32-bit registers,
+// value j (register j / 2, low half first). Warp w again owns rows 16w .. 16w + 15, and inside a warp it is
+// mma.sync's m16n8k16 A fragment: values 0-1 at (row l/4, cols 2(l%4), +1), 2-3 at row + 8, 4-5 at cols + 8,
+// 6-7 at row + 8 and cols + 8.
+TVLLM_HOST_DEVICE constexpr FragmentPosition a_fragment_position(uint32_t thread, uint32_t j) {
+  const uint32_t warp = thread / 32, lane = thread % 32;
+  return {16u * warp + lane / 4u + 8u * ((j / 2u) % 2u), 8u * (j / 4u) + 2u * (lane % 4u) + (j % 2u)};
+}
+// Why flash attention on wgmma can feed P straight from registers: value j of the A fragment of K step kk
+// (columns 16kk .. 16kk + 15) sits where accumulator register 8kk + j of S = Q K^T sits. So the A fragment
+// of step kk is S's registers 8kk .. 8kk + 7, rounded to bf16 and packed in pairs; no data moves between
+// threads. (The CPU test checks the identity for every thread, register and step.)
+TVLLM_HOST_DEVICE constexpr uint32_t accumulator_register_for_a(uint32_t kk, uint32_t j) { return 8u * kk + j; }
 
 }  // namespace tvllm
