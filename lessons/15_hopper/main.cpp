@@ -7,11 +7,13 @@
 //   start step 2  one wgmma tile on every K slice, exact on small integers, within fp32 reordering on random
 //   values step 3  clusters of 2, 4 and 8 blocks reading each other's shared memory step 4  the wgmma GEMM on
 //   shapes with ragged edges, against lesson 06's CPU linear()
+//   step 5  flash attention on wgmma against lesson 07's CPU reference (and lesson 07's v2 beside it)
 // On another GPU it says why and exits 77 (CTest: skipped). On the CPU it checks the oracles themselves: the
 // swizzle formula, the descriptor's bits, the accumulator layout, the tile and copy oracles.
 //
 // --bench (CUDA): the wgmma GEMM beside cuBLAS (lesson 06's v5) and the measured GEMM ceiling on
-// 4096 x 2048 . 2048 x 8192 and on the projections of a Llama-3.2-1B-shaped layer at T tokens (default 4096).
+// 4096 x 2048 . 2048 x 8192 and on the projections of a Llama-3.2-1B-shaped layer at T tokens (default 4096);
+// then causal GQA attention (32 / 8 heads, head_dim 64 and 128, n = 512 .. 16k) beside lesson 07's v2.
 // The model takes no part otherwise (--model is accepted and ignored): the checks make their own inputs.
 #include <cstdio>
 #include <iostream>
@@ -23,8 +25,12 @@
 #include "common/errors.h"
 #include "common/lesson.h"
 #include "common/validate.h"
+#include "attention.h"
+#include "flash_check.h"
+#include "flash_wgmma.h"
 #include "hopper.h"
 #include "hopper_check.h"
+#include "hopper_layout.h"
 #include "matmul.h"
 
 namespace {
@@ -35,6 +41,17 @@ int check_cpu() {
   Report report(
       "lesson15_hopper: the CPU oracles (swizzle, descriptor, fragment layout, tile and copy oracles)");
   add_oracle_checks(report);
+  {  // Step 5's register identity: S's accumulator registers 8kk .. 8kk + 7 are P V's A fragment of step kk.
+    bool ok = true;
+    for (uint32_t t = 0; t < 128; ++t)
+      for (uint32_t kk = 0; kk < 8; ++kk)
+        for (uint32_t j = 0; j < 8; ++j) {
+          const FragmentPosition acc = accumulator_position(t, accumulator_register_for_a(kk, j));
+          const FragmentPosition a = a_fragment_position(t, j);
+          ok = ok && acc.row == a.row && acc.col == 16 * kk + a.col;
+        }
+    report.add_check("flash: P's A fragment of step kk is S's registers 8kk..8kk+7 (no data moves)", ok);
+  }
   report.print(std::cout);
   return report.exit_code();
 }
@@ -61,9 +78,27 @@ int check_cuda() {
   for (int cluster : {2, 4, 8}) report.add(check_cluster_exchange(4 * cluster, cluster, 1, 1000, seed++));
   // Step 4.
   for (const GemmShape& s : gemm_check_shapes()) report.add(check_gemm_wgmma(s.m, s.n, s.k, seed++));
+  // Step 5: flash attention against lesson 07's CPU reference (its GPU v2 on the same inputs must pass too).
+  struct Case {
+    std::vector<int64_t> q_lens, k_lens;
+    AttentionShape shape;
+  };
+  for (int64_t d : {64, 128})
+    for (const Case& c : std::vector<Case>{{{1}, {1}, {8, 2, d}},
+                                           {{65}, {65}, {8, 2, d}},
+                                           {{1000}, {1000}, {32, 8, d}},
+                                           {{5, 1, 130, 257}, {5, 1, 130, 257}, {8, 1, d}},
+                                           {{10, 200}, {510, 300}, {8, 8, d}},
+                                           {{1000}, {1000}, {8, 2, d, 300}}}) {
+      const FlashCheck r = check_flash_wgmma(c.q_lens, c.k_lens, c.shape, seed++);
+      report.add(r.ours);
+      report.add(r.lesson07);
+      report.add_check(r.ours.name + ": every row written, nothing outside", r.non_finite == 0 && r.written_outside == 0);
+    }
   std::cout
       << "tolerances: copies and small-integer tiles exact; random tile 2^-12 row RMS + 2^-12 relative; "
-         "GEMM 2^-12 row RMS + 2^-8 relative (README: What correct means)\n";
+         "GEMM 2^-12 row RMS + 2^-8 relative; flash attention lesson 07's (2^-8 + 1e-4) max|v| + the same "
+         "relative (README: What correct means)\n";
   report.print(std::cout);
   return report.exit_code();
 }
@@ -112,6 +147,46 @@ void run_bench(int64_t tokens) {
       ceilings.bf16_tflops);
 }
 
+// Flash attention: causal GQA prefill of one sequence, 32 heads / 8 kv heads (Llama-3.2-1B's), head_dim 64 and
+// 128, n = 512 .. 16k; ours beside lesson 07's v2; FLOPs as lesson 07 counts them (causal pairs, 4 D each).
+void run_attention_bench() {
+  const Ceilings ceilings = measure_ceilings(true);
+  std::vector<BenchRow> rows;
+  std::vector<std::string> summary;
+  for (int64_t d : {64, 128}) {
+    const AttentionShape shape{32, 8, d};
+    for (int64_t n = 512; n <= 16384; n *= 2) {
+      Tensor q = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
+      Tensor k = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
+      Tensor v = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
+      Tensor out = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
+      fill_uniform_bf16(q, 31);
+      fill_uniform_bf16(k, 32);
+      fill_uniform_bf16(v, 33);
+      const AttentionBatch batch = AttentionBatch::prefill({n}, Device::CUDA);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const double flops = causal_attention_flops({n}, shape);
+      const double bytes = 2.0 * n * (2.0 * shape.q_dim() + 2.0 * shape.kv_dim());  // q, k, v read, out written
+      const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n);
+      BenchRow ours{name + " wgmma flash", bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape); }), bytes, flops};
+      BenchRow v2{name + " lesson 07 v2",
+                  bench_gpu([&] { attention(out, q, k, v, batch, shape, AttentionKernel::V2Flash); }), bytes, flops};
+      char line[200];
+      std::snprintf(line, sizeof line, "attention %-14s wgmma %6.1f TFLOP/s, lesson 07 v2 %6.1f (x%.2f)", name.c_str(),
+                    flops / (ours.result.median_ms * 1e-3) / 1e12, flops / (v2.result.median_ms * 1e-3) / 1e12,
+                    v2.result.median_ms / ours.result.median_ms);
+      summary.push_back(line);
+      rows.push_back(ours);
+      rows.push_back(v2);
+    }
+  }
+  print_bench_table(std::cout, "causal GQA attention prefill, 32 / 8 heads (FLOPs: causal pairs x 4 D x heads)", rows,
+                    ceilings);
+  for (const std::string& s : summary) std::cout << s << "\n";
+  std::printf("target (issue 19): >= PyTorch SDPA from 1k to 16k, >= 545 TFLOP/s at 8k (head_dim 64); SDPA's figures: "
+              "weights/tools/torch_kernel_baseline.py on the same GPU\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,7 +199,10 @@ int main(int argc, char** argv) {
       return kExitSkip;
     }
     const int rc = check_cuda();
-    if (opt.bench) run_bench(opt.bench_tokens_given ? opt.bench_tokens : 4096);
+    if (opt.bench) {
+      run_bench(opt.bench_tokens_given ? opt.bench_tokens : 4096);
+      run_attention_bench();
+    }
     return rc;
   });
 }
