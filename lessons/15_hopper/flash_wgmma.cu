@@ -236,7 +236,10 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     fence_accumulators(o);
 #pragma unroll
     for (int kk = 0; kk < kFlashBlockN / 16; ++kk) fence_operands(pa[kk]);
-    mbarrier_arrive(&empty[s]);  // both MMAs that read stage s have finished
+    // Both MMAs that read stage s have finished: hand it back. (Always AFTER waiting for this round's full
+    // barriers: an arrival before the producer has refilled the stage would count towards the previous
+    // round's phase, which the other warpgroup may not have completed yet.)
+    mbarrier_arrive(&empty[s]);
   }
 
   // ---- the epilogue: O / l as bf16, straight from the registers ---------------------------------------------
