@@ -37,7 +37,8 @@ std::string input_error_of(F&& f) {
   return "(no InputError)";
 }
 
-// ---- the tiling, against brute force ------------------------------------------------------------------------
+// ---- the tiling, against brute force
+// ------------------------------------------------------------------------
 
 struct Walk {  // what a block's real rows actually see
   int first_key = -1, last_key = -1;
@@ -157,10 +158,10 @@ TEST(Flash15Layout, PFeedsTheSecondWgmmaFromTheRegistersItWasComputedIn) {
 TEST(Flash15Layout, TheMnMajorDescriptorOfV) {
   // V [128 keys][64 dims] per sub-tile; the next 64 dims 16 KB later (LBO); 8 keys per 1024-byte atom (SBO).
   const uint64_t d = sw128_mnmajor_descriptor(0x8000, 16384, 0);
-  EXPECT_EQ(d & 0x3FFF, 0x800u);                  // address >> 4
-  EXPECT_EQ((d >> 16) & 0x3FFF, 16384u >> 4);     // LBO
-  EXPECT_EQ((d >> 32) & 0x3FFF, 1024u >> 4);      // SBO
-  EXPECT_EQ((d >> 62) & 3, 1u);                   // 128-byte swizzle
+  EXPECT_EQ(d & 0x3FFF, 0x800u);               // address >> 4
+  EXPECT_EQ((d >> 16) & 0x3FFF, 16384u >> 4);  // LBO
+  EXPECT_EQ((d >> 32) & 0x3FFF, 1024u >> 4);   // SBO
+  EXPECT_EQ((d >> 62) & 3, 1u);                // 128-byte swizzle
   // K step kk (keys 16kk ..) starts 16 rows of 128 bytes = 2048 bytes further.
   EXPECT_EQ(sw128_mnmajor_descriptor(0x8000, 16384, 3) - d, uint64_t{3 * 2048 >> 4});
 }
@@ -185,24 +186,28 @@ TEST(Flash15Args, RefusesBadViewsNamingThem) {
   const auto q = fake_cuda(DType::BF16, {10, 256}), out = fake_cuda(DType::BF16, {10, 256});
   const auto k = fake_cuda(DType::BF16, {12, 128}), v = fake_cuda(DType::BF16, {12, 128});
   EXPECT_NO_THROW(check_flash_wgmma_args(out, q, k, v, 10, 12, s));
-  EXPECT_NE(input_error_of([&] { check_flash_wgmma_args(out, q, k, v, 10, 13, s); }).find("flash_wgmma: k must be"),
-            std::string::npos);
+  EXPECT_NE(
+      input_error_of([&] { check_flash_wgmma_args(out, q, k, v, 10, 13, s); }).find("flash_wgmma: k must be"),
+      std::string::npos);
   EXPECT_NE(input_error_of([&] {
               check_flash_wgmma_args(fake_cuda(DType::F32, {10, 256}), q, k, v, 10, 12, s);
             }).find("out must be bf16 on cuda"),
             std::string::npos);
   // A column slice whose row pitch is not a multiple of 16 bytes: TMA cannot describe it.
   const TensorView wide = fake_cuda(DType::BF16, {12, 132});
-  EXPECT_NE(input_error_of([&] { check_flash_wgmma_args(out, q, wide.columns(0, 128), v, 10, 12, s); })
-                .find("TMA"),
-            std::string::npos);
+  EXPECT_NE(
+      input_error_of([&] { check_flash_wgmma_args(out, q, wide.columns(0, 128), v, 10, 12, s); }).find("TMA"),
+      std::string::npos);
   // A misaligned start (column 4 of a wide buffer: 8 bytes in).
   const TensorView wider = fake_cuda(DType::BF16, {12, 136});
-  EXPECT_NE(input_error_of([&] { check_flash_wgmma_args(out, q, k, wider.columns(4, 128), 10, 12, s); })
-                .find("16-byte aligned"),
+  EXPECT_NE(input_error_of([&] {
+              check_flash_wgmma_args(out, q, k, wider.columns(4, 128), 10, 12, s);
+            }).find("16-byte aligned"),
             std::string::npos);
   // A bad shape is lesson 07's error (validate()).
-  EXPECT_NE(input_error_of([&] { check_flash_wgmma_args(out, q, k, v, 10, 12, AttentionShape{4, 3, 64}); }),
+  EXPECT_NE(input_error_of([&] {
+              check_flash_wgmma_args(out, q, k, v, 10, 12, AttentionShape{4, 3, 64});
+            }),
             "(no InputError)");
 }
 
@@ -212,8 +217,10 @@ TEST(Flash15Args, AttentionHopperOnTheCpuIsLesson07sReference) {
   const std::vector<int64_t> lengths = {5, 17};
   const int64_t T = 22;
   const Tensor q = Tensor::from_f32(random_normal(T * s.q_dim(), 1), {T, s.q_dim()}, DType::F32, Device::CPU);
-  const Tensor k = Tensor::from_f32(random_normal(T * s.kv_dim(), 2), {T, s.kv_dim()}, DType::F32, Device::CPU);
-  const Tensor v = Tensor::from_f32(random_uniform(T * s.kv_dim(), 3), {T, s.kv_dim()}, DType::F32, Device::CPU);
+  const Tensor k =
+      Tensor::from_f32(random_normal(T * s.kv_dim(), 2), {T, s.kv_dim()}, DType::F32, Device::CPU);
+  const Tensor v =
+      Tensor::from_f32(random_uniform(T * s.kv_dim(), 3), {T, s.kv_dim()}, DType::F32, Device::CPU);
   const AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CPU);
   const Tensor a = Tensor::empty({T, s.q_dim()}, DType::F32, Device::CPU);
   const Tensor b = Tensor::empty({T, s.q_dim()}, DType::F32, Device::CPU);

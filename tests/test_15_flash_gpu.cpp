@@ -3,7 +3,8 @@
 // the kernel forgets fails) inside a wider NaN buffer (a store outside out's columns fails). Shapes: one
 // sequence at every edge of the 128-row / 128-key tiles, packed batches of uneven sequences, chunked
 // prefill (q_len < k_len), GQA groups 1 to 8, head_dim 64 and 128, sliding windows, a fused QKV buffer
-// (strided tensor maps), long sequences (the ring of stages goes round many times); determinism; the
+// (strided tensor maps), long sequences (the ring of stages goes round many times); both schedules (plain
+// and ping-pong, the same bits); determinism; the
 // engine hook attention_hopper(); the refusals. Skipped without an H100/H200 (sm_90a).
 #include <gtest/gtest.h>
 
@@ -30,8 +31,9 @@ namespace {
   } while (0)
 
 std::string describe(const CompareResult& r, const AttentionShape& s) {
-  std::string text = r.name + ": max_abs " + std::to_string(r.max_abs) + " (atol " + std::to_string(r.tol.atol) +
-                     "), bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) + " " + r.error;
+  std::string text = r.name + ": max_abs " + std::to_string(r.max_abs) + " (atol " +
+                     std::to_string(r.tol.atol) + "), bad " + std::to_string(r.bad) + " of " +
+                     std::to_string(r.count) + " " + r.error;
   for (const Mismatch& m : r.first_mismatches) {
     const int64_t row = m.index / s.q_dim(), col = m.index % s.q_dim();
     text += "\n  row " + std::to_string(row) + " head " + std::to_string(col / s.head_dim) + " dim " +
@@ -42,8 +44,9 @@ std::string describe(const CompareResult& r, const AttentionShape& s) {
 }
 
 void expect_matches(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
-                    const AttentionShape& s, uint64_t seed, bool fused_qkv = false) {
-  const FlashCheck r = check_flash_wgmma(q_lens, k_lens, s, seed, fused_qkv);
+                    const AttentionShape& s, uint64_t seed, bool fused_qkv = false,
+                    FlashSchedule schedule = kDefaultFlashSchedule) {
+  const FlashCheck r = check_flash_wgmma(q_lens, k_lens, s, seed, fused_qkv, schedule);
   EXPECT_GT(r.ours.count, 0);
   EXPECT_EQ(r.non_finite, 0) << r.ours.name << ": NaN or inf in the output (a row never written?)";
   EXPECT_EQ(r.written_outside, 0) << r.ours.name << ": wrote outside out's columns";
@@ -62,7 +65,8 @@ TEST(Flash15Gpu, OneSequenceAtEveryTileEdge) {
   for (int64_t d : {64, 128}) {
     const AttentionShape s{8, 2, d};
     uint64_t seed = 100 + d;
-    for (int64_t n : {1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000}) expect_prefill_matches({n}, s, seed++);
+    for (int64_t n : {1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000})
+      expect_prefill_matches({n}, s, seed++);
   }
 }
 
@@ -96,7 +100,8 @@ TEST(Flash15Gpu, ChunkedPrefillQueriesAfterCachedKeys) {
 TEST(Flash15Gpu, GqaGroups1To8) {
   REQUIRE_HOPPER();
   for (int64_t d : {64, 128})
-    for (int64_t group : {1, 2, 4, 8}) expect_prefill_matches({300, 77}, AttentionShape{8, 8 / group, d}, 500 + group);
+    for (int64_t group : {1, 2, 4, 8})
+      expect_prefill_matches({300, 77}, AttentionShape{8, 8 / group, d}, 500 + group);
 }
 
 TEST(Flash15Gpu, SlidingWindows) {
@@ -130,9 +135,12 @@ TEST(Flash15Gpu, DeterministicAndRunsOnAStream) {
   const AttentionShape s{8, 2, 64};
   const std::vector<int64_t> lengths = {700, 33};
   const int64_t T = 733;
-  const Tensor q = Tensor::from_f32(random_normal(T * s.q_dim(), 900), {T, s.q_dim()}, DType::BF16, Device::CUDA);
-  const Tensor k = Tensor::from_f32(random_normal(T * s.kv_dim(), 901), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-  const Tensor v = Tensor::from_f32(random_uniform(T * s.kv_dim(), 902), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
+  const Tensor q =
+      Tensor::from_f32(random_normal(T * s.q_dim(), 900), {T, s.q_dim()}, DType::BF16, Device::CUDA);
+  const Tensor k =
+      Tensor::from_f32(random_normal(T * s.kv_dim(), 901), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
+  const Tensor v =
+      Tensor::from_f32(random_uniform(T * s.kv_dim(), 902), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
   const AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CUDA);
   const Tensor a = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
   const Tensor b = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
@@ -144,6 +152,44 @@ TEST(Flash15Gpu, DeterministicAndRunsOnAStream) {
   flash_wgmma(b, q, k, v, batch, s, stream.get());
   TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   EXPECT_EQ(to_f32_vector(a), to_f32_vector(b));
+}
+
+// Ping-pong changes only WHEN each consumer issues its wgmma groups: against the reference on the hard cases,
+// and bit for bit against the plain schedule.
+TEST(Flash15Gpu, PingPongMatchesTheReference) {
+  REQUIRE_HOPPER();
+  const FlashSchedule pp = FlashSchedule::PingPong;
+  for (int64_t d : {64, 128}) {
+    expect_matches({1}, {1}, AttentionShape{8, 2, d}, 1000 + d, false, pp);  // one tile: 2 turns each
+    expect_matches({5, 1, 130, 64, 257, 1000}, {5, 1, 130, 64, 257, 1000}, AttentionShape{8, 2, d}, 1010 + d,
+                   false, pp);
+    expect_matches({10, 200}, {510, 300}, AttentionShape{8, 8, d}, 1020 + d, false, pp);
+    expect_matches({1000}, {1000}, AttentionShape{8, 2, d, 300}, 1030 + d, false, pp);
+    expect_matches({2048}, {2048}, AttentionShape{4, 1, d}, 1040 + d, false, pp);
+  }
+}
+
+TEST(Flash15Gpu, PingPongGivesThePlainScheduleBits) {
+  REQUIRE_HOPPER();
+  for (int64_t d : {64, 128}) {
+    const AttentionShape s{8, 2, d};
+    const std::vector<int64_t> lengths = {1000, 1, 300};
+    const int64_t T = 1301;
+    const Tensor q =
+        Tensor::from_f32(random_normal(T * s.q_dim(), 1100), {T, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Tensor k =
+        Tensor::from_f32(random_normal(T * s.kv_dim(), 1101), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
+    const Tensor v =
+        Tensor::from_f32(random_uniform(T * s.kv_dim(), 1102), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
+    const AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CUDA);
+    const Tensor plain = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Tensor pp = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    flash_wgmma(plain, q, k, v, batch, s, nullptr, FlashSchedule::Plain);
+    flash_wgmma(pp, q, k, v, batch, s, nullptr, FlashSchedule::PingPong);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(to_f32_vector(plain), to_f32_vector(pp)) << "head_dim " << d;
+  }
 }
 
 // The engine hook: head_dim 64/128 run flash_wgmma (the same bits), others lesson 07's v2 (the same bits).

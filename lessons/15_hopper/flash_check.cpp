@@ -31,7 +31,8 @@ std::string list(const std::vector<int64_t>& v) {
 
 // The device copy of [rows, cols] values as columns [offset, offset + cols) of a [rows, width] bf16 buffer
 // whose other columns hold `fill`.
-Tensor widened(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t offset, int64_t width, float fill) {
+Tensor widened(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t offset, int64_t width,
+               float fill) {
   std::vector<float> wide(static_cast<size_t>(rows * width), fill);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) wide[r * width + offset + c] = x[r * cols + c];
@@ -68,7 +69,7 @@ std::pair<std::vector<float>, int64_t> run_into_poisoned(int64_t Tq, int64_t q_d
 }  // namespace
 
 FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
-                             const AttentionShape& s, uint64_t seed, bool fused_qkv) {
+                             const AttentionShape& s, uint64_t seed, bool fused_qkv, FlashSchedule schedule) {
   require_hopper("check_flash_wgmma");
   const int64_t Tq = total(q_lens), Tk = total(k_lens);
   const std::vector<float> q = round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed));
@@ -114,14 +115,16 @@ FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vect
   double max_v = 0.0;
   for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
   const Tolerance tol{kFlashRounding * max_v, kFlashRounding};
-  const std::string name = std::string(fused_qkv ? "fused qkv" : "packed") + " heads " +
-                           std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " dim " +
-                           std::to_string(s.head_dim) + (s.window > 0 ? " window " + std::to_string(s.window) : "") +
-                           " q_len {" + list(q_lens) + "} k_len {" + list(k_lens) + "}";
+  const std::string name = std::string(flash_schedule_name(schedule)) +
+                           (fused_qkv ? " fused qkv" : " packed") + " heads " + std::to_string(s.n_heads) +
+                           "/" + std::to_string(s.n_kv_heads) + " dim " + std::to_string(s.head_dim) +
+                           (s.window > 0 ? " window " + std::to_string(s.window) : "") + " q_len {" +
+                           list(q_lens) + "} k_len {" + list(k_lens) + "}";
 
   FlashCheck r;
-  auto [ours, outside] =
-      run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) { flash_wgmma(out, qv, kv, vv, batch, s); });
+  auto [ours, outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
+    flash_wgmma(out, qv, kv, vv, batch, s, nullptr, schedule);
+  });
   for (float x : ours) r.non_finite += !std::isfinite(x);
   r.written_outside = outside;
   r.ours = compare("flash_wgmma " + name, ours, want, tol);

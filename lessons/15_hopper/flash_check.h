@@ -14,16 +14,17 @@
 
 #include "attention.h"
 #include "common/validate.h"
+#include "flash_wgmma.h"
 
 namespace tvllm {
 
 inline constexpr double kFlashRounding = 1.0 / 256 + 1e-4;  // lesson 07's kAtolPerMaxV and kRtol
 
 struct FlashCheck {
-  CompareResult ours;            // flash_wgmma vs the CPU reference
-  CompareResult lesson07;        // lesson 07's v2 on the GPU vs the same reference
-  int64_t non_finite = 0;        // NaN or inf in our output: a row never written stays NaN
-  int64_t written_outside = 0;   // elements of out's wider buffer, outside out, that changed
+  CompareResult ours;           // flash_wgmma vs the CPU reference
+  CompareResult lesson07;       // lesson 07's v2 on the GPU vs the same reference
+  int64_t non_finite = 0;       // NaN or inf in our output: a row never written stays NaN
+  int64_t written_outside = 0;  // elements of out's wider buffer, outside out, that changed
   bool pass() const { return ours.pass() && non_finite == 0 && written_outside == 0; }
 };
 
@@ -31,7 +32,8 @@ struct FlashCheck {
 // column slices of one fused QKV buffer when fused_qkv (strided tensor maps), else packed; out a column slice
 // of a wider buffer pre-filled with NaN. Needs hopper_available() (InputError otherwise).
 FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
-                             const AttentionShape& shape, uint64_t seed, bool fused_qkv = false);
+                             const AttentionShape& shape, uint64_t seed, bool fused_qkv = false,
+                             FlashSchedule schedule = kDefaultFlashSchedule);
 
 // Useful FLOPs of causal attention as lesson 07 counts them: each visible (query, key) pair costs a head_dim
 // dot product (2 D) and a head_dim axpy (2 D) in every head; a prefill of n tokens has n (n + 1) / 2 pairs.

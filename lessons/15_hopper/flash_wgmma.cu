@@ -58,25 +58,30 @@ struct FlashWgmmaParams {
   int64_t out_stride;           // elements between rows of out
   const int32_t* cu_seqlens_q;  // [B+1] device
   const int32_t* cu_seqlens_k;
-  int group;                    // query heads per kv head
-  int window;                   // 0 = none
-  float scale_log2;             // 1/sqrt(D) * log2(e): scores in base-2 units, exp becomes exp2
+  int group;         // query heads per kv head
+  int window;        // 0 = none
+  float scale_log2;  // 1/sqrt(D) * log2(e): scores in base-2 units, exp becomes exp2
 };
 
-template <int D>
+// kPingPong (FlashSchedule::PingPong): the two consumers take strict turns at ISSUING their wgmma groups,
+// passing a token through two named barriers (ids 1 and 2): consumer 0 issues S = Q K^T, hands over, and
+// runs its softmax while consumer 1's S runs on the tensor cores; then consumer 1 hands back, and so on, P V
+// likewise. Two turns per tile each; consumer 0 goes first (consumer 1 hands it the token at the start);
+// consumer 1's very last hand-over is skipped, as nobody waits for it.
+template <int D, bool kPingPong>
 __global__ void __launch_bounds__(kFlashThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v, const FlashWgmmaParams p) {
 #if TVLLM_HOPPER_DEVICE
   constexpr int kStages = flash_wgmma_stages(D);
-  constexpr int kSub = D / 64;                                   // sub-tiles per tile
-  constexpr uint32_t kTileBytes = kSub * kSubTileBytes;          // one Q, K or V tile
+  constexpr int kSub = D / 64;                           // sub-tiles per tile
+  constexpr uint32_t kTileBytes = kSub * kSubTileBytes;  // one Q, K or V tile
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t q_full, k_full[kStages], v_full[kStages], empty[kStages];
   const uint32_t misalignment = smem_address(smem_raw) & (kSwizzleAtomBytes - 1);
   unsigned char* smem = smem_raw + (misalignment == 0 ? 0 : kSwizzleAtomBytes - misalignment);
   unsigned char* tile_q = smem;
-  unsigned char* tiles_k = smem + kTileBytes;                    // stage s at + s * kTileBytes
+  unsigned char* tiles_k = smem + kTileBytes;  // stage s at + s * kTileBytes
   unsigned char* tiles_v = tiles_k + kStages * kTileBytes;
 
   // ---- which queries, which keys: the same for every thread of the block ----------------------------------
@@ -129,7 +134,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     return;
   }
 
-  // ---- the consumers ----------------------------------------------------------------------------------------
+  // ---- the consumers
+  // ----------------------------------------------------------------------------------------
   setmaxnreg_inc<kConsumerRegisters>();
   const int consumer = warpgroup - 1;  // tile rows 64 * consumer .. + 63
   const int t = threadIdx.x % 128;     // this thread in its warpgroup
@@ -150,6 +156,21 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
   const uint32_t q_addr = smem_address(tile_q) + consumer * 64 * kSwizzleBytes;  // this warpgroup's 64 rows
   mbarrier_wait(&q_full, 0);
 
+  // Ping-pong's token: wait for my turn before issuing, hand over once the group is committed.
+  constexpr int kConsumerThreads = 128 * kFlashConsumers;
+  int turns_left = 2 * n_tiles;
+  const auto begin_turn = [&] {
+    if constexpr (kPingPong) named_barrier_sync(1 + consumer, kConsumerThreads);
+  };
+  const auto end_turn = [&] {
+    if constexpr (kPingPong) {
+      if (--turns_left > 0 || consumer == 0) named_barrier_arrive(2 - consumer, kConsumerThreads);
+    }
+  };
+  if constexpr (kPingPong) {
+    if (consumer == 1) named_barrier_arrive(1, kConsumerThreads);  // consumer 0 starts
+  }
+
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % kStages;
     const uint32_t parity = static_cast<uint32_t>(i / kStages) & 1u;
@@ -159,6 +180,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
 
     // ---- S = Q K^T: D/16 steps of K = 16, the first overwriting S (accumulate = false) --------------------
     mbarrier_wait(&k_full[s], parity);
+    begin_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -167,10 +189,12 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
                        sw128_kmajor_descriptor(k_addr + sub, kk % 4), kk > 0);
     }
     wgmma_commit_group();
+    end_turn();
     wgmma_wait_group<0>();
     fence_accumulators(sc);
 
-    // ---- scale and mask: register i holds key k0 + 8(i/4) + quad_col + i%2 of row pos0 or pos1 -------------
+    // ---- scale and mask: register i holds key k0 + 8(i/4) + quad_col + i%2 of row pos0 or pos1
+    // -------------
     const bool needs_mask = flash_tile_needs_mask(k0, wg_first_pos, wg_last_pos, p.window);
 #pragma unroll
     for (int r = 0; r < kFlashBlockN / 2; ++r) {
@@ -184,9 +208,9 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
       sc[r] = x;
     }
 
-    // ---- online softmax on the fragment: a row's 128 scores sit in one quad of 4 threads -------------------
-    // As lesson 07: the new max, the factor alpha = 2^(m_old - m_new) for what was summed before, and m_ref
-    // = 0 while a row has seen only masked keys (so -inf - -inf is never formed).
+    // ---- online softmax on the fragment: a row's 128 scores sit in one quad of 4 threads
+    // ------------------- As lesson 07: the new max, the factor alpha = 2^(m_old - m_new) for what was summed
+    // before, and m_ref = 0 while a row has seen only masked keys (so -inf - -inf is never formed).
     float alpha[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -207,12 +231,14 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
         sc[4 * j + 2 * half + 1] = exp2f(sc[4 * j + 2 * half + 1] - m_ref);
         tile_sum += sc[4 * j + 2 * half] + sc[4 * j + 2 * half + 1];
       }
-      row_sum[half] = row_sum[half] * alpha[half] + tile_sum;  // this thread's 32 columns; the quad adds at the end
+      row_sum[half] =
+          row_sum[half] * alpha[half] + tile_sum;  // this thread's 32 columns; the quad adds at the end
     }
 #pragma unroll
     for (int r = 0; r < D / 2; ++r) o[r] *= alpha[(r / 2) % 2];
 
-    // ---- P in registers: the A fragment of K step kk is S's registers 8kk .. 8kk + 7 (hopper_layout.h) -----
+    // ---- P in registers: the A fragment of K step kk is S's registers 8kk .. 8kk + 7 (hopper_layout.h)
+    // -----
     uint32_t pa[kFlashBlockN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kFlashBlockN / 16; ++kk)
@@ -221,8 +247,10 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
         pa[kk][j] = pack_bf16x2(sc[accumulator_register_for_a(kk, 2 * j)],
                                 sc[accumulator_register_for_a(kk, 2 * j + 1)]);
 
-    // ---- O += P V: B = V [keys][dims] read as [dims][keys], MN-major, LBO = the next 64 dims' sub-tile -----
+    // ---- O += P V: B = V [keys][dims] read as [dims][keys], MN-major, LBO = the next 64 dims' sub-tile
+    // -----
     mbarrier_wait(&v_full[s], parity);
+    begin_turn();
     wgmma_fence();  // the rescaled O and the fresh P registers are written before the tensor cores read them
 #pragma unroll
     for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
@@ -232,6 +260,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
         wgmma_m64n128k16_rs(o, pa[kk], sw128_mnmajor_descriptor(v_addr, kSubTileBytes, kk));
     }
     wgmma_commit_group();
+    end_turn();
     wgmma_wait_group<0>();
     fence_accumulators(o);
 #pragma unroll
@@ -242,7 +271,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     mbarrier_arrive(&empty[s]);
   }
 
-  // ---- the epilogue: O / l as bf16, straight from the registers ---------------------------------------------
+  // ---- the epilogue: O / l as bf16, straight from the registers
+  // ---------------------------------------------
   float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -250,7 +280,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
     inv[half] = row_sum[half] > 0.0f ? 1.0f / row_sum[half] : 0.0f;
   }
-  __nv_bfloat16* out = p.out + static_cast<int64_t>(q_begin + q0) * p.out_stride + static_cast<int64_t>(h) * D;
+  __nv_bfloat16* out =
+      p.out + static_cast<int64_t>(q_begin + q0) * p.out_stride + static_cast<int64_t>(h) * D;
 #pragma unroll
   for (int r = 0; r < D / 2; r += 2) {
     const FragmentPosition f = accumulator_position(t, r);  // o[r + 1] is the next column
@@ -265,13 +296,13 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
 #endif
 }
 
-template <int D>
+template <int D, bool kPingPong>
 void launch_flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
   constexpr int smem = flash_smem_bytes<D>();
   static const bool opted_in = [] {  // once per instantiation; not a stream operation (fine under capture)
-    TVLLM_CUDA_CHECK(
-        cudaFuncSetAttribute(flash_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(flash_wgmma_kernel<D, kPingPong>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)opted_in;
@@ -290,36 +321,41 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
   p.group = static_cast<int>(shape.group_size());
   p.window = static_cast<int>(shape.window);
   p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e)
-  const dim3 grid(static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{kFlashBlockM})),
-                  static_cast<unsigned>(shape.n_heads), static_cast<unsigned>(batch.batch_size()));
-  flash_wgmma_kernel<D><<<grid, kFlashThreads, smem, stream>>>(map_q, map_k, map_v, p);
+  const dim3 grid(
+      static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{kFlashBlockM})),
+      static_cast<unsigned>(shape.n_heads), static_cast<unsigned>(batch.batch_size()));
+  flash_wgmma_kernel<D, kPingPong><<<grid, kFlashThreads, smem, stream>>>(map_q, map_k, map_v, p);
   TVLLM_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-bool flash_wgmma_supports(const AttentionShape& shape) { return shape.head_dim == 64 || shape.head_dim == 128; }
+bool flash_wgmma_supports(const AttentionShape& shape) {
+  return shape.head_dim == 64 || shape.head_dim == 128;
+}
 
-void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                            int64_t total_q, int64_t total_k, const AttentionShape& shape) {
+void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const TensorView& k,
+                            const TensorView& v, int64_t total_q, int64_t total_k,
+                            const AttentionShape& shape) {
   shape.validate();
   TVLLM_REQUIRE(flash_wgmma_supports(shape),
                 "flash_wgmma: head_dim must be 64 or 128, got " + std::to_string(shape.head_dim) +
                     " (lesson 07's attention() runs the others; attention_hopper() picks it for you)");
   const auto check = [](const TensorView& t, const char* name, int64_t rows, int64_t cols) {
     const std::string what = std::string("flash_wgmma: ") + name;
-    TVLLM_REQUIRE(t.rank() == 2 && t.shape[0] == rows && t.shape[1] == cols,
-                  what + " must be [" + std::to_string(rows) + ", " + std::to_string(cols) + "], got " +
-                      t.describe());
+    TVLLM_REQUIRE(
+        t.rank() == 2 && t.shape[0] == rows && t.shape[1] == cols,
+        what + " must be [" + std::to_string(rows) + ", " + std::to_string(cols) + "], got " + t.describe());
     TVLLM_REQUIRE(t.dtype == DType::BF16 && t.device == Device::CUDA,
                   what + " must be bf16 on cuda, got " + t.describe());
     TVLLM_REQUIRE(t.strides.size() == 2 && t.strides[1] == 1, what + " must have contiguous columns");
     TVLLM_REQUIRE(rows <= 1 || t.strides[0] >= cols, what + " rows overlap (row stride below its width)");
     TVLLM_REQUIRE(rows == 0 || t.data != nullptr, what + " has no data");
     // TMA's rules for a tensor map: the base and the row pitch are multiples of 16 bytes.
-    TVLLM_REQUIRE(reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0,
-                  what + " must start 16-byte aligned with rows a multiple of 8 elements apart (TMA), got stride " +
-                      std::to_string(t.strides[0]));
+    TVLLM_REQUIRE(
+        reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0,
+        what + " must start 16-byte aligned with rows a multiple of 8 elements apart (TMA), got stride " +
+            std::to_string(t.strides[0]));
   };
   check(q, "q", total_q, shape.q_dim());
   check(out, "out", total_q, shape.q_dim());
@@ -328,15 +364,21 @@ void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const Te
 }
 
 void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
+                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream,
+                 FlashSchedule schedule) {
   check_attention_queries(out, q, batch, shape);  // lesson 07's checks of the batch and the query side
   check_flash_wgmma_args(out, q, k, v, batch.total_q(), batch.total_k(), shape);
   require_hopper("flash_wgmma");
   if (batch.total_q() == 0) return;  // no query anywhere (and a tensor map needs at least one row)
-  if (shape.head_dim == 64)
-    launch_flash_wgmma<64>(out, q, k, v, batch, shape, stream);
-  else
-    launch_flash_wgmma<128>(out, q, k, v, batch, shape, stream);
+  const bool ping_pong = schedule == FlashSchedule::PingPong;
+  if (shape.head_dim == 64 && !ping_pong) launch_flash_wgmma<64, false>(out, q, k, v, batch, shape, stream);
+  if (shape.head_dim == 64 && ping_pong) launch_flash_wgmma<64, true>(out, q, k, v, batch, shape, stream);
+  if (shape.head_dim == 128 && !ping_pong) launch_flash_wgmma<128, false>(out, q, k, v, batch, shape, stream);
+  if (shape.head_dim == 128 && ping_pong) launch_flash_wgmma<128, true>(out, q, k, v, batch, shape, stream);
+}
+
+const char* flash_schedule_name(FlashSchedule schedule) {
+  return schedule == FlashSchedule::PingPong ? "ping-pong" : "plain";
 }
 
 void attention_hopper(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -26,7 +26,8 @@
 
 namespace tvllm {
 
-// ---- the tiling ---------------------------------------------------------------------------------------------
+// ---- the tiling
+// ---------------------------------------------------------------------------------------------
 inline constexpr int kFlashBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64 rows
 inline constexpr int kFlashBlockN = 128;  // keys per K/V tile: S is one m64n128 accumulator per warpgroup
 inline constexpr int kFlashConsumers = 2;
@@ -64,14 +65,24 @@ TVLLM_HOST_DEVICE constexpr bool flash_tile_needs_mask(int k0, int first_pos, in
 }
 
 // ---- the API ----------------------------------------------------------------------------------------------
+// How the two consumer warpgroups share the tensor cores.
+//   Plain     each issues its wgmma groups when it is ready; the warp schedulers interleave them as they may.
+//   PingPong  they take strict turns at issuing (two named barriers pass a token): one warpgroup's softmax
+//             runs while the other's GEMMs occupy the tensor cores (FlashAttention-3's "ping-pong").
+// Both compute the same thing in the same order per row: the same bits (a GPU test checks it).
+enum class FlashSchedule { Plain, PingPong };
+inline constexpr FlashSchedule kDefaultFlashSchedule = FlashSchedule::Plain;  // until the H200 says otherwise
+const char* flash_schedule_name(FlashSchedule schedule);
+
 // Whether flash_wgmma() takes this shape: head_dim 64 or 128 (any heads, any group, any window).
 bool flash_wgmma_supports(const AttentionShape& shape);
 
 // The checks that need no GPU: shape (validate() and the head_dim), and out, q, k, v as bf16 CUDA views
 // [total_q, q_dim] / [total_k, kv_dim], unit column stride, rows 16-byte aligned (TMA's rule for a tensor
 // map: base and row pitch multiples of 16 bytes). InputError naming the problem.
-void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                            int64_t total_q, int64_t total_k, const AttentionShape& shape);
+void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const TensorView& k,
+                            const TensorView& v, int64_t total_q, int64_t total_k,
+                            const AttentionShape& shape);
 
 // Causal GQA attention over `batch` on wgmma + TMA: out [total_q, n_heads * head_dim] from q, k, v laid out
 // as lesson 07's attention() takes them (packed sequences, possibly column slices of a fused QKV buffer).
@@ -80,7 +91,8 @@ void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const Te
 // Note: K/V tiles may run past the end of a sequence into the next one's rows; those keys are masked (their
 // P is exactly 0), so they must be finite numbers, as every row of a real k and v is.
 void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr);
+                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr,
+                 FlashSchedule schedule = kDefaultFlashSchedule);
 
 // THE ENGINE'S HOOK (not wired yet): the same signature and contract as lesson 07's attention(), so that
 // lessons/08_transformer/transformer.cpp can switch with one line (attention( -> attention_hopper( ).
@@ -89,7 +101,7 @@ void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k
 // unchanged. A workspace, when given, is checked against the batch exactly as attention() checks it.
 void attention_hopper(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                       const AttentionBatch& batch, const AttentionShape& shape,
-                      AttentionKernel kernel = AttentionKernel::V2Flash, AttentionWorkspace* workspace = nullptr,
-                      cudaStream_t stream = nullptr);
+                      AttentionKernel kernel = AttentionKernel::V2Flash,
+                      AttentionWorkspace* workspace = nullptr, cudaStream_t stream = nullptr);
 
 }  // namespace tvllm

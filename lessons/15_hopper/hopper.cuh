@@ -6,7 +6,7 @@
 //   TMA                 tma_load_2d (cp.async.bulk.tensor), prefetch_tensor_map
 //   wgmma               wgmma_fence / _commit_group / _wait_group / wgmma_m64n128k16, fence_accumulators,
 //                       and with A from registers: wgmma_m64n64k16_rs / wgmma_m64n128k16_rs, fence_operands
-//   warp specialisation setmaxnreg_inc / setmaxnreg_dec
+//   warp specialisation setmaxnreg_inc / setmaxnreg_dec, named_barrier_sync / _arrive
 //   clusters            cluster_rank / cluster_size / cluster_sync / map_to_rank / load_from_cluster
 //
 // wgmma and setmaxnreg are "arch-specific" instructions of sm_90a: they exist on compute capability 9.0
@@ -214,14 +214,14 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// D[64 x 64] (fp32, 32 floats per thread) += A[64 x 16] * B[64 x 16]^T with A from REGISTERS and B from shared
-// memory stored MN-major (the N index contiguous: V [keys][dims] read as B[dims][keys], "transposed B").
-// a[4] is the thread's A fragment (a_fragment_position() in hopper_layout.h: the same places as an
+// D[64 x 64] (fp32, 32 floats per thread) += A[64 x 16] * B[64 x 16]^T with A from REGISTERS and B from
+// shared memory stored MN-major (the N index contiguous: V [keys][dims] read as B[dims][keys], "transposed
+// B"). a[4] is the thread's A fragment (a_fragment_position() in hopper_layout.h: the same places as an
 // accumulator's registers, packed two bf16 per 32-bit register). The last immediate, 1, says "B is
 // transposed"; A in registers cannot be transposed, so there is no immediate for it. The predicate is
 // "scale D", as above. The caller keeps a[] alive until the wait (fence_operands).
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                                    bool accumulate = true) {
+                                                   bool accumulate = true) {
   asm volatile(
       "{\n"
       "  .reg .pred p;\n"
@@ -233,14 +233,15 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// D[64 x 128] (fp32, 64 floats per thread) += A[64 x 16] * B[128 x 16]^T with A from REGISTERS and B from shared
-// memory stored MN-major (the N index contiguous: V [keys][dims] read as B[dims][keys], "transposed B").
-// a[4] is the thread's A fragment (a_fragment_position() in hopper_layout.h: the same places as an
+// D[64 x 128] (fp32, 64 floats per thread) += A[64 x 16] * B[128 x 16]^T with A from REGISTERS and B from
+// shared memory stored MN-major (the N index contiguous: V [keys][dims] read as B[dims][keys], "transposed
+// B"). a[4] is the thread's A fragment (a_fragment_position() in hopper_layout.h: the same places as an
 // accumulator's registers, packed two bf16 per 32-bit register). The last immediate, 1, says "B is
 // transposed"; A in registers cannot be transposed, so there is no immediate for it. The predicate is
 // "scale D", as above. The caller keeps a[] alive until the wait (fence_operands).
@@ -259,12 +260,13 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
@@ -289,6 +291,16 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// Named barriers: 16 hardware barriers per block (id 0 is __syncthreads'), each counting `threads` arrivals
+// (a multiple of 32). bar.sync counts this warp and waits; bar.arrive counts it and walks on. A pair of them
+// passes a token between two warpgroups, which is how flash attention's consumers take turns (ping-pong).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- thread-block clusters and distributed shared memory --------------------------------------------------

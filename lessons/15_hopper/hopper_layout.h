@@ -111,6 +111,8 @@ TVLLM_HOST_DEVICE constexpr FragmentPosition a_fragment_position(uint32_t thread
 // (columns 16kk .. 16kk + 15) sits where accumulator register 8kk + j of S = Q K^T sits. So the A fragment
 // of step kk is S's registers 8kk .. 8kk + 7, rounded to bf16 and packed in pairs; no data moves between
 // threads. (The CPU test checks the identity for every thread, register and step.)
-TVLLM_HOST_DEVICE constexpr uint32_t accumulator_register_for_a(uint32_t kk, uint32_t j) { return 8u * kk + j; }
+TVLLM_HOST_DEVICE constexpr uint32_t accumulator_register_for_a(uint32_t kk, uint32_t j) {
+  return 8u * kk + j;
+}
 
 }  // namespace tvllm
