@@ -16,29 +16,16 @@
 #include "flash_wgmma.h"
 #include "hopper.h"
 #include "hopper_layout.h"
+#include "testing/hopper_testing.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-TensorView fake_cuda(DType dtype, Shape shape) {  // never touched: the checks run before any launch
-  static uintptr_t next = uintptr_t{3} << 30;
-  next += uintptr_t{1} << 22;
-  return TensorView::contiguous(reinterpret_cast<void*>(next), dtype, Device::CUDA, std::move(shape));
-}
+using testing::fake_cuda;
+using testing::input_error_of;
 
-template <class F>
-std::string input_error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no InputError)";
-}
-
-// ---- the tiling, against brute force
-// ------------------------------------------------------------------------
+// ---- the tiling, against brute force ----------------------------------------------------------------------
 
 struct Walk {  // what a block's real rows actually see
   int first_key = -1, last_key = -1;
@@ -153,6 +140,24 @@ TEST(Flash15Layout, PFeedsTheSecondWgmmaFromTheRegistersItWasComputedIn) {
   EXPECT_EQ(a_fragment_position(37, 0).col, 2u);
   EXPECT_EQ(a_fragment_position(37, 3).row, 25u);
   EXPECT_EQ(a_fragment_position(37, 6).col, 10u);
+}
+
+TEST(Flash15Layout, TheRingOfStagesAndItsParities) {
+  // 3 stages: loads 0..8 use buffers 0,1,2,0,1,2,0,1,2; the consumers' parity flips every round; the
+  // producer's is the opposite (round 0 waits for parity 1: a fresh barrier passes it at once).
+  const uint32_t stage[9] = {0, 1, 2, 0, 1, 2, 0, 1, 2}, full[9] = {0, 0, 0, 1, 1, 1, 0, 0, 0};
+  for (uint32_t i = 0; i < 9; ++i) {
+    const RingSlot slot = ring_slot(i, 3);
+    EXPECT_EQ(slot.stage, stage[i]) << i;
+    EXPECT_EQ(slot.full_parity, full[i]) << i;
+    EXPECT_EQ(slot.empty_parity, 1u - full[i]) << i;
+  }
+  // Load i + stages reuses load i's buffer one phase later.
+  for (uint32_t stages : {1u, 2u, 4u})
+    for (uint32_t i = 0; i < 20; ++i) {
+      EXPECT_EQ(ring_slot(i + stages, stages).stage, ring_slot(i, stages).stage);
+      EXPECT_NE(ring_slot(i + stages, stages).full_parity, ring_slot(i, stages).full_parity);
+    }
 }
 
 TEST(Flash15Layout, TheMnMajorDescriptorOfV) {

@@ -3,9 +3,9 @@
 // the kernel forgets fails) inside a wider NaN buffer (a store outside out's columns fails). Shapes: one
 // sequence at every edge of the 128-row / 128-key tiles, packed batches of uneven sequences, chunked
 // prefill (q_len < k_len), GQA groups 1 to 8, head_dim 64 and 128, sliding windows, a fused QKV buffer
-// (strided tensor maps), long sequences (the ring of stages goes round many times); both schedules (plain
-// and ping-pong, the same bits); determinism; the
-// engine hook attention_hopper(); the refusals. Skipped without an H100/H200 (sm_90a).
+// (strided tensor maps), long sequences (the ring of stages goes round many times); both schedules (plain and
+// ping-pong, the same bits); determinism; the engine hook attention_hopper(); the refusals. Skipped without an
+// H100/H200 (sm_90a).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -19,28 +19,30 @@
 #include "flash_check.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
+#include "testing/attention_check.h"
+#include "testing/hopper_testing.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-#define REQUIRE_HOPPER()                                                  \
-  do {                                                                    \
-    TVLLM_REQUIRE_GPU();                                                  \
-    if (!hopper_available()) GTEST_SKIP() << hopper_unavailable_reason(); \
-  } while (0)
+using testing::describe;  // (row, head, dim) of the first mismatches
 
-std::string describe(const CompareResult& r, const AttentionShape& s) {
-  std::string text = r.name + ": max_abs " + std::to_string(r.max_abs) + " (atol " +
-                     std::to_string(r.tol.atol) + "), bad " + std::to_string(r.bad) + " of " +
-                     std::to_string(r.count) + " " + r.error;
-  for (const Mismatch& m : r.first_mismatches) {
-    const int64_t row = m.index / s.q_dim(), col = m.index % s.q_dim();
-    text += "\n  row " + std::to_string(row) + " head " + std::to_string(col / s.head_dim) + " dim " +
-            std::to_string(col % s.head_dim) + ": got " + std::to_string(m.actual) + ", expected " +
-            std::to_string(m.expected);
-  }
-  return text;
+// Random bf16 q, k, v on the GPU for a prefill of `lengths`, and its batch: for the tests that compare two
+// GPU runs with each other (no CPU reference needed).
+struct Inputs {
+  Tensor q, k, v;
+  AttentionBatch batch;
+  int64_t tokens = 0;
+};
+Inputs random_prefill(const std::vector<int64_t>& lengths, const AttentionShape& s, uint64_t seed) {
+  int64_t T = 0;
+  for (int64_t n : lengths) T += n;
+  return {
+      Tensor::from_f32(random_normal(T * s.q_dim(), seed), {T, s.q_dim()}, DType::BF16, Device::CUDA),
+      Tensor::from_f32(random_normal(T * s.kv_dim(), seed + 1), {T, s.kv_dim()}, DType::BF16, Device::CUDA),
+      Tensor::from_f32(random_uniform(T * s.kv_dim(), seed + 2), {T, s.kv_dim()}, DType::BF16, Device::CUDA),
+      AttentionBatch::prefill(lengths, Device::CUDA), T};
 }
 
 void expect_matches(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
@@ -61,7 +63,7 @@ void expect_prefill_matches(const std::vector<int64_t>& lengths, const Attention
 }
 
 TEST(Flash15Gpu, OneSequenceAtEveryTileEdge) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128}) {
     const AttentionShape s{8, 2, d};
     uint64_t seed = 100 + d;
@@ -71,13 +73,13 @@ TEST(Flash15Gpu, OneSequenceAtEveryTileEdge) {
 }
 
 TEST(Flash15Gpu, Llama1BShapeAt1000Tokens) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   expect_prefill_matches({1000}, AttentionShape{32, 8, 64}, 200);
   expect_prefill_matches({1000}, AttentionShape{32, 8, 128}, 201);
 }
 
 TEST(Flash15Gpu, PackedVariableLengths) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   // Uneven sequences in one batch: tiles that run into the next sequence's rows (masked keys, unstored
   // queries), empty-grid blocks of the short sequences, a one-token sequence.
   for (int64_t d : {64, 128}) {
@@ -88,7 +90,7 @@ TEST(Flash15Gpu, PackedVariableLengths) {
 }
 
 TEST(Flash15Gpu, ChunkedPrefillQueriesAfterCachedKeys) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   // q_len < k_len: the queries are the last q_len positions (bottom-right aligned), as in lesson 07.
   for (int64_t d : {64, 128}) {
     expect_matches({10, 1, 200}, {510, 1, 300}, AttentionShape{8, 2, d}, 400 + d);
@@ -98,14 +100,14 @@ TEST(Flash15Gpu, ChunkedPrefillQueriesAfterCachedKeys) {
 }
 
 TEST(Flash15Gpu, GqaGroups1To8) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128})
     for (int64_t group : {1, 2, 4, 8})
       expect_prefill_matches({300, 77}, AttentionShape{8, 8 / group, d}, 500 + group);
 }
 
 TEST(Flash15Gpu, SlidingWindows) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128})
     for (int64_t window : {1, 100, 128, 129, 300}) {
       expect_prefill_matches({1000}, AttentionShape{8, 2, d, window}, 600 + window);
@@ -114,7 +116,7 @@ TEST(Flash15Gpu, SlidingWindows) {
 }
 
 TEST(Flash15Gpu, FusedQkvBufferGivesStridedTensorMaps) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128}) {
     std::vector<int64_t> lengths = {129, 3, 500};
     const FlashCheck r = check_flash_wgmma(lengths, lengths, AttentionShape{8, 2, d}, 700 + d, true);
@@ -123,7 +125,7 @@ TEST(Flash15Gpu, FusedQkvBufferGivesStridedTensorMaps) {
 }
 
 TEST(Flash15Gpu, LongSequencesGoRoundTheRingManyTimes) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   // 2048 keys: 16 K/V tiles for the last query tile, 4 rounds of 4 stages (head_dim 64), 8 of 2 (128).
   expect_prefill_matches({2048}, AttentionShape{4, 1, 64}, 800);
   expect_prefill_matches({2048}, AttentionShape{4, 1, 128}, 801);
@@ -131,25 +133,17 @@ TEST(Flash15Gpu, LongSequencesGoRoundTheRingManyTimes) {
 
 // The same inputs twice, once on a created stream: the same bits (each output's sums run in one fixed order).
 TEST(Flash15Gpu, DeterministicAndRunsOnAStream) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   const AttentionShape s{8, 2, 64};
-  const std::vector<int64_t> lengths = {700, 33};
-  const int64_t T = 733;
-  const Tensor q =
-      Tensor::from_f32(random_normal(T * s.q_dim(), 900), {T, s.q_dim()}, DType::BF16, Device::CUDA);
-  const Tensor k =
-      Tensor::from_f32(random_normal(T * s.kv_dim(), 901), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-  const Tensor v =
-      Tensor::from_f32(random_uniform(T * s.kv_dim(), 902), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-  const AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CUDA);
-  const Tensor a = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
-  const Tensor b = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
+  const Inputs in = random_prefill({700, 33}, s, 900);
+  const Tensor a = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
+  const Tensor b = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
   TVLLM_CUDA_CHECK(cudaMemset(b.data(), 0xFF, b.view().nbytes()));
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-  flash_wgmma(a, q, k, v, batch, s);
+  flash_wgmma(a, in.q, in.k, in.v, in.batch, s);
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
   CudaStream stream;
-  flash_wgmma(b, q, k, v, batch, s, stream.get());
+  flash_wgmma(b, in.q, in.k, in.v, in.batch, s, stream.get());
   TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   EXPECT_EQ(to_f32_vector(a), to_f32_vector(b));
 }
@@ -157,7 +151,7 @@ TEST(Flash15Gpu, DeterministicAndRunsOnAStream) {
 // Ping-pong changes only WHEN each consumer issues its wgmma groups: against the reference on the hard cases,
 // and bit for bit against the plain schedule.
 TEST(Flash15Gpu, PingPongMatchesTheReference) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   const FlashSchedule pp = FlashSchedule::PingPong;
   for (int64_t d : {64, 128}) {
     expect_matches({1}, {1}, AttentionShape{8, 2, d}, 1000 + d, false, pp);  // one tile: 2 turns each
@@ -170,23 +164,15 @@ TEST(Flash15Gpu, PingPongMatchesTheReference) {
 }
 
 TEST(Flash15Gpu, PingPongGivesThePlainScheduleBits) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128}) {
     const AttentionShape s{8, 2, d};
-    const std::vector<int64_t> lengths = {1000, 1, 300};
-    const int64_t T = 1301;
-    const Tensor q =
-        Tensor::from_f32(random_normal(T * s.q_dim(), 1100), {T, s.q_dim()}, DType::BF16, Device::CUDA);
-    const Tensor k =
-        Tensor::from_f32(random_normal(T * s.kv_dim(), 1101), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-    const Tensor v =
-        Tensor::from_f32(random_uniform(T * s.kv_dim(), 1102), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-    const AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CUDA);
-    const Tensor plain = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
-    const Tensor pp = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Inputs in = random_prefill({1000, 1, 300}, s, 1100);
+    const Tensor plain = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Tensor pp = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-    flash_wgmma(plain, q, k, v, batch, s, nullptr, FlashSchedule::Plain);
-    flash_wgmma(pp, q, k, v, batch, s, nullptr, FlashSchedule::PingPong);
+    flash_wgmma(plain, in.q, in.k, in.v, in.batch, s, nullptr, FlashSchedule::Plain);
+    flash_wgmma(pp, in.q, in.k, in.v, in.batch, s, nullptr, FlashSchedule::PingPong);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(to_f32_vector(plain), to_f32_vector(pp)) << "head_dim " << d;
   }
@@ -194,33 +180,25 @@ TEST(Flash15Gpu, PingPongGivesThePlainScheduleBits) {
 
 // The engine hook: head_dim 64/128 run flash_wgmma (the same bits), others lesson 07's v2 (the same bits).
 TEST(Flash15Gpu, AttentionHopperPicksTheKernel) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 96}) {
     const AttentionShape s{4, 2, d};
-    const std::vector<int64_t> lengths = {200, 5};
-    const int64_t T = 205;
-    const Tensor q =
-        Tensor::from_f32(random_normal(T * s.q_dim(), 950), {T, s.q_dim()}, DType::BF16, Device::CUDA);
-    const Tensor k =
-        Tensor::from_f32(random_normal(T * s.kv_dim(), 951), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-    const Tensor v =
-        Tensor::from_f32(random_uniform(T * s.kv_dim(), 952), {T, s.kv_dim()}, DType::BF16, Device::CUDA);
-    const AttentionBatch batch = AttentionBatch::prefill(lengths, Device::CUDA);
-    const Tensor hook = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
-    const Tensor direct = Tensor::empty({T, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Inputs in = random_prefill({200, 5}, s, 950);
+    const Tensor hook = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Tensor direct = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-    attention_hopper(hook, q, k, v, batch, s);
+    attention_hopper(hook, in.q, in.k, in.v, in.batch, s);
     if (d == 64)
-      flash_wgmma(direct, q, k, v, batch, s);
+      flash_wgmma(direct, in.q, in.k, in.v, in.batch, s);
     else
-      attention(direct, q, k, v, batch, s, AttentionKernel::V2Flash);
+      attention(direct, in.q, in.k, in.v, in.batch, s, AttentionKernel::V2Flash);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(to_f32_vector(hook), to_f32_vector(direct)) << "head_dim " << d;
   }
 }
 
 TEST(Flash15Gpu, RefusesOtherHeadDimsOnTheGpuToo) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   const AttentionShape s{4, 2, 96};
   const Tensor q = Tensor::empty({4, s.q_dim()}, DType::BF16, Device::CUDA);
   const Tensor kv = Tensor::empty({4, s.kv_dim()}, DType::BF16, Device::CUDA);

@@ -14,28 +14,14 @@
 #include "hopper_check.h"
 #include "hopper_layout.h"
 #include "tensor_map.h"
+#include "testing/hopper_testing.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-// A view of device memory that is never touched: the argument checks run before anything is launched. Each
-// call gets its own 1 MB-aligned address, so two fakes never overlap.
-TensorView fake_cuda(DType dtype, Shape shape) {
-  static uintptr_t next = uintptr_t{1} << 30;
-  next += uintptr_t{1} << 20;
-  return TensorView::contiguous(reinterpret_cast<void*>(next), dtype, Device::CUDA, std::move(shape));
-}
-
-template <class F>
-std::string input_error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no InputError)";
-}
+using testing::fake_cuda;
+using testing::input_error_of;
 
 TEST(Hopper15Layout, SwizzleXorsTheChunkWithTheRowModEight) {
   // Row 0 is unchanged; row r's 16-byte chunk j moves to chunk j ^ (r % 8); rows stay where they are.

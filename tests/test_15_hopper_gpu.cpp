@@ -10,16 +10,11 @@
 #include "common/random.h"
 #include "hopper.h"
 #include "hopper_check.h"
+#include "testing/hopper_testing.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
-
-#define REQUIRE_HOPPER()                                                  \
-  do {                                                                    \
-    TVLLM_REQUIRE_GPU();                                                  \
-    if (!hopper_available()) GTEST_SKIP() << hopper_unavailable_reason(); \
-  } while (0)
 
 std::string describe(const CompareResult& r) {
   std::string s = r.name + ": bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) +
@@ -38,7 +33,7 @@ std::string describe(const CompareResult& r) {
   } while (0)
 
 TEST(Hopper15Gpu, TmaTileCopyMatchesTheOracle) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   // Boxes inside the matrix: small, tall, wide, the largest (256 x 256).
   EXPECT_PASSES(check_tma_tile(64, 64, 0, 0, 64, 64, TmaSwizzle::None, 1));
   EXPECT_PASSES(check_tma_tile(300, 96, 40, 8, 200, 16, TmaSwizzle::None, 2));
@@ -47,7 +42,7 @@ TEST(Hopper15Gpu, TmaTileCopyMatchesTheOracle) {
 }
 
 TEST(Hopper15Gpu, TmaTileOffTheEdgeIsZeroFilled) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (TmaSwizzle sw : {TmaSwizzle::None, TmaSwizzle::B128}) {
     SCOPED_TRACE(tma_swizzle_name(sw));
     EXPECT_PASSES(check_tma_tile(200, 136, 150, 96, 64, 64, sw, 10));  // past the bottom and the right
@@ -58,28 +53,28 @@ TEST(Hopper15Gpu, TmaTileOffTheEdgeIsZeroFilled) {
 }
 
 TEST(Hopper15Gpu, TmaSwizzledTileIsReadBackThroughTheFormula) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   EXPECT_PASSES(check_tma_tile(64, 64, 0, 0, 64, 64, TmaSwizzle::B128, 20));
   EXPECT_PASSES(check_tma_tile(512, 256, 128, 192, 256, 64, TmaSwizzle::B128, 21));
   EXPECT_PASSES(check_tma_tile(100, 64, 3, 0, 9, 64, TmaSwizzle::B128, 22));  // 9 rows: part of an atom
 }
 
 TEST(Hopper15Gpu, WgmmaTileIsExactOnSmallIntegers) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int first = 0; first < 4; ++first) EXPECT_PASSES(check_wgmma_tile(first, 1, true, 30 + first));
   EXPECT_PASSES(check_wgmma_tile(0, 4, true, 35));
   EXPECT_PASSES(check_wgmma_tile(1, 2, true, 36));
 }
 
 TEST(Hopper15Gpu, WgmmaTileMatchesTheOracleOnEverySlice) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   for (int first = 0; first < 4; ++first)
     for (int steps = 1; first + steps <= 4; ++steps)
       EXPECT_PASSES(check_wgmma_tile(first, steps, false, 40 + 4 * first + steps));
 }
 
 TEST(Hopper15Gpu, ClusterBlocksReadTheirNeighboursSharedMemory) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   EXPECT_PASSES(check_cluster_exchange(2, 1, 0, 64, 50));  // a cluster of one reads itself
   EXPECT_PASSES(check_cluster_exchange(8, 2, 1, 1000, 51));
   EXPECT_PASSES(check_cluster_exchange(16, 4, 3, 1024, 52));
@@ -87,18 +82,18 @@ TEST(Hopper15Gpu, ClusterBlocksReadTheirNeighboursSharedMemory) {
 }
 
 TEST(Hopper15Gpu, GemmMatchesLesson06OnRaggedShapes) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   uint64_t seed = 60;
   for (const GemmShape& s : gemm_check_shapes()) EXPECT_PASSES(check_gemm_wgmma(s.m, s.n, s.k, seed++));
 }
 
 TEST(Hopper15Gpu, GemmAtAPrefillShape) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   EXPECT_PASSES(check_gemm_wgmma(1000, 3072, 2048, 70));  // a 1000-token prompt through a 1B-shaped qkv_proj
 }
 
 TEST(Hopper15Gpu, GemmIsDeterministicAndRunsOnAStream) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   const int64_t m = 300, n = 384, k = 1024;
   const Tensor x = Tensor::from_f32(random_uniform(m * k, 80), {m, k}, DType::BF16, Device::CUDA);
   const Tensor w =
@@ -118,7 +113,7 @@ TEST(Hopper15Gpu, GemmIsDeterministicAndRunsOnAStream) {
 }
 
 TEST(Hopper15Gpu, GemmRefusesBadKOnTheGpuToo) {
-  REQUIRE_HOPPER();
+  TVLLM_REQUIRE_HOPPER();
   const Tensor x = Tensor::empty({4, 96}, DType::BF16, Device::CUDA);
   const Tensor w = Tensor::empty({8, 96}, DType::BF16, Device::CUDA);
   const Tensor y = Tensor::empty({4, 8}, DType::BF16, Device::CUDA);

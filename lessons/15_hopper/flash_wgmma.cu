@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
   constexpr uint32_t kTileBytes = kSub * kSubTileBytes;  // one Q, K or V tile
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t q_full, k_full[kStages], v_full[kStages], empty[kStages];
-  const uint32_t misalignment = smem_address(smem_raw) & (kSwizzleAtomBytes - 1);
-  unsigned char* smem = smem_raw + (misalignment == 0 ? 0 : kSwizzleAtomBytes - misalignment);
+  unsigned char* smem = align_to_swizzle_atom(smem_raw);
   unsigned char* tile_q = smem;
   unsigned char* tiles_k = smem + kTileBytes;  // stage s at + s * kTileBytes
   unsigned char* tiles_v = tiles_k + kStages * kTileBytes;
@@ -117,10 +116,10 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
       for (int sub = 0; sub < kSub; ++sub)
         tma_load_2d(tile_q + sub * kSubTileBytes, &map_q, h * D + 64 * sub, q_begin + q0, &q_full);
       for (int i = 0; i < n_tiles; ++i) {
-        const int s = i % kStages;
-        const uint32_t round = static_cast<uint32_t>(i / kStages);
+        const RingSlot slot = ring_slot(i, kStages);
+        const uint32_t s = slot.stage;
         const int key_row = k_begin + (tiles.first + i) * kFlashBlockN;
-        mbarrier_wait(&empty[s], (round & 1u) ^ 1u);  // both consumers are done with the stage's last use
+        mbarrier_wait(&empty[s], slot.empty_parity);  // both consumers are done with the stage's last use
         mbarrier_arrive_expect_tx(&k_full[s], kTileBytes);
         for (int sub = 0; sub < kSub; ++sub)
           tma_load_2d(tiles_k + s * kTileBytes + sub * kSubTileBytes, &map_k, kv_col + 64 * sub, key_row,
@@ -172,8 +171,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
   }
 
   for (int i = 0; i < n_tiles; ++i) {
-    const int s = i % kStages;
-    const uint32_t parity = static_cast<uint32_t>(i / kStages) & 1u;
+    const RingSlot slot = ring_slot(i, kStages);
+    const uint32_t s = slot.stage, parity = slot.full_parity;
     const int k0 = (tiles.first + i) * kFlashBlockN;  // the tile's first key, within the sequence
     const uint32_t k_addr = smem_address(tiles_k + s * kTileBytes);
     const uint32_t v_addr = smem_address(tiles_v + s * kTileBytes);

@@ -55,8 +55,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   __shared__ uint64_t full[kGemmStages], empty[kGemmStages];
   // The stages start on a 1024-byte boundary (the 128-byte swizzle's period) and every stage is a multiple of
   // it.
-  const uint32_t misalignment = smem_address(smem_raw) & (kSwizzleAtomBytes - 1);
-  unsigned char* smem = smem_raw + (misalignment == 0 ? 0 : kSwizzleAtomBytes - misalignment);
+  unsigned char* smem = align_to_swizzle_atom(smem_raw);
   unsigned char* stage_x = smem;                               // kGemmStages x [128 rows][64 K] bf16
   unsigned char* stage_w = smem + kGemmStages * kStageBytesX;  // kGemmStages x [128 rows][64 K] bf16
 
@@ -81,10 +80,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
       for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % kGemmStages;
-        const uint32_t round = static_cast<uint32_t>(kt / kGemmStages);
+        const RingSlot slot = ring_slot(kt, kGemmStages);
+        const uint32_t s = slot.stage;
         mbarrier_wait(&empty[s],
-                      (round & 1u) ^ 1u);  // the consumers have finished with this stage's last use
+                      slot.empty_parity);  // the consumers have finished with this stage's last use
         mbarrier_arrive_expect_tx(&full[s], kStageBytesX + kStageBytesW);
         tma_load_2d(stage_x + s * kStageBytesX, &map_x, kt * kGemmBlockK, m0, &full[s]);
         tma_load_2d(stage_w + s * kStageBytesW, &map_w, kt * kGemmBlockK, n0, &full[s]);
@@ -102,8 +101,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   for (int i = 0; i < kGemmBlockN / 2; ++i) acc[i] = 0.0f;
 
   for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % kGemmStages;
-    mbarrier_wait(&full[s], static_cast<uint32_t>(kt / kGemmStages) & 1u);  // x and W of step kt have landed
+    const RingSlot slot = ring_slot(kt, kGemmStages);
+    const uint32_t s = slot.stage;
+    mbarrier_wait(&full[s], slot.full_parity);  // x and W of step kt have landed
     const uint32_t a = smem_address(stage_x + s * kStageBytesX + consumer * 64 * kSwizzleBytes);
     const uint32_t b = smem_address(stage_w + s * kStageBytesW);
     wgmma_fence();

@@ -87,6 +87,23 @@ TVLLM_HOST_DEVICE constexpr uint64_t sw128_mnmajor_descriptor(uint32_t smem_addr
                                 DescriptorSwizzle::B128);
 }
 
+// ---- the ring of stages ---------------------------------------------------------------------------------
+// A pipeline (the GEMM's, flash attention's) cycles through `stages` shared-memory buffers: load i uses
+// buffer i % stages in round i / stages. Each buffer has a "full" mbarrier (the data has landed) and an
+// "empty" one (the consumers are done with it), and each completes one phase per round. So the consumers of
+// load i wait for full's phase of parity round & 1, and the producer, before reusing the buffer, waits for
+// the PREVIOUS round's empty phase: parity (round & 1) ^ 1, which a fresh barrier passes at once in round 0
+// (README: the phase bit).
+struct RingSlot {
+  uint32_t stage;         // which buffer
+  uint32_t full_parity;   // consumers: wait full[stage] with this parity
+  uint32_t empty_parity;  // producer: wait empty[stage] with this parity before refilling it
+};
+TVLLM_HOST_DEVICE constexpr RingSlot ring_slot(uint32_t i, uint32_t stages) {
+  const uint32_t round_parity = (i / stages) & 1u;
+  return {i % stages, round_parity, round_parity ^ 1u};
+}
+
 // ---- the wgmma accumulator fragment -----------------------------------------------------------------------
 // After wgmma m64nNk16 with an fp32 accumulator, thread t (0..127) of the warpgroup holds N/2 floats d[i].
 // Warp w = t / 32 owns rows 16w .. 16w + 15; inside a warp the layout of every 8-column slice j = i / 4 is
