@@ -3,9 +3,9 @@
 // the kernel forgets fails) inside a wider NaN buffer (a store outside out's columns fails). Shapes: one
 // sequence at every edge of the 128-row / 128-key tiles, packed batches of uneven sequences, chunked
 // prefill (q_len < k_len), GQA groups 1 to 8, head_dim 64 and 128, sliding windows, a fused QKV buffer
-// (strided tensor maps), long sequences (the ring of stages goes round many times); both schedules (plain and
-// ping-pong, the same bits); determinism; the engine hook attention_hopper(); the refusals. Skipped without an
-// H100/H200 (sm_90a).
+// (strided tensor maps), long sequences (the ring of stages goes round many times); both schedules
+// (plain and ping-pong, the same bits); determinism; the engine hook attention_hopper(); the refusals.
+// Skipped without an H100/H200 (sm_90a).
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -133,8 +133,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     return;
   }
 
-  // ---- the consumers
-  // ----------------------------------------------------------------------------------------
+  // ---- the consumers --------------------------------------------------------------------------------------
   setmaxnreg_inc<kConsumerRegisters>();
   const int consumer = warpgroup - 1;  // tile rows 64 * consumer .. + 63
   const int t = threadIdx.x % 128;     // this thread in its warpgroup
@@ -270,8 +269,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     mbarrier_arrive(&empty[s]);
   }
 
-  // ---- the epilogue: O / l as bf16, straight from the registers
-  // ---------------------------------------------
+  // ---- the epilogue: O / l as bf16, straight from the registers -------------------------------------------
   float inv[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

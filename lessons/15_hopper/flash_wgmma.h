@@ -26,8 +26,7 @@
 
 namespace tvllm {
 
-// ---- the tiling
-// ---------------------------------------------------------------------------------------------
+// ---- the tiling -------------------------------------------------------------------------------------------
 inline constexpr int kFlashBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64 rows
 inline constexpr int kFlashBlockN = 128;  // keys per K/V tile: S is one m64n128 accumulator per warpgroup
 inline constexpr int kFlashConsumers = 2;
