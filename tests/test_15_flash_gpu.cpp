@@ -62,6 +62,25 @@ void expect_prefill_matches(const std::vector<int64_t>& lengths, const Attention
   expect_matches(lengths, lengths, s, seed);
 }
 
+// First the second product on its own: if these fail, the register A fragment or V's MN-major descriptor
+// is wrong, and every attention test below fails with them.
+TEST(Flash15Gpu, PvTileFromRegistersIsExactOnSmallIntegers) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t n : {64, 128}) {
+    const CompareResult r = check_wgmma_pv_tile(n, true, 40 + n);
+    EXPECT_GT(r.count, 0);
+    EXPECT_TRUE(r.pass()) << r.name << ": max_abs " << r.max_abs << ", bad " << r.bad << " of " << r.count;
+  }
+}
+
+TEST(Flash15Gpu, PvTileFromRegistersMatchesOnRandomValues) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t n : {64, 128}) {
+    const CompareResult r = check_wgmma_pv_tile(n, false, 50 + n);
+    EXPECT_TRUE(r.pass()) << r.name << ": max_abs " << r.max_abs << ", bad " << r.bad << " of " << r.count;
+  }
+}
+
 TEST(Flash15Gpu, OneSequenceAtEveryTileEdge) {
   TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128}) {

@@ -9,6 +9,7 @@
 #include "common/random.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
+#include "matmul_check.h"  // compare_rows, kF32OutVsCpu (lesson 06)
 
 namespace tvllm {
 namespace {
@@ -134,6 +135,37 @@ FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vect
   (void)theirs_outside;
   r.lesson07 = compare("lesson 07 v2 " + name, theirs, want, tol);
   return r;
+}
+
+CompareResult check_wgmma_pv_tile(int64_t n, bool small_integers, uint64_t seed) {
+  require_hopper("check_wgmma_pv_tile");
+  const auto values = [&](size_t count, uint64_t s) {
+    std::vector<float> x = small_integers ? std::vector<float>(count) : random_uniform(count, s);
+    if (small_integers) {
+      Rng rng(s);
+      for (float& e : x) e = static_cast<float>(rng.below(17)) - 8.0f;
+    }
+    return round_to_bf16(x);
+  };
+  const std::vector<float> p = values(64 * 128, seed), v = values(static_cast<size_t>(128 * n), seed + 1);
+  const Tensor p_dev = Tensor::from_f32(p, {64, 128}, DType::BF16, Device::CUDA);
+  const Tensor v_dev = Tensor::from_f32(v, {128, n}, DType::BF16, Device::CUDA);
+  const Tensor d = Tensor::empty({64, n}, DType::F32, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemset(d.data(), 0xFF, d.view().nbytes()));  // NaN: an element never written fails
+  wgmma_pv_tile(d, p_dev, v_dev);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> want(static_cast<size_t>(64 * n));
+  for (int64_t r = 0; r < 64; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < 128; ++k) sum += static_cast<double>(p[r * 128 + k]) * v[k * n + c];
+      want[r * n + c] = static_cast<float>(sum);
+    }
+  const Tensor expected = Tensor::from_f32(want, {64, n}, DType::F32, Device::CPU);
+  const std::string name =
+      "wgmma P V tile 64x128 . 128x" + std::to_string(n) + (small_integers ? ", small integers" : ", random");
+  if (small_integers) return compare(name, d, expected, Tolerance{0.0, 0.0});
+  return compare_rows(name, d, expected, kF32OutVsCpu);
 }
 
 double causal_attention_flops(const std::vector<int64_t>& lengths, const AttentionShape& shape) {

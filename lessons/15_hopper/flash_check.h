@@ -35,6 +35,11 @@ FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vect
                              const AttentionShape& shape, uint64_t seed, bool fused_qkv = false,
                              FlashSchedule schedule = kDefaultFlashSchedule);
 
+// wgmma_pv_tile() against a double-precision P V on the CPU: exact on small integers (|p|, |v| <= 8: every
+// partial sum of 128 products is an integer below 2^14, exact in fp32 in any order), else lesson 06's
+// kF32OutVsCpu (2^-12 row RMS + 2^-12 relative). Needs hopper_available().
+CompareResult check_wgmma_pv_tile(int64_t n, bool small_integers, uint64_t seed);
+
 // Useful FLOPs of causal attention as lesson 07 counts them: each visible (query, key) pair costs a head_dim
 // dot product (2 D) and a head_dim axpy (2 D) in every head; a prefill of n tokens has n (n + 1) / 2 pairs.
 double causal_attention_flops(const std::vector<int64_t>& lengths, const AttentionShape& shape);

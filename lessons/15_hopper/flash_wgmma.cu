@@ -293,6 +293,62 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
 #endif
 }
 
+// ---- the second product alone: D [64 x N] = P [64 x 128] V [128 x N], P from registers
+// ---------------------- A diagnostic for step 5's two riskiest layouts, each on its own: the register A
+// fragment (read here straight from global memory by a_fragment_position(), not converted from an
+// accumulator) and V's MN-major descriptor (V loaded by TMA exactly as the attention kernel loads it).
+template <int N>
+__global__ void __launch_bounds__(128)
+    wgmma_pv_tile_kernel(const __grid_constant__ CUtensorMap map_v, const __nv_bfloat16* p, float* d) {
+#if TVLLM_HOPPER_DEVICE
+  __shared__ __align__(1024) unsigned char v_tile[N / 64 * kSubTileBytes];  // [128 keys][64 dims] x N/64
+  __shared__ uint64_t arrived;
+  const int t = threadIdx.x;
+  if (t == 0) {
+    mbarrier_init(&arrived, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (t == 0) {
+    mbarrier_arrive_expect_tx(&arrived, sizeof(v_tile));
+    for (int sub = 0; sub < N / 64; ++sub)
+      tma_load_2d(v_tile + sub * kSubTileBytes, &map_v, 64 * sub, 0, &arrived);
+  }
+  uint32_t pa[kFlashBlockN / 16][4];  // value j of step kk: P [row, 16 kk + col], two bf16 per register
+#pragma unroll
+  for (int kk = 0; kk < kFlashBlockN / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const FragmentPosition f = a_fragment_position(t, 2 * j);  // value 2j + 1 is the next column
+      pa[kk][j] = *reinterpret_cast<const uint32_t*>(p + f.row * kFlashBlockN + 16 * kk + f.col);
+    }
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  mbarrier_wait(&arrived, 0);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
+    if constexpr (N == 64)
+      wgmma_m64n64k16_rs(acc, pa[kk], sw128_mnmajor_descriptor(smem_address(v_tile), kSubTileBytes, kk));
+    else
+      wgmma_m64n128k16_rs(acc, pa[kk], sw128_mnmajor_descriptor(smem_address(v_tile), kSubTileBytes, kk));
+  }
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  fence_accumulators(acc);
+#pragma unroll
+  for (int kk = 0; kk < kFlashBlockN / 16; ++kk) fence_operands(pa[kk]);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const FragmentPosition f = accumulator_position(t, i);
+    d[f.row * N + f.col] = acc[i];
+  }
+#else
+  (void)map_v, (void)p, (void)d;
+#endif
+}
+
 template <int D, bool kPingPong>
 void launch_flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
@@ -389,6 +445,29 @@ void attention_hopper(const TensorView& out, const TensorView& q, const TensorVi
   }
   if (workspace) workspace->check(batch, shape, kernel);
   flash_wgmma(out, q, k, v, batch, shape, stream);
+}
+
+void wgmma_pv_tile(const TensorView& d, const TensorView& p, const TensorView& v, cudaStream_t stream) {
+  const int64_t n = v.rank() == 2 ? v.dim(1) : 0;
+  const auto is = [](const TensorView& t, DType dtype, int64_t rows, int64_t cols) {
+    return t.rank() == 2 && t.dtype == dtype && t.device == Device::CUDA && t.is_contiguous() &&
+           t.dim(0) == rows && t.dim(1) == cols;
+  };
+  TVLLM_REQUIRE(n == 64 || n == 128, "wgmma_pv_tile: v must be [128, 64] or [128, 128], got " + v.describe());
+  TVLLM_REQUIRE(is(v, DType::BF16, kFlashBlockN, n),
+                "wgmma_pv_tile: v must be bf16 on the GPU, got " + v.describe());
+  TVLLM_REQUIRE(is(p, DType::BF16, 64, kFlashBlockN),
+                "wgmma_pv_tile: p must be bf16 [64, 128] on the GPU, got " + p.describe());
+  TVLLM_REQUIRE(is(d, DType::F32, 64, n), "wgmma_pv_tile: d must be fp32 [64, " + std::to_string(n) +
+                                              "] on the GPU, got " + d.describe());
+  require_hopper("wgmma_pv_tile");
+  const CUtensorMap map_v =
+      make_tensor_map_bf16_2d(v.data, kFlashBlockN, n, n * 2, kFlashBlockN, 64, TmaSwizzle::B128);
+  if (n == 64)
+    wgmma_pv_tile_kernel<64><<<1, 128, 0, stream>>>(map_v, p.ptr<const __nv_bfloat16>(), d.ptr<float>());
+  else
+    wgmma_pv_tile_kernel<128><<<1, 128, 0, stream>>>(map_v, p.ptr<const __nv_bfloat16>(), d.ptr<float>());
+  TVLLM_CHECK_LAUNCH();
 }
 
 }  // namespace tvllm

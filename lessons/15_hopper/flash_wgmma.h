@@ -93,6 +93,13 @@ void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k
                  const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr,
                  FlashSchedule schedule = kDefaultFlashSchedule);
 
+// Step 5's second product on its own, a diagnostic for the GPU tests: d [64, n] = p [64, 128] v [128, n] on
+// one warpgroup, p from REGISTERS (each thread reads its A fragment, a_fragment_position()), v from shared
+// memory through the MN-major descriptor, loaded by TMA as the attention kernel loads it. n = 64 or 128; p, v
+// bf16 and d fp32, contiguous, on the GPU. Needs hopper_available(); InputError otherwise.
+void wgmma_pv_tile(const TensorView& d, const TensorView& p, const TensorView& v,
+                   cudaStream_t stream = nullptr);
+
 // THE ENGINE'S HOOK (not wired yet): the same signature and contract as lesson 07's attention(), so that
 // lessons/08_transformer/transformer.cpp can switch with one line (attention( -> attention_hopper( ).
 // It runs flash_wgmma() when it can: CUDA views, kernel V2Flash, hopper_available(), head_dim 64 or 128.

@@ -79,7 +79,12 @@ int check_cuda() {
   for (int cluster : {2, 4, 8}) report.add(check_cluster_exchange(4 * cluster, cluster, 1, 1000, seed++));
   // Step 4.
   for (const GemmShape& s : gemm_check_shapes()) report.add(check_gemm_wgmma(s.m, s.n, s.k, seed++));
-  // Step 5: flash attention against lesson 07's CPU reference (its GPU v2 on the same inputs must pass too).
+  // Step 5: P V from registers alone (the layouts step 5 adds), then attention against lesson 07's CPU
+  // reference (its GPU v2 on the same inputs must pass too).
+  for (int64_t n : {64, 128}) {
+    report.add(check_wgmma_pv_tile(n, true, seed++));
+    report.add(check_wgmma_pv_tile(n, false, seed++));
+  }
   struct Case {
     std::vector<int64_t> q_lens, k_lens;
     AttentionShape shape;
