@@ -18,6 +18,9 @@
 //                                                    from smem read MN-major ("transposed")
 //       arrive empty[s] (the stage may be refilled)
 //   and at the end O / l, rounded to bf16, stored straight from the registers (rows past q_len skipped).
+// Two schedules (FlashSchedule): the consumers issue their wgmma groups whenever ready (plain), or take strict
+// turns (ping-pong, named barriers) so that one's softmax overlaps the other's GEMMs. Further down,
+// wgmma_pv_tile_kernel checks the second product's layouts on their own.
 //
 // Shared memory, every piece on a 1024-byte boundary (the 128-byte swizzle's period): a tile of 128 rows
 // and head_dim columns is head_dim / 64 "sub-tiles" of [128 rows][64 columns], one TMA box each, because a

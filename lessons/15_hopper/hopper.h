@@ -8,6 +8,7 @@
 //                             from shared-memory descriptors.
 //   step 3  cluster_exchange  a cluster of blocks, each reading its neighbour's shared memory (DSMEM).
 //   step 4  gemm_wgmma        y = x W^T, the engine's linear layer, on wgmma + TMA with warp specialisation.
+//   step 5  flash_wgmma       prefill attention on wgmma + TMA: flash_wgmma.h (it needs lesson 07's types).
 //
 // Every GPU function needs compute capability 9.0 exactly (H100, H200) and a build that includes sm_90a
 // (hopper_available() says whether both hold); elsewhere it throws InputError before launching anything.
