@@ -18,8 +18,8 @@
 //                                                    from smem read MN-major ("transposed")
 //       arrive empty[s] (the stage may be refilled)
 //   and at the end O / l, rounded to bf16, stored straight from the registers (rows past q_len skipped).
-// Two schedules (FlashSchedule): the consumers issue their wgmma groups whenever ready (plain), or take strict
-// turns (ping-pong, named barriers) so that one's softmax overlaps the other's GEMMs. Further down,
+// Two schedules (FlashSchedule): the consumers issue their wgmma groups whenever ready (plain), or take
+// strict turns (ping-pong, named barriers) so that one's softmax overlaps the other's GEMMs. Further down,
 // wgmma_pv_tile_kernel checks the second product's layouts on their own.
 //
 // Shared memory, every piece on a 1024-byte boundary (the 128-byte swizzle's period): a tile of 128 rows
@@ -65,6 +65,16 @@ struct FlashWgmmaParams {
   int window;        // 0 = none
   float scale_log2;  // 1/sqrt(D) * log2(e): scores in base-2 units, exp becomes exp2
 };
+
+#if TVLLM_HOPPER_DEVICE
+// 2^x in one instruction (MUFU.EX2): relative error ~2^-22, results below 2^-126 flushed to 0, 2^-inf = 0.
+// exp2f() adds range handling for denormal results around it, which P (rounded to bf16 next) does not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
 
 // kPingPong (FlashSchedule::PingPong): the two consumers take strict turns at ISSUING their wgmma groups,
 // passing a token through two named barriers (ids 1 and 2): consumer 0 issues S = Q K^T, hands over, and
@@ -194,24 +204,23 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
     wgmma_wait_group<0>();
     fence_accumulators(sc);
 
-    // ---- scale and mask: register i holds key k0 + 8(i/4) + quad_col + i%2 of row pos0 or pos1
-    // -------------
+    // ---- mask: register r holds key k0 + 8(r/4) + quad_col + r%2 of row pos0 (r/2 even) or pos1 ----------
     const bool needs_mask = flash_tile_needs_mask(k0, wg_first_pos, wg_last_pos, p.window);
+    if (needs_mask) {
 #pragma unroll
-    for (int r = 0; r < kFlashBlockN / 2; ++r) {
-      float x = sc[r] * p.scale_log2;
-      if (needs_mask) {
+      for (int r = 0; r < kFlashBlockN / 2; ++r) {
         const int key = k0 + 8 * (r / 4) + quad_col + (r % 2);
         const int pos = (r / 2) % 2 == 0 ? pos0 : pos1;
         // A key past k_len belongs to the next sequence (or is TMA's zero fill): never visible.
-        if (key >= k_len || !flash_key_visible(key, pos, p.window)) x = -INFINITY;
+        if (key >= k_len || !flash_key_visible(key, pos, p.window)) sc[r] = -INFINITY;
       }
-      sc[r] = x;
     }
 
-    // ---- online softmax on the fragment: a row's 128 scores sit in one quad of 4 threads
-    // ------------------- As lesson 07: the new max, the factor alpha = 2^(m_old - m_new) for what was summed
-    // before, and m_ref = 0 while a row has seen only masked keys (so -inf - -inf is never formed).
+    // ---- online softmax on the fragment: a row's 128 scores sit in one quad of 4 threads ---------------
+    // As lesson 07: the new max, the factor alpha = 2^(m_old - m_new) for what was summed before, and a
+    // reference of 0 while a row has seen only masked keys (so -inf - -inf is never formed). The max is kept
+    // in raw score units and the scale folded into the exponent: p = 2^(s * scale - m * scale), one fused
+    // multiply-add per score instead of a multiply and a subtraction.
     float alpha[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -222,24 +231,23 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float m_new = fmaxf(row_max[half], tile_max);
-      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[half] = exp2f(row_max[half] - m_ref);
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new * p.scale_log2;  // scaled: base-2 units
+      alpha[half] = fast_exp2(row_max[half] * p.scale_log2 - m_ref);         // first tile: 2^-inf = 0
       row_max[half] = m_new;
       float tile_sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kFlashBlockN / 8; ++j) {
-        sc[4 * j + 2 * half] = exp2f(sc[4 * j + 2 * half] - m_ref);
-        sc[4 * j + 2 * half + 1] = exp2f(sc[4 * j + 2 * half + 1] - m_ref);
+        sc[4 * j + 2 * half] = fast_exp2(fmaf(sc[4 * j + 2 * half], p.scale_log2, -m_ref));  // masked: 0
+        sc[4 * j + 2 * half + 1] = fast_exp2(fmaf(sc[4 * j + 2 * half + 1], p.scale_log2, -m_ref));
         tile_sum += sc[4 * j + 2 * half] + sc[4 * j + 2 * half + 1];
       }
-      row_sum[half] =
-          row_sum[half] * alpha[half] + tile_sum;  // this thread's 32 columns; the quad adds at the end
+      // This thread's 32 columns only; the quad adds its four partial sums at the end.
+      row_sum[half] = row_sum[half] * alpha[half] + tile_sum;
     }
 #pragma unroll
     for (int r = 0; r < D / 2; ++r) o[r] *= alpha[(r / 2) % 2];
 
-    // ---- P in registers: the A fragment of K step kk is S's registers 8kk .. 8kk + 7 (hopper_layout.h)
-    // -----
+    // ---- P in registers: the A fragment of K step kk is S's registers 8kk .. 8kk + 7 (hopper_layout.h) -
     uint32_t pa[kFlashBlockN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kFlashBlockN / 16; ++kk)
@@ -248,8 +256,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
         pa[kk][j] = pack_bf16x2(sc[accumulator_register_for_a(kk, 2 * j)],
                                 sc[accumulator_register_for_a(kk, 2 * j + 1)]);
 
-    // ---- O += P V: B = V [keys][dims] read as [dims][keys], MN-major, LBO = the next 64 dims' sub-tile
-    // -----
+    // ---- O += P V: B = V [keys][dims] read as [dims][keys], MN-major; LBO = the next 64 dims' sub-tile
     mbarrier_wait(&v_full[s], parity);
     begin_turn();
     wgmma_fence();  // the rescaled O and the fresh P registers are written before the tensor cores read them
@@ -296,10 +303,10 @@ __global__ void __launch_bounds__(kFlashThreads, 1)
 #endif
 }
 
-// ---- the second product alone: D [64 x N] = P [64 x 128] V [128 x N], P from registers
-// ---------------------- A diagnostic for step 5's two riskiest layouts, each on its own: the register A
-// fragment (read here straight from global memory by a_fragment_position(), not converted from an
-// accumulator) and V's MN-major descriptor (V loaded by TMA exactly as the attention kernel loads it).
+// ---- the second product alone: D [64 x N] = P [64 x 128] V [128 x N], P from registers -------------------
+// A diagnostic for step 5's two riskiest layouts, each on its own: the register A fragment (read here
+// straight from global memory by a_fragment_position(), not converted from an accumulator) and V's MN-major
+// descriptor (V loaded by TMA exactly as the attention kernel loads it).
 template <int N>
 __global__ void __launch_bounds__(128)
     wgmma_pv_tile_kernel(const __grid_constant__ CUtensorMap map_v, const __nv_bfloat16* p, float* d) {
