@@ -89,6 +89,9 @@ void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const Te
 // Runs on `stream`, returns at once; allocates nothing (the tensor maps are kernel parameters).
 // Note: K/V tiles may run past the end of a sequence into the next one's rows; those keys are masked (their
 // P is exactly 0), so they must be finite numbers, as every row of a real k and v is.
+// CUDA graphs: the tensor maps (kernel parameters) hold q's, k's and v's addresses, strides and row counts
+// (total_q, total_k) as they are at launch. Unlike lesson 07's kernels, which read only cu_seqlens, a
+// captured launch must therefore be replayed with the same views and the same totals.
 void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                  const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr,
                  FlashSchedule schedule = kDefaultFlashSchedule);
@@ -105,6 +108,8 @@ void wgmma_pv_tile(const TensorView& d, const TensorView& p, const TensorView& v
 // It runs flash_wgmma() when it can: CUDA views, kernel V2Flash, hopper_available(), head_dim 64 or 128.
 // Everything else (the CPU reference, v1, other head dims, other GPUs) goes to lesson 07's attention()
 // unchanged. A workspace, when given, is checked against the batch exactly as attention() checks it.
+// Where it fits: lessons/08_transformer's PrefillAttention::attend (keys = the step's own tokens). Prefill
+// over cached prefix blocks (lessons 10 and 12) needs a KV policy this kernel does not have yet.
 void attention_hopper(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                       const AttentionBatch& batch, const AttentionShape& shape,
                       AttentionKernel kernel = AttentionKernel::V2Flash,
