@@ -86,13 +86,12 @@ TEST(GraphRunner14Gpu, OneGraphPerBatchSizeAndBucket) {
   EXPECT_EQ(runner->stats().captures, static_cast<int64_t>(splits.size()));
 }
 
-// The engine owns its launcher and dies at the end of the run: a GraphRunner's stats are copied out before
-// (graph_stats, when the launcher is one), never read through a pointer into the dead engine.
-EngineRunResult run_engine(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher,
-                           GraphRunnerStats* graph_stats) {
-  static const auto requests =
-      make_check_requests(24, 2, 120, 1, 48, workload_id_high(bundled().w.config), 5, 0, {13});
-  Engine engine(bundled().w, testing::engine_config(64, 16, 512), kv);
+// Runs `requests` through a new engine driven by `launcher`. The engine owns its launcher and dies on return, so
+// a GraphRunner's stats are copied out first (graph_stats, when the launcher is one), never read through a pointer
+// into the dead engine.
+EngineRunResult run_with(const EngineConfig& config, const KvFactory& kv, std::unique_ptr<StepLauncher> launcher,
+                         const std::vector<CheckRequest>& requests, GraphRunnerStats* graph_stats) {
+  Engine engine(bundled().w, config, kv);
   const auto* runner = dynamic_cast<const GraphRunner*>(launcher.get());
   engine.context().set_launcher(std::move(launcher));
   EngineRunResult run = run_requests(engine, requests);
@@ -103,6 +102,13 @@ EngineRunResult run_engine(const KvFactory& kv, std::unique_ptr<StepLauncher> la
     if (runner) *graph_stats = runner->stats();
   }
   return run;
+}
+
+EngineRunResult run_engine(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher,
+                           GraphRunnerStats* graph_stats) {
+  static const auto requests =
+      make_check_requests(24, 2, 120, 1, 48, workload_id_high(bundled().w.config), 5, 0, {13});
+  return run_with(testing::engine_config(64, 16, 512), kv, std::move(launcher), requests, graph_stats);
 }
 
 TEST(GraphRunner14Gpu, EngineGraphsEqualEager) {
@@ -141,17 +147,7 @@ EngineConfig hundred_config(bool batch_invariant) {
 
 EngineRunResult run_hundred(const KvFactory& kv, std::unique_ptr<StepLauncher> launcher,
                             GraphRunnerStats* graph_stats, bool batch_invariant = false) {
-  Engine engine(bundled().w, hundred_config(batch_invariant), kv);
-  const auto* runner = dynamic_cast<const GraphRunner*>(launcher.get());
-  engine.context().set_launcher(std::move(launcher));
-  EngineRunResult run = run_requests(engine, hundred_requests());
-  EXPECT_TRUE(run.events_ok) << run.events_error;
-  EXPECT_EQ(engine.stats().kv.used_blocks(), 0);  // every block back in the pool
-  if (graph_stats) {
-    EXPECT_NE(runner, nullptr) << "graph stats asked of a launcher that is not a GraphRunner";
-    if (runner) *graph_stats = runner->stats();
-  }
-  return run;
+  return run_with(hundred_config(batch_invariant), kv, std::move(launcher), hundred_requests(), graph_stats);
 }
 
 void expect_bucket_replays(const GraphRunnerStats& stats, const char* which) {
