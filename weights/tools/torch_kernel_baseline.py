@@ -115,14 +115,19 @@ def main():
     r(f"F.linear decode 1x{H} by {H}x{N}", bench(lambda: F.linear(x1, wg)), N * H * 2)
     del xg, wg
 
-    # Attention (lesson 07): causal GQA via SDPA (flash backend), one sequence per length
-    for n_tok in (512, 1024, 2048, 4096, 8192):
-        qa = torch.randn(1, args.heads, n_tok, d, device=dev, dtype=bf16)
-        ka = torch.randn(1, args.kv_heads, n_tok, d, device=dev, dtype=bf16)
-        va = torch.randn(1, args.kv_heads, n_tok, d, device=dev, dtype=bf16)
-        fn = lambda: F.scaled_dot_product_attention(qa, ka, va, is_causal=True, enable_gqa=True)
-        flops = 4.0 * args.heads * d * n_tok * n_tok / 2  # QK^T and PV, causal half
-        r(f"SDPA causal GQA n={n_tok}", bench(fn), 0, flops)
+    # Attention (lessons 07 and 15): causal GQA via SDPA (flash backend), one sequence per length, at the
+    # model's head_dim and at 128 (lesson 15's second tile width). FLOPs as lesson 07 and lesson 15 count
+    # them: n (n + 1) / 2 visible (query, key) pairs, 4 * head_dim each (QK^T and PV), in every head.
+    for hd in dict.fromkeys((d, 128)):
+        tag = "" if hd == d else f" d={hd}"
+        for n_tok in (512, 1024, 2048, 4096, 8192, 16384):
+            qa = torch.randn(1, args.heads, n_tok, hd, device=dev, dtype=bf16)
+            ka = torch.randn(1, args.kv_heads, n_tok, hd, device=dev, dtype=bf16)
+            va = torch.randn(1, args.kv_heads, n_tok, hd, device=dev, dtype=bf16)
+            fn = lambda: F.scaled_dot_product_attention(qa, ka, va, is_causal=True, enable_gqa=True)
+            flops = 4.0 * args.heads * hd * n_tok * (n_tok + 1) / 2
+            r(f"SDPA causal GQA{tag} n={n_tok}", bench(fn), 0, flops)
+            del qa, ka, va
 
 
 if __name__ == "__main__":

@@ -1,0 +1,177 @@
+// Lesson 15, step 5: flash_wgmma() against lesson 07 (flash_check.h).
+#include "flash_check.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/errors.h"
+#include "common/random.h"
+#include "flash_wgmma.h"
+#include "hopper.h"
+#include "matmul_check.h"  // compare_rows, kF32OutVsCpu (lesson 06)
+
+namespace tvllm {
+namespace {
+
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t n : v) t += n;
+  return t;
+}
+
+std::vector<float> round_to_bf16(const std::vector<float>& x) {
+  return to_f32_vector(Tensor::from_f32(x, {static_cast<int64_t>(x.size())}, DType::BF16, Device::CPU));
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t n : v) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return s;
+}
+
+// The device copy of [rows, cols] values as columns [offset, offset + cols) of a [rows, width] bf16 buffer
+// whose other columns hold `fill`.
+Tensor widened(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t offset, int64_t width,
+               float fill) {
+  std::vector<float> wide(static_cast<size_t>(rows * width), fill);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) wide[r * width + offset + c] = x[r * cols + c];
+  return Tensor::from_f32(wide, {rows, width}, DType::BF16, Device::CUDA);
+}
+
+constexpr int64_t kOutOffset = 8, kOutExtra = 16;  // out sits at columns 8.. of a buffer 16 columns wider
+
+// Runs one GPU path into a fresh NaN-filled wider buffer and reads out back: (values, changed outside).
+template <class Run>
+std::pair<std::vector<float>, int64_t> run_into_poisoned(int64_t Tq, int64_t q_dim, Run&& run) {
+  const int64_t width = q_dim + kOutExtra;
+  const Tensor storage = Tensor::empty({Tq, width}, DType::BF16, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemset(storage.data(), 0xFF, storage.view().nbytes()));  // 0xFFFF: a bf16 NaN
+  run(storage.view().columns(kOutOffset, q_dim));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> bits(static_cast<size_t>(Tq * width));
+  TVLLM_CUDA_CHECK(cudaMemcpy(bits.data(), storage.data(), bits.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> out(static_cast<size_t>(Tq * q_dim));
+  int64_t outside = 0;
+  for (int64_t t = 0; t < Tq; ++t)
+    for (int64_t c = 0; c < width; ++c) {
+      const uint16_t b = bits[t * width + c];
+      if (c >= kOutOffset && c < kOutOffset + q_dim) {
+        const uint32_t f = static_cast<uint32_t>(b) << 16;
+        std::memcpy(&out[t * q_dim + c - kOutOffset], &f, 4);
+      } else {
+        outside += b != 0xFFFF;
+      }
+    }
+  return {out, outside};
+}
+
+}  // namespace
+
+FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
+                             const AttentionShape& s, uint64_t seed, bool fused_qkv, FlashSchedule schedule) {
+  require_hopper("check_flash_wgmma");
+  const int64_t Tq = total(q_lens), Tk = total(k_lens);
+  const std::vector<float> q = round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed));
+  const std::vector<float> k = round_to_bf16(random_normal(static_cast<size_t>(Tk * s.kv_dim()), seed + 1));
+  const std::vector<float> v = round_to_bf16(random_uniform(static_cast<size_t>(Tk * s.kv_dim()), seed + 2));
+
+  // The oracle: lesson 07's CPU reference on the bf16-exact values.
+  const AttentionBatch cpu_batch = AttentionBatch::with_lengths(q_lens, k_lens, Device::CPU);
+  const Tensor expected = Tensor::empty({Tq, s.q_dim()}, DType::F32, Device::CPU);
+  attention(expected, Tensor::from_f32(q, {Tq, s.q_dim()}, DType::F32, Device::CPU),
+            Tensor::from_f32(k, {Tk, s.kv_dim()}, DType::F32, Device::CPU),
+            Tensor::from_f32(v, {Tk, s.kv_dim()}, DType::F32, Device::CPU), cpu_batch, s);
+  const std::vector<float> want = to_f32_vector(expected);
+
+  // The device inputs: packed, or one fused QKV buffer (q | k | v columns; needs q_lens == k_lens), its NaN
+  // padding columns never read by a correct kernel.
+  Tensor q_dev, k_dev, v_dev, qkv_dev;
+  TensorView qv, kv, vv;
+  if (fused_qkv) {
+    TVLLM_REQUIRE(Tq == Tk, "check_flash_wgmma: a fused QKV buffer needs q_len == k_len");
+    const int64_t width = s.qkv_dim() + 8;  // 8 NaN columns at the end: rows stay 16-byte aligned
+    std::vector<float> qkv(static_cast<size_t>(Tq * width), NAN);
+    for (int64_t t = 0; t < Tq; ++t) {
+      for (int64_t c = 0; c < s.q_dim(); ++c) qkv[t * width + c] = q[t * s.q_dim() + c];
+      for (int64_t c = 0; c < s.kv_dim(); ++c) {
+        qkv[t * width + s.q_dim() + c] = k[t * s.kv_dim() + c];
+        qkv[t * width + s.q_dim() + s.kv_dim() + c] = v[t * s.kv_dim() + c];
+      }
+    }
+    qkv_dev = Tensor::from_f32(qkv, {Tq, width}, DType::BF16, Device::CUDA);
+    const QkvViews views = split_qkv(qkv_dev.view().columns(0, s.qkv_dim()), s);
+    qv = views.q, kv = views.k, vv = views.v;
+  } else {
+    q_dev = Tensor::from_f32(q, {Tq, s.q_dim()}, DType::BF16, Device::CUDA);
+    k_dev = Tensor::from_f32(k, {Tk, s.kv_dim()}, DType::BF16, Device::CUDA);
+    v_dev = Tensor::from_f32(v, {Tk, s.kv_dim()}, DType::BF16, Device::CUDA);
+    qv = q_dev.view(), kv = k_dev.view(), vv = v_dev.view();
+  }
+  AttentionBatch batch(static_cast<int64_t>(q_lens.size()), Device::CUDA);
+  batch.set_lengths(q_lens, k_lens);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  double max_v = 0.0;
+  for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+  const Tolerance tol{kFlashRounding * max_v, kFlashRounding};
+  const std::string name = std::string(flash_schedule_name(schedule)) +
+                           (fused_qkv ? " fused qkv" : " packed") + " heads " + std::to_string(s.n_heads) +
+                           "/" + std::to_string(s.n_kv_heads) + " dim " + std::to_string(s.head_dim) +
+                           (s.window > 0 ? " window " + std::to_string(s.window) : "") + " q_len {" +
+                           list(q_lens) + "} k_len {" + list(k_lens) + "}";
+
+  FlashCheck r;
+  auto [ours, outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
+    flash_wgmma(out, qv, kv, vv, batch, s, nullptr, schedule);
+  });
+  for (float x : ours) r.non_finite += !std::isfinite(x);
+  r.written_outside = outside;
+  r.ours = compare("flash_wgmma " + name, ours, want, tol);
+  auto [theirs, theirs_outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
+    attention(out, qv, kv, vv, batch, s, AttentionKernel::V2Flash);
+  });
+  (void)theirs_outside;
+  r.lesson07 = compare("lesson 07 v2 " + name, theirs, want, tol);
+  return r;
+}
+
+CompareResult check_wgmma_pv_tile(int64_t n, bool small_integers, uint64_t seed) {
+  require_hopper("check_wgmma_pv_tile");
+  const auto values = [&](size_t count, uint64_t s) {
+    std::vector<float> x = small_integers ? std::vector<float>(count) : random_uniform(count, s);
+    if (small_integers) {
+      Rng rng(s);
+      for (float& e : x) e = static_cast<float>(rng.below(17)) - 8.0f;
+    }
+    return round_to_bf16(x);
+  };
+  const std::vector<float> p = values(64 * 128, seed), v = values(static_cast<size_t>(128 * n), seed + 1);
+  const Tensor p_dev = Tensor::from_f32(p, {64, 128}, DType::BF16, Device::CUDA);
+  const Tensor v_dev = Tensor::from_f32(v, {128, n}, DType::BF16, Device::CUDA);
+  const Tensor d = Tensor::empty({64, n}, DType::F32, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemset(d.data(), 0xFF, d.view().nbytes()));  // NaN: an element never written fails
+  wgmma_pv_tile(d, p_dev, v_dev);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> want(static_cast<size_t>(64 * n));
+  for (int64_t r = 0; r < 64; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < 128; ++k) sum += static_cast<double>(p[r * 128 + k]) * v[k * n + c];
+      want[r * n + c] = static_cast<float>(sum);
+    }
+  const Tensor expected = Tensor::from_f32(want, {64, n}, DType::F32, Device::CPU);
+  const std::string name =
+      "wgmma P V tile 64x128 . 128x" + std::to_string(n) + (small_integers ? ", small integers" : ", random");
+  if (small_integers) return compare(name, d, expected, Tolerance{0.0, 0.0});
+  return compare_rows(name, d, expected, kF32OutVsCpu);
+}
+
+double causal_attention_flops(const std::vector<int64_t>& lengths, const AttentionShape& shape) {
+  double pairs = 0.0;
+  for (int64_t n : lengths) pairs += 0.5 * static_cast<double>(n) * static_cast<double>(n + 1);
+  return pairs * 4.0 * static_cast<double>(shape.head_dim) * static_cast<double>(shape.n_heads);
+}
+
+}  // namespace tvllm

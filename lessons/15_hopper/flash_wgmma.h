@@ -1,0 +1,118 @@
+// Lesson 15, step 5: prefill attention on wgmma + TMA, FlashAttention-3's ideas written out small.
+// README.md, "Step 5: flash attention on wgmma"; the kernel is flash_wgmma.cu.
+//
+// The same computation as lesson 07's attention() (attention.h states it: causal, bottom-right aligned for
+// q_len < k_len, grouped-query heads, packed variable-length sequences through AttentionBatch's cu_seqlens,
+// an optional sliding window), for head_dim 64 and 128 on an H100/H200. Other head dims are refused here;
+// the engine keeps lesson 07's kernels for them (attention_hopper() below chooses).
+//
+// One block: 128 query rows of one (sequence, head), three warpgroups:
+//   producer    one thread issues TMA loads: Q once, then K and V tiles of 128 keys into a ring of stages;
+//   consumers   two warpgroups, 64 query rows each: S = Q K^T (wgmma), the online softmax in registers on
+//               the accumulator layout, P rounded to bf16 in registers, O += P V (wgmma, P from registers).
+//
+// Everything host-side that needs no GPU (which tiles a block visits, which keys a row sees, the argument
+// checks) is here, so the CPU tests check it. C++17 (the .cu includes it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attention.h"
+#include "common/tensor.h"
+#include "hopper_layout.h"  // TVLLM_HOST_DEVICE
+
+namespace tvllm {
+
+// ---- the tiling -------------------------------------------------------------------------------------------
+inline constexpr int kFlashBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64 rows
+inline constexpr int kFlashBlockN = 128;  // keys per K/V tile: S is one m64n128 accumulator per warpgroup
+inline constexpr int kFlashConsumers = 2;
+// Stages of the K/V ring: a stage holds a K tile and a V tile (128 keys x head_dim bf16 each: 32 KB for
+// head_dim 64, 64 KB for 128). With the Q tile (16 / 32 KB) that is 144 KB and 160 KB of shared memory.
+TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim) { return head_dim == 64 ? 4 : 2; }
+
+// The K/V tiles [first, end) a block visits: the block's rows are queries q0 .. q0 + kFlashBlockM - 1 of a
+// sequence with q_len queries and k_len keys (rows past q_len may be among them: they are computed and
+// never stored). Query i sits at position k_len - q_len + i and sees keys pos - window < key <= pos (window
+// 0: every key up to pos). Tiles wholly after the last row's position (causal) or wholly before the first
+// row's window are skipped: never loaded, never computed. q0 < q_len, q_len <= k_len.
+struct FlashTileRange {
+  int first, end;
+};
+TVLLM_HOST_DEVICE constexpr FlashTileRange flash_kv_tiles(int q_len, int k_len, int q0, int window) {
+  const int first_pos = k_len - q_len + q0;
+  const int last_pos = first_pos + kFlashBlockM - 1;
+  const int last_key = last_pos < k_len - 1 ? last_pos : k_len - 1;  // rows past q_len see no more keys
+  const int oldest = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0;
+  return {oldest / kFlashBlockN, last_key / kFlashBlockN + 1};
+}
+
+// Whether the row at position pos sees key `key`.
+TVLLM_HOST_DEVICE constexpr bool flash_key_visible(int key, int pos, int window) {
+  return key <= pos && (window == 0 || key > pos - window);
+}
+
+// Whether a tile starting at key k0 needs the mask for rows at positions first_pos .. last_pos (a
+// warpgroup's 64 rows): it holds a key past the first row's position (the causal diagonal, and keys past
+// k_len), or one at or before the last row's window edge. Elsewhere every key of the tile is visible to
+// every row and the mask is skipped.
+TVLLM_HOST_DEVICE constexpr bool flash_tile_needs_mask(int k0, int first_pos, int last_pos, int window) {
+  return k0 + kFlashBlockN - 1 > first_pos || (window > 0 && k0 <= last_pos - window);
+}
+
+// ---- the API ----------------------------------------------------------------------------------------------
+// How the two consumer warpgroups share the tensor cores.
+//   Plain     each issues its wgmma groups when it is ready; the warp schedulers interleave them as they may.
+//   PingPong  they take strict turns at issuing (two named barriers pass a token): one warpgroup's softmax
+//             runs while the other's GEMMs occupy the tensor cores (FlashAttention-3's "ping-pong").
+// Both compute the same thing in the same order per row: the same bits (a GPU test checks it).
+enum class FlashSchedule { Plain, PingPong };
+inline constexpr FlashSchedule kDefaultFlashSchedule = FlashSchedule::Plain;  // until the H200 says otherwise
+const char* flash_schedule_name(FlashSchedule schedule);
+
+// Whether flash_wgmma() takes this shape: head_dim 64 or 128 (any heads, any group, any window).
+bool flash_wgmma_supports(const AttentionShape& shape);
+
+// The checks that need no GPU: shape (validate() and the head_dim), and out, q, k, v as bf16 CUDA views
+// [total_q, q_dim] / [total_k, kv_dim], unit column stride, rows 16-byte aligned (TMA's rule for a tensor
+// map: base and row pitch multiples of 16 bytes). InputError naming the problem.
+void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const TensorView& k,
+                            const TensorView& v, int64_t total_q, int64_t total_k,
+                            const AttentionShape& shape);
+
+// Causal GQA attention over `batch` on wgmma + TMA: out [total_q, n_heads * head_dim] from q, k, v laid out
+// as lesson 07's attention() takes them (packed sequences, possibly column slices of a fused QKV buffer).
+// Needs hopper_available() and flash_wgmma_supports(shape); InputError otherwise (before any launch).
+// Runs on `stream`, returns at once; allocates nothing (the tensor maps are kernel parameters).
+// Note: K/V tiles may run past the end of a sequence into the next one's rows; those keys are masked (their
+// P is exactly 0), so they must be finite numbers, as every row of a real k and v is.
+// CUDA graphs: the tensor maps (kernel parameters) hold q's, k's and v's addresses, strides and row counts
+// (total_q, total_k) as they are at launch. Unlike lesson 07's kernels, which read only cu_seqlens, a
+// captured launch must therefore be replayed with the same views and the same totals.
+void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr,
+                 FlashSchedule schedule = kDefaultFlashSchedule);
+
+// Step 5's second product on its own, a diagnostic for the GPU tests: d [64, n] = p [64, 128] v [128, n] on
+// one warpgroup, p from REGISTERS (each thread reads its A fragment, a_fragment_position()), v from shared
+// memory through the MN-major descriptor, loaded by TMA as the attention kernel loads it. n = 64 or 128; p, v
+// bf16 and d fp32, contiguous, on the GPU. Needs hopper_available(); InputError otherwise.
+void wgmma_pv_tile(const TensorView& d, const TensorView& p, const TensorView& v,
+                   cudaStream_t stream = nullptr);
+
+// THE ENGINE'S HOOK (not wired yet): the same signature and contract as lesson 07's attention(), so that
+// lessons/08_transformer/transformer.cpp can switch with one line (attention( -> attention_hopper( ).
+// It runs flash_wgmma() when it can: CUDA views, kernel V2Flash, hopper_available(), head_dim 64 or 128.
+// Everything else (the CPU reference, v1, other head dims, other GPUs) goes to lesson 07's attention()
+// unchanged. A workspace, when given, is checked against the batch exactly as attention() checks it.
+// Where it fits: lessons/08_transformer's PrefillAttention::attend (keys = the step's own tokens). Prefill
+// over cached prefix blocks (lessons 10 and 12) needs a KV policy this kernel does not have yet.
+void attention_hopper(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const AttentionBatch& batch, const AttentionShape& shape,
+                      AttentionKernel kernel = AttentionKernel::V2Flash,
+                      AttentionWorkspace* workspace = nullptr, cudaStream_t stream = nullptr);
+
+}  // namespace tvllm

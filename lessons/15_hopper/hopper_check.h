@@ -1,0 +1,46 @@
+// Lesson 15: each step run on the GPU and compared with its CPU oracle, for the lesson executable and the GPU
+// tests alike (one place states each comparison and its tolerance), and the oracles' own checks for the CPU.
+//
+// Tolerances (README.md, "What correct means"):
+//   TMA copies           exact: a copy moves bits; zeros outside the matrix are exact zeros.
+//   wgmma tile, integers exact: small integers (|a|, |b| <= 8, K <= 64) make every product and partial sum an
+//                        integer below 2^12, which fp32 holds exactly in any order of addition.
+//   wgmma tile, random   lesson 06's kF32OutVsCpu: 2^-12 of the row's RMS + 2^-12 relative; only the order
+//   (and
+//                        the tensor cores' internal rounding) of <= 64 fp32 additions differs from the
+//                        oracle.
+//   GEMM                 lesson 06's kBf16OutVsCpu: 2^-12 row RMS + 2^-8 relative (the final rounding to
+//   bf16). cluster exchange     exact: again a copy.
+// Host only (C++20).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/validate.h"
+#include "hopper.h"
+
+namespace tvllm {
+
+// Every check below needs hopper_available(); they throw InputError otherwise.
+CompareResult check_tma_tile(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t box_rows,
+                             int64_t box_cols, TmaSwizzle swizzle, uint64_t seed);
+CompareResult check_wgmma_tile(int k_first, int k_steps, bool small_integers, uint64_t seed);
+CompareResult check_cluster_exchange(int blocks, int cluster_blocks, int shift, int per_block, uint64_t seed);
+// y = x W^T for [m, k] x [n, k]^T on random bf16-exact inputs. check_guards: y lives in a buffer one row
+// longer, filled with NaN, and the extra row must come back untouched (no store past M x N).
+CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, bool check_guards = true);
+
+// The GEMM shapes the lesson executable and the GPU tests check: tile edges in M and N, odd N (the unpaired
+// stores), K from one stage to several rounds of the ring.
+struct GemmShape {
+  int64_t m, n, k;
+};
+const std::vector<GemmShape>& gemm_check_shapes();
+
+// The CPU's own checks, no GPU: the swizzle is a permutation of each 1024-byte atom that keeps rows in place,
+// the descriptor's fields land on their bits, the fragment layout covers the 64 x 128 tile once, the tile and
+// exchange oracles agree with straightforward re-computations. One row each, for the lesson's CPU run.
+void add_oracle_checks(Report& report);
+
+}  // namespace tvllm

@@ -1,0 +1,124 @@
+// Lesson 15, GPU: every step against its CPU oracle (hopper_check.h states each tolerance), on an H100/H200.
+// Skipped without a GPU, and on a GPU that is not compute capability 9.0 (sm_90a code runs nowhere else).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/cuda_stream.h"
+#include "common/errors.h"
+#include "common/random.h"
+#include "hopper.h"
+#include "hopper_check.h"
+#include "testing/hopper_testing.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+std::string describe(const CompareResult& r) {
+  std::string s = r.name + ": bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) +
+                  ", max_abs " + std::to_string(r.max_abs) + " " + r.error;
+  for (const Mismatch& m : r.first_mismatches)
+    s += "\n  [" + std::to_string(m.index) + "] got " + std::to_string(m.actual) + ", expected " +
+         std::to_string(m.expected);
+  return s;
+}
+
+#define EXPECT_PASSES(result)               \
+  do {                                      \
+    const CompareResult r_ = (result);      \
+    EXPECT_GT(r_.count, 0) << r_.name;      \
+    EXPECT_TRUE(r_.pass()) << describe(r_); \
+  } while (0)
+
+TEST(Hopper15Gpu, TmaTileCopyMatchesTheOracle) {
+  TVLLM_REQUIRE_HOPPER();
+  // Boxes inside the matrix: small, tall, wide, the largest (256 x 256).
+  EXPECT_PASSES(check_tma_tile(64, 64, 0, 0, 64, 64, TmaSwizzle::None, 1));
+  EXPECT_PASSES(check_tma_tile(300, 96, 40, 8, 200, 16, TmaSwizzle::None, 2));
+  EXPECT_PASSES(check_tma_tile(40, 1024, 3, 512, 8, 256, TmaSwizzle::None, 3));
+  EXPECT_PASSES(check_tma_tile(300, 520, 17, 8, 256, 256, TmaSwizzle::None, 4));
+}
+
+TEST(Hopper15Gpu, TmaTileOffTheEdgeIsZeroFilled) {
+  TVLLM_REQUIRE_HOPPER();
+  for (TmaSwizzle sw : {TmaSwizzle::None, TmaSwizzle::B128}) {
+    SCOPED_TRACE(tma_swizzle_name(sw));
+    EXPECT_PASSES(check_tma_tile(200, 136, 150, 96, 64, 64, sw, 10));  // past the bottom and the right
+    EXPECT_PASSES(check_tma_tile(200, 136, -5, -24, 64, 64, sw, 11));  // before row 0 and column 0
+    EXPECT_PASSES(check_tma_tile(37, 72, 0, 0, 128, 64, sw, 12));      // a box taller than the matrix
+    EXPECT_PASSES(check_tma_tile(8, 8, 500, 500, 16, 64, sw, 13));     // entirely outside: all zeros
+  }
+}
+
+TEST(Hopper15Gpu, TmaSwizzledTileIsReadBackThroughTheFormula) {
+  TVLLM_REQUIRE_HOPPER();
+  EXPECT_PASSES(check_tma_tile(64, 64, 0, 0, 64, 64, TmaSwizzle::B128, 20));
+  EXPECT_PASSES(check_tma_tile(512, 256, 128, 192, 256, 64, TmaSwizzle::B128, 21));
+  EXPECT_PASSES(check_tma_tile(100, 64, 3, 0, 9, 64, TmaSwizzle::B128, 22));  // 9 rows: part of an atom
+}
+
+TEST(Hopper15Gpu, WgmmaTileIsExactOnSmallIntegers) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int first = 0; first < 4; ++first) EXPECT_PASSES(check_wgmma_tile(first, 1, true, 30 + first));
+  EXPECT_PASSES(check_wgmma_tile(0, 4, true, 35));
+  EXPECT_PASSES(check_wgmma_tile(1, 2, true, 36));
+}
+
+TEST(Hopper15Gpu, WgmmaTileMatchesTheOracleOnEverySlice) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int first = 0; first < 4; ++first)
+    for (int steps = 1; first + steps <= 4; ++steps)
+      EXPECT_PASSES(check_wgmma_tile(first, steps, false, 40 + 4 * first + steps));
+}
+
+TEST(Hopper15Gpu, ClusterBlocksReadTheirNeighboursSharedMemory) {
+  TVLLM_REQUIRE_HOPPER();
+  EXPECT_PASSES(check_cluster_exchange(2, 1, 0, 64, 50));  // a cluster of one reads itself
+  EXPECT_PASSES(check_cluster_exchange(8, 2, 1, 1000, 51));
+  EXPECT_PASSES(check_cluster_exchange(16, 4, 3, 1024, 52));
+  EXPECT_PASSES(check_cluster_exchange(64, 8, -1, 333, 53));
+}
+
+TEST(Hopper15Gpu, GemmMatchesLesson06OnRaggedShapes) {
+  TVLLM_REQUIRE_HOPPER();
+  uint64_t seed = 60;
+  for (const GemmShape& s : gemm_check_shapes()) EXPECT_PASSES(check_gemm_wgmma(s.m, s.n, s.k, seed++));
+}
+
+TEST(Hopper15Gpu, GemmAtAPrefillShape) {
+  TVLLM_REQUIRE_HOPPER();
+  EXPECT_PASSES(check_gemm_wgmma(1000, 3072, 2048, 70));  // a 1000-token prompt through a 1B-shaped qkv_proj
+}
+
+TEST(Hopper15Gpu, GemmIsDeterministicAndRunsOnAStream) {
+  TVLLM_REQUIRE_HOPPER();
+  const int64_t m = 300, n = 384, k = 1024;
+  const Tensor x = Tensor::from_f32(random_uniform(m * k, 80), {m, k}, DType::BF16, Device::CUDA);
+  const Tensor w =
+      Tensor::from_f32(random_uniform(n * k, 81, -0.05f, 0.05f), {n, k}, DType::BF16, Device::CUDA);
+  const Tensor y1 = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
+  const Tensor y2 = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemset(y2.data(), 0xFF, y2.view().nbytes()));
+  CudaStream stream;
+  gemm_wgmma(y1, x, w);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  gemm_wgmma(y2, x, w, stream.get());
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  std::vector<uint16_t> a(m * n), b(m * n);
+  TVLLM_CUDA_CHECK(cudaMemcpy(a.data(), y1.data(), a.size() * 2, cudaMemcpyDeviceToHost));
+  TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), y2.data(), b.size() * 2, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(a, b);  // the same bits: each output's sum runs in one fixed order
+}
+
+TEST(Hopper15Gpu, GemmRefusesBadKOnTheGpuToo) {
+  TVLLM_REQUIRE_HOPPER();
+  const Tensor x = Tensor::empty({4, 96}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::empty({8, 96}, DType::BF16, Device::CUDA);
+  const Tensor y = Tensor::empty({4, 8}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(gemm_wgmma(y, x, w), InputError);
+}
+
+}  // namespace
+}  // namespace tvllm
