@@ -2,12 +2,13 @@
 //
 //   build/bin/lesson16_quantization                  formats, rounding table, checks, FP8 model vs bf16
 //   build/bin/lesson16_quantization --device cpu     the CPU path only
-//   build/bin/lesson16_quantization --bench          + the conversion kernels timed (GPU)
+//   build/bin/lesson16_quantization --bench          + conversion kernels and bf16 vs FP8 GEMV timed (GPU)
 //
 // 1. the two formats side by side and the rounding table of the chapter (E4M3, saturating)
 // 2. CPU: every code round-trips; the encoders against the table oracle on every midpoint between
 //    adjacent values, its neighbours and 2^22 random fp32 patterns (tests/test_16_fp8.cpp does all 2^32)
-// 3. GPU: v1 and v2 against the CPU on the same inputs, and v1 against v2 on ALL 2^32 fp32 patterns
+// 3. GPU: v1 and v2 against the CPU on the same inputs, v1 against v2 on ALL 2^32 fp32 patterns, and the
+//    FP8 GEMV against its reference
 // 4. the model (default: the bundled one) quantized with `tiny-vllm quantize`'s code into a temporary
 //    directory, loaded back (lesson 01 dequantizes at load), and measured against the original with
 //    teacher forcing over the corpus: top-1 agreement, perplexity of each, logit error
@@ -26,6 +27,8 @@
 #include "common/random.h"
 #include "common/validate.h"
 #include "fp8.h"
+#include "fp8_gemv.h"
+#include "gemv.h"
 #include "model_dir.h"
 #include "quantize.h"
 
@@ -110,6 +113,35 @@ void check_cpu(Report& report) {
   }
 }
 
+// The FP8 GEMV on the GPU against its double reference at one decode shape (tests/test_16_fp8_gemv_gpu.cpp
+// derives the bound: 2 K 2^-24 sum|x q| scale, plus 2^-8 of the value for the bf16 output).
+void check_fp8_gemv(Report& report) {
+  const int64_t N = 2048, K = 2048;
+  Rng rng(23);
+  std::vector<uint16_t> w(static_cast<size_t>(N * K)), x(static_cast<size_t>(K));
+  for (auto& v : w) v = f32_to_bf16(static_cast<float>(rng.normal() * 0.02));
+  for (auto& v : x) v = f32_to_bf16(static_cast<float>(rng.normal()));
+  Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(w.data(), DType::BF16, Device::CPU, {N, K}),
+                                     Fp8Quantization::Strategy::Channel, DType::F32);
+  const Fp8GemvReference ref = fp8_gemv_reference(
+      TensorView::contiguous(x.data(), DType::BF16, Device::CPU, {1, K}),
+      TensorView::contiguous(q8.codes.data(), DType::F8_E4M3, Device::CPU, {N, K}),
+      TensorView::contiguous(q8.scales.data(), DType::F32, Device::CPU, {N}));
+  Tensor xd = Tensor::empty({1, K}, DType::BF16, Device::CUDA), q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
+  Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA), out = Tensor::empty({1, N}, DType::F32, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemcpy(xd.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+  fp8_gemv(out.view(), xd.view(), q.view(), s.view());
+  std::vector<float> got(static_cast<size_t>(N));
+  TVLLM_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = 2.0 * K * std::ldexp(1.0, -24) * ref.abs_sum[i] + std::ldexp(std::fabs(ref.value[i]), -23);
+    bad += !(std::fabs(got[i] - ref.value[i]) <= tol);
+  }
+  report.add_check("FP8 GEMV 1x2048 . 2048x2048 == reference", bad == 0, std::to_string(bad) + " outside the bound");
+}
+
 // GPU: both kernels against the CPU on a sample, then v1 against v2 on every fp32 pattern.
 void check_gpu(Report& report) {
   std::vector<float> xs;
@@ -186,6 +218,35 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
                    std::to_string(100.0 * increase) + "%");
 }
 
+// The decode GEMV at Llama-3.2-1B's shapes, batch 1: lesson 14's bf16 v3 against the FP8 one. Both read
+// every weight once; the FP8 one reads half the bytes.
+void bench_gemv(const Ceilings& ceilings) {
+  std::vector<BenchRow> rows;
+  Rng rng(5);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {16384, 2048}, {2048, 8192}}) {
+    std::vector<float> w(static_cast<size_t>(N * K)), xs(static_cast<size_t>(K));
+    for (float& v : w) v = static_cast<float>(rng.normal() * 0.02);
+    for (float& v : xs) v = static_cast<float>(rng.normal());
+    Tensor wb = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA);
+    Tensor x = Tensor::from_f32(xs, {1, K}, DType::BF16, Device::CUDA);
+    Tensor out = Tensor::empty({1, N}, DType::BF16, Device::CUDA);
+    std::vector<uint16_t> host_w(w.size());
+    for (size_t i = 0; i < w.size(); ++i) host_w[i] = f32_to_bf16(w[i]);
+    const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(host_w.data(), DType::BF16, Device::CPU, {N, K}),
+                                             Fp8Quantization::Strategy::Channel, DType::F32);
+    Tensor q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
+    Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+    const std::string shape = std::to_string(N) + "x" + std::to_string(K);
+    rows.push_back({"bf16 gemv v3 " + shape, bench_gpu([&] { gemv(out.view(), x.view(), wb.view()); }),
+                    static_cast<double>(gemv_bytes_moved(1, N, K, DType::BF16)), 2.0 * N * K});
+    rows.push_back({"fp8 gemv     " + shape, bench_gpu([&] { fp8_gemv(out.view(), x.view(), q.view(), s.view()); }),
+                    static_cast<double>(fp8_gemv_bytes_moved(1, N, K, DType::BF16)), 2.0 * N * K});
+  }
+  print_bench_table(std::cout, "decode GEMV, batch 1: bf16 weights vs FP8 weights (bytes = weights + x + out)", rows,
+                    ceilings);
+}
+
 void run_bench(const LessonOptions& opt) {
   const int64_t n = opt.bench_tokens * 2048;  // an activation tensor [tokens, 2048]
   std::vector<float> values(static_cast<size_t>(n));
@@ -199,8 +260,9 @@ void run_bench(const LessonOptions& opt) {
   for (const std::string& v : fp8_kernel_versions())
     rows.push_back({"fp32->e4m3 " + v, bench_gpu([&] { convert_f32_to_fp8(q.view(), x.view(), v); }), bytes, 0.0});
   rows.push_back({"e4m3->fp32", bench_gpu([&] { convert_fp8_to_f32(back.view(), q.view()); }), bytes, 0.0});
-  print_bench_table(std::cout, "conversions of " + std::to_string(n) + " elements (5 bytes each)", rows,
-                    measure_ceilings(false));
+  const Ceilings ceilings = measure_ceilings(false);
+  print_bench_table(std::cout, "conversions of " + std::to_string(n) + " elements (5 bytes each)", rows, ceilings);
+  bench_gemv(ceilings);
 }
 
 int run(const LessonOptions& opt, const fs::path& corpus) {
@@ -208,7 +270,10 @@ int run(const LessonOptions& opt, const fs::path& corpus) {
   print_rounding_table();
   Report report("lesson 16: FP8");
   check_cpu(report);
-  if (opt.device == Device::CUDA) check_gpu(report);
+  if (opt.device == Device::CUDA) {
+    check_gpu(report);
+    check_fp8_gemv(report);
+  }
   check_model(opt, corpus, report);
   report.print(std::cout);
   if (opt.bench && opt.device == Device::CUDA) run_bench(opt);
