@@ -21,9 +21,10 @@ LogitsComparison measure(const fs::path& fp8_dir, Device device) {
   const fs::path model = TVLLM_TINY_MODEL_DIR;
   const ModelDir bf16 = ModelDir::open(model), fp8 = ModelDir::open(fp8_dir);
   LogitsComparison total;
+  TeacherForcing run_bf16(bf16, device, 256), run_fp8(fp8, device, 256);
   for (const std::vector<int32_t>& ids : corpus_windows(model, model.parent_path() / "corpus", 256, 8)) {
-    const Tensor ref = teacher_forced_logits(bf16, device, ids);
-    const Tensor cand = teacher_forced_logits(fp8, device, ids);
+    const Tensor ref = run_bf16.logits(ids);
+    const Tensor cand = run_fp8.logits(ids);
     accumulate(total, compare_logits(cand.view(), ref.view(), ids));
   }
   return total;

@@ -20,9 +20,10 @@ TEST(Accuracy16Gpu, Fp8WeightsAgreeWithBf16OnTheGpu) {
   const std::filesystem::path model = TVLLM_TINY_MODEL_DIR;
   const ModelDir bf16 = ModelDir::open(model), fp8 = ModelDir::open(tmp / "fp8");
   LogitsComparison total;
+  TeacherForcing run_bf16(bf16, Device::CUDA, 256), run_fp8(fp8, Device::CUDA, 256);
   for (const std::vector<int32_t>& ids : corpus_windows(model, model.parent_path() / "corpus", 256, 8)) {
-    const Tensor ref = teacher_forced_logits(bf16, Device::CUDA, ids);
-    const Tensor cand = teacher_forced_logits(fp8, Device::CUDA, ids);
+    const Tensor ref = run_bf16.logits(ids);
+    const Tensor cand = run_fp8.logits(ids);
     accumulate(total, compare_logits(cand.view(), ref.view(), ids));
   }
   std::printf("GPU: positions %lld, top-1 %.4f, perplexity bf16 %.5f fp8 %.5f\n",

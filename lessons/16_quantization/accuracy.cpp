@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/random.h"
 #include "generate.h"
 #include "model_weights.h"
 #include "tokenizer.h"
@@ -15,12 +16,18 @@ namespace tvllm {
 
 namespace fs = std::filesystem;
 
-Tensor teacher_forced_logits(const ModelDir& model, Device device, const std::vector<int32_t>& ids) {
-  TVLLM_REQUIRE(ids.size() >= 2, "teacher_forced_logits: needs at least two ids");
-  const ModelWeights weights = ModelWeights::bind(model, device);
-  Generator gen(weights, Generator::limits_for(model.config, static_cast<int64_t>(ids.size()) + 1));
+TeacherForcing::TeacherForcing(const ModelDir& model, Device device, int64_t max_ids)
+    : weights_(std::make_unique<ModelWeights>(ModelWeights::bind(model, device))),
+      generator_(std::make_unique<Generator>(*weights_, Generator::limits_for(model.config, max_ids + 1))),
+      max_ids_(max_ids) {}
+
+TeacherForcing::~TeacherForcing() = default;
+
+Tensor TeacherForcing::logits(const std::vector<int32_t>& ids) {
+  TVLLM_REQUIRE(ids.size() >= 2 && static_cast<int64_t>(ids.size()) <= max_ids_,
+                "TeacherForcing::logits: needs 2.." + std::to_string(max_ids_) + " ids, got " + std::to_string(ids.size()));
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 1), forced(ids.begin() + 1, ids.end());
-  return gen.forced_logits(prompt, forced);
+  return generator_->forced_logits(prompt, forced);
 }
 
 namespace {
@@ -89,15 +96,24 @@ void accumulate(LogitsComparison& a, const LogitsComparison& b) {
 std::vector<std::vector<int32_t>> corpus_windows(const fs::path& model_dir, const fs::path& corpus_dir, int64_t window,
                                                  int64_t max_windows) {
   TVLLM_REQUIRE(window >= 2 && max_windows >= 1, "corpus_windows: window >= 2 and max_windows >= 1");
-  const Tokenizer tok = Tokenizer::from_file(model_dir / "tokenizer.json");
   const ModelConfig config = load_model_config(model_dir);
+  std::vector<std::vector<int32_t>> windows;
+  if (!has_tokenizer(model_dir)) {
+    Rng rng(1616);
+    for (int64_t w = 0; w < max_windows; ++w) {
+      std::vector<int32_t> ids(static_cast<size_t>(window));
+      for (int32_t& id : ids) id = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(config.vocab_size));
+      windows.push_back(std::move(ids));
+    }
+    return windows;
+  }
+  const Tokenizer tok = Tokenizer::from_file(model_dir / "tokenizer.json");
   std::vector<fs::path> files;
   std::error_code ec;
   for (const fs::directory_entry& f : fs::directory_iterator(corpus_dir, ec))
     if (f.is_regular_file() && f.path().extension() == ".txt") files.push_back(f.path());
   if (ec || files.empty()) throw InputError(corpus_dir.string() + ": no .txt files to measure on");
   std::sort(files.begin(), files.end());
-  std::vector<std::vector<int32_t>> windows;
   for (const fs::path& p : files) {
     std::ifstream in(p, std::ios::binary);
     std::stringstream text;
@@ -111,6 +127,11 @@ std::vector<std::vector<int32_t>> corpus_windows(const fs::path& model_dir, cons
     if (static_cast<int64_t>(windows.size()) == max_windows) break;
   }
   return windows;
+}
+
+bool has_tokenizer(const fs::path& model_dir) {
+  std::error_code ec;
+  return fs::exists(model_dir / "tokenizer.json", ec);
 }
 
 }  // namespace tvllm

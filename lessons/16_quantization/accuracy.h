@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,26 @@
 
 namespace tvllm {
 
-// Logits F32 [ids.size() - 1, vocab] on the host: row i predicts ids[i + 1] from ids[0..i]. Runs lesson 10's
-// Generator (prefill of ids[0], then one decode step per id) on `device`. ids.size() >= 2.
-Tensor teacher_forced_logits(const ModelDir& model, Device device, const std::vector<int32_t>& ids);
+class Generator;  // lesson 10
+struct ModelWeights;
+
+// Teacher forcing with one model on one device: the weights are bound (uploaded) once, then logits() runs
+// lesson 10's Generator for each text (prefill of ids[0], then one decode step per id).
+class TeacherForcing {
+ public:
+  TeacherForcing(const ModelDir& model, Device device, int64_t max_ids);
+  ~TeacherForcing();
+  TeacherForcing(const TeacherForcing&) = delete;
+  TeacherForcing& operator=(const TeacherForcing&) = delete;
+  // Logits F32 [ids.size() - 1, vocab] on the host: row i predicts ids[i + 1] from ids[0..i].
+  // 2 <= ids.size() <= max_ids.
+  Tensor logits(const std::vector<int32_t>& ids);
+
+ private:
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Generator> generator_;
+  int64_t max_ids_;
+};
 
 struct LogitsComparison {
   int64_t positions = 0;
@@ -40,10 +58,13 @@ LogitsComparison compare_logits(const TensorView& candidate, const TensorView& r
 // Adds b's counts and sums into a (perplexities recombined as geometric means weighted by positions).
 void accumulate(LogitsComparison& a, const LogitsComparison& b);
 
-// The texts of the measurement: windows of `window` ids from each weights/corpus/*.txt, tokenized with the
+// The texts of the measurement: the first `window` ids of each weights/corpus/*.txt, tokenized with the
 // model's tokenizer.json (BOS first when the config has one), at most `max_windows` of them, in file order.
+// A model without a tokenizer.json (the random real-shaped models of the GPU pass) gets `max_windows`
+// windows of seeded random ids instead: no text, but the bf16-vs-FP8 comparison still means something.
 std::vector<std::vector<int32_t>> corpus_windows(const std::filesystem::path& model_dir,
                                                  const std::filesystem::path& corpus_dir, int64_t window,
                                                  int64_t max_windows);
+bool has_tokenizer(const std::filesystem::path& model_dir);
 
 }  // namespace tvllm

@@ -2,6 +2,9 @@
 #include "quantize.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -142,31 +145,63 @@ QuantizeSummary quantize_checkpoint(const fs::path& model_dir, const fs::path& o
     throw InputError(model_dir.string() + ": config.json already has a quantization_config: the checkpoint is "
                      "quantized (quantize a bf16, f16 or f32 checkpoint)");
 
+  // The Linear weights are independent: quantize them on every core (a 1B model has ~1e9 weights).
+  const std::vector<std::string> names = model.weights.names();
+  std::vector<std::string> linear;
+  for (const std::string& name : names)
+    if (is_linear_weight(name, model.config)) linear.push_back(name);
+  std::vector<Fp8Weight> quantized(linear.size());
+  std::vector<double> worst(linear.size(), 0.0);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < linear.size(); i = next++) {
+      const TensorView v = model.weights.host(linear[i]);
+      quantized[i] = quantize_weight_fp8(v, options.strategy, v.dtype);  // the scale in the weight's dtype
+      const Fp8Weight& q = quantized[i];
+      const size_t cols = static_cast<size_t>(v.shape[1]);
+      for (size_t k = 0; k < q.codes.size(); ++k) {
+        const float s = q.scales[q.scales.size() == 1 ? 0 : k / cols];
+        const float w = load_as_f32(v.data, v.dtype, k);
+        const double err = std::fabs(static_cast<double>(fp8_e4m3_to_f32(q.codes[k])) * s - w);
+        worst[i] = std::max(worst[i], err / fp8_error_bound(w, s));
+      }
+    }
+  };
+  const unsigned workers = std::max(1u, std::min(std::thread::hardware_concurrency(), 16u));
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(workers);
+  for (unsigned t = 0; t < workers; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        worker();
+      } catch (...) {
+        errors[t] = std::current_exception();
+        next = linear.size();  // the others stop at their next weight
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+
   QuantizeSummary summary;
   std::vector<TensorToWrite> tensors;
-  for (const std::string& name : model.weights.names()) {
+  size_t li = 0;
+  for (const std::string& name : names) {
     const SafetensorsEntry& e = model.weights.entry(name);
-    const TensorView v = model.weights.host(name);
     summary.bytes_before += e.end - e.begin;
-    if (!is_linear_weight(name, model.config)) {
-      tensors.push_back({name, e.dtype, e.shape, raw_bytes(v)});
+    if (li >= linear.size() || linear[li] != name) {
+      tensors.push_back({name, e.dtype, e.shape, raw_bytes(model.weights.host(name))});
       ++summary.kept_tensors;
       continue;
     }
-    const DType scale_dtype = e.dtype;  // llm-compressor keeps the scale in the weight's dtype
-    Fp8Weight q = quantize_weight_fp8(v, options.strategy, scale_dtype);
-    const int64_t cols = e.shape[1];
-    for (size_t i = 0; i < q.codes.size(); ++i) {
-      const float s = q.scales[q.scales.size() == 1 ? 0 : i / static_cast<size_t>(cols)];
-      const float w = load_as_f32(v.data, v.dtype, i);
-      const double err = std::fabs(static_cast<double>(fp8_e4m3_to_f32(q.codes[i])) * s - w);
-      summary.max_error_over_bound = std::max(summary.max_error_over_bound, err / fp8_error_bound(w, s));
-    }
+    Fp8Weight& q = quantized[li];
+    summary.max_error_over_bound = std::max(summary.max_error_over_bound, worst[li]);
+    ++li;
     const std::string module = name.substr(0, name.size() - 7);  // drop ".weight"
     const std::vector<int64_t> scale_shape =
         options.strategy == Fp8Quantization::Strategy::Channel ? std::vector<int64_t>{e.shape[0], 1} : std::vector<int64_t>{1};
     tensors.push_back({name, DType::F8_E4M3, e.shape, std::move(q.codes)});
-    tensors.push_back({module + ".weight_scale", scale_dtype, scale_shape, float_bytes(q.scales, scale_dtype)});
+    tensors.push_back({module + ".weight_scale", e.dtype, scale_shape, float_bytes(q.scales, e.dtype)});
     ++summary.quantized_tensors;
   }
   for (const TensorToWrite& t : tensors) summary.bytes_after += t.bytes.size();
