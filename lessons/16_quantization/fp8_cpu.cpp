@@ -87,16 +87,12 @@ uint8_t f32_to_fp8(Fp8Kind kind, float x) {
 }
 
 uint8_t f32_to_fp8_e4m3_torch_cast(float x) {
-  const uint32_t u = f32_bits(x);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  const uint32_t a = u & 0x7fffffffu;
-  // No clamp: a value at or past 480 (1.875 * 2^8, where the next code would be) is NaN outright, and
-  // the rounding below carries (464, 480) onto 0x7f, the NaN pattern, by itself.
-  if (a >= 0x43f00000u) return sign | 0x7fu;                // >= 480, inf and NaN: NaN
-  if (a < 0x3c800000u) return sign | static_cast<uint8_t>(std::nearbyint(f32_from_bits(a) * 512.0f));
-  const uint32_t rebased = a - (120u << 23);
-  const uint32_t lsb = (rebased >> 20) & 1u;
-  return sign | static_cast<uint8_t>((rebased + 0x7ffffu + lsb) >> 20);
+  // The same rounding without the clamp. Below 448 nothing differs; from 448 to 464 the nearest value is
+  // still 448 (464 is the tie with the would-be 480, and 448's code is even); past 464 the rounding would
+  // carry onto 0x7f, which E4M3fn spends on NaN. Infinity and NaN: NaN.
+  const uint32_t a = f32_bits(x) & 0x7fffffffu;
+  if (a > 0x43e80000u) return static_cast<uint8_t>(((f32_bits(x) >> 24) & 0x80u) | 0x7fu);  // |x| > 464
+  return f32_to_fp8_e4m3(x);
 }
 
 // ---- the oracle: the format's values by definition, the nearest one by brute force -------------------
