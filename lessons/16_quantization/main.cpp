@@ -214,9 +214,10 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
   std::printf("  %-22s %12s %11.2f%%\n", "top-1 agreement", "-", 100.0 * total.top1_agreement());
   std::printf("  %-22s %12s %12.4f   (rms of the logits %.3f; max |err| %.4f)\n\n", "rms logit error", "-",
               total.rms_error, total.reference_rms, total.max_abs_error);
-  // Every model: per-weight errors of at most 2^-4 (relative) with independent signs leave the logits a few
-  // percent off in rms; 10% means a scale applied wrongly, not rounding.
-  report.add_check("rms logit error < 10% of rms logits", total.rms_error < 0.1 * total.reference_rms,
+  // Every model: per-weight errors of at most 2^-4 (relative, ~2% rms) with independent signs move the logits
+  // by a few percent of their rms (4.7% on the bundled model; more layers compound it somewhat). A scale
+  // ignored, transposed or applied twice moves them by more than their own size: 25% separates the two.
+  report.add_check("rms logit error < 25% of rms logits", total.rms_error < 0.25 * total.reference_rms,
                    std::to_string(total.rms_error) + " vs " + std::to_string(total.reference_rms));
   if (!text) return;  // the targets below are about text the model knows (a random model has none)
   const double increase = total.candidate_perplexity / total.reference_perplexity - 1.0;
