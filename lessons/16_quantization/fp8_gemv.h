@@ -15,7 +15,7 @@
 //
 // The device of the views picks the path:
 //   CPU   the reference: x BF16 or F32, every product and sum in double, the scale applied in double,
-//         one rounding to out's dtype.
+//         then rounded to fp32 and (BF16 out) to bf16, as the GPU's fp32 result is.
 //   CUDA  x BF16 [M, K], q F8_E4M3 [N, K], scale F32 [N] (or [1]: one for the tensor), out BF16 or F32.
 //         16-byte loads when K % 16 == 0 and x, q are 16-byte aligned, else byte loads (any shape).
 //         Launched on `stream`; no allocation, no synchronisation.
