@@ -28,6 +28,7 @@ __device__ __forceinline__ uint8_t round_bits_to_e4m3(uint32_t u) {
   //   numbers re-biased and rounded on the bits.
   // Hint: __uint_as_float reads bits as a float; __float2int_rn(v) rounds half to even.
   // Tests: Fp8Gpu16.V1MatchesTheCpu Fp8Gpu16.V1AndV2AgreeOnEveryFloat
+  // Needs: 16.1
   // Stub:
   //   (void)u;
   //   TVLLM_DEVICE_NOT_WRITTEN_YET("16.2", "v1 on the GPU, E4M3 rounding on the bits");

@@ -53,7 +53,8 @@ __device__ __forceinline__ float dot16(uint4 w, const Pack<8>& x0, const Pack<8>
   // Hint: widen_pair(two bytes) converts two codes at once: the low byte of its argument is the first.
   // Hint: the scale is NOT applied here: the caller multiplies the finished sum once per output row.
   // Tests: Fp8Gemv16Gpu.MatchesTheReferenceAtDecodeShapes Fp8Gemv16Gpu.OddShapesTakeTheByteLoads
-  // Tests: Fp8Gemv16Gpu.RowsAreTheSameBitsWhateverTheBatch
+  // Tests: Fp8Gemv16Gpu.RowsAreTheSameBitsWhateverTheBatch lesson16_quantization.gpu
+  // Needs: 16.1 16.2
   // Stub:
   //   (void)w, (void)x0, (void)x1, (void)acc;
   //   TVLLM_DEVICE_NOT_WRITTEN_YET("16.3", "the FP8 GEMV's inner product, dequantized in registers");
