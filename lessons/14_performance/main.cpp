@@ -230,7 +230,7 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
   FastPathOptions plain_launches;
   plain_launches.pdl = false;
   use_fast_path(no_pdl, plain_launches);
-  std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA).c_str());
+  std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA, &c).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
     report.add_check(name, pass, detail);

@@ -677,15 +677,22 @@ def match_tests(region, tests):
     return hits, missing
 
 
+def targets_to_build(targets, regions, gpu):
+    """(what to build, what is left out). Without a GPU the GPU test programs (tests/test_NN_*_gpu.cpp: GPU
+    tests only) would only report "skipped": not building them saves most of the build. The lesson's code,
+    kernels included, is still compiled: the CPU tests link it, or, when every test of the regions is a GPU
+    test, the lessons' own libraries are built instead (never an empty target list)."""
+    unbuilt = set() if gpu else {t for t in targets if t.endswith("_gpu")}
+    kept = [t for t in targets if t not in unbuilt]
+    if not kept:
+        kept = sorted({f"tvllm_l{r.lesson}" for r in regions})
+    return kept, unbuilt
+
+
 def evaluate(ws, bd, regions, jobs=None, extra_cmake=(), log=note):
     """Configures and builds what the regions' tests need, runs them. Returns (per-region results, build_ok)."""
     configure(ws, bd, list(extra_cmake))
-    targets = targets_for(ws, regions)
-    # Without a GPU the GPU test programs (tests/test_NN_*_gpu.cpp: GPU tests only) would only report
-    # "skipped": not building them saves most of the build. The lesson's code, kernels included, is still
-    # compiled: the CPU tests link it.
-    unbuilt = set() if have_gpu() else {t for t in targets if t.endswith("_gpu")}
-    targets = [t for t in targets if t not in unbuilt]
+    targets, unbuilt = targets_to_build(targets_for(ws, regions), regions, have_gpu())
     log(f"building {' '.join(targets)} in {bd} ..." +
         (f" (not {' '.join(sorted(unbuilt))}: no GPU here)" if unbuilt else ""))
     ok, build_log = build(ws, bd, targets, jobs, log)

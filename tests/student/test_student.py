@@ -189,5 +189,25 @@ class Lesson11Markers(unittest.TestCase):
         self.assertEqual(self.regions["11.3"].needs, ["11.1", "11.2"])
 
 
+class BuildTargets(unittest.TestCase):
+    def test_without_a_gpu_the_gpu_programs_are_left_out(self):
+        kept, unbuilt = student.targets_to_build(["test_15_x", "test_15_x_gpu"], [region("15.1", ["A"])], False)
+        self.assertEqual(kept, ["test_15_x"])
+        self.assertEqual(unbuilt, {"test_15_x_gpu"})
+
+    def test_gpu_only_regions_without_a_gpu_build_the_lesson_library(self):
+        # Every test of lesson 15's regions is a GPU test: cmake must still get a target (the lesson's library,
+        # so the student's code compiles), never an empty --target list.
+        regions = [region("15.1", ["HopperGpu.A"]), region("15.2", ["HopperGpu.B"])]
+        kept, unbuilt = student.targets_to_build(["test_15_hopper_gpu"], regions, False)
+        self.assertEqual(kept, ["tvllm_l15"])
+        self.assertEqual(unbuilt, {"test_15_hopper_gpu"})
+
+    def test_with_a_gpu_everything_is_built(self):
+        kept, unbuilt = student.targets_to_build(["test_15_hopper_gpu"], [region("15.1", ["A"])], True)
+        self.assertEqual(kept, ["test_15_hopper_gpu"])
+        self.assertEqual(unbuilt, set())
+
+
 if __name__ == "__main__":
     unittest.main()
