@@ -35,6 +35,10 @@
 #   fail and solutions pass); "student-full", the three-phase check with --strict, lesson by lesson;
 #   "families", issue 18's model families, see above)
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
+#   GPU_TEST_JOBS=1 bash tests/gpu_pass.sh         # stage 2 one test at a time (default 4, as it always was).
+#   With 4, the tests that size a KV pool from the free GPU memory hold the CTest resource lock gpu_memory (one
+#   at a time) and those that measure the device run alone (RUN_SERIAL): see tvllm_add_test in
+#   cmake/TvllmHelpers.cmake and the table in tests/CMakeLists.txt. A test that fails only with 4 belongs there.
 #
 # Dependencies the machine lacks (CLI11, ..., utf8proc: tests/stage-extra-deps.sh) can travel in .deps/ (see the
 # README's GPU section); the configure never tries to install packages here (-DTVLLM_INSTALL_DEPS=OFF).
@@ -50,6 +54,7 @@ BUILD=${BUILD:-$root/build-gpu}
 RANDOM_MODEL=${RANDOM_MODEL:-/tmp/tvllm-random-1b}
 RANDOM_LAYERS=${RANDOM_LAYERS:-16}   # fewer layers make the model and its references faster; shapes stay 1B's
 CTEST_LABEL=${CTEST_LABEL:-""}       # e.g. CTEST_LABEL=gpu runs only the GPU tests
+GPU_TEST_JOBS=${GPU_TEST_JOBS:-4}    # tests at once in stage 2 (see the header)
 MODELS=${MODELS:-/tmp/tvllm-models}  # the F32/F16 copies and the head_dim model
 HEADDIM=${HEADDIM:-80}               # neither 64 nor 128, and not a multiple of 32
 FAMILY_PRESETS=${FAMILY_PRESETS:-"qwen2.5-0.5b qwen3-0.6b mistral-7b"}
@@ -117,7 +122,7 @@ if has_stage build; then
 fi
 
 if has_stage test; then
-  run ctest 480 ctest --test-dir "$BUILD" -j 4 --output-on-failure --timeout 300 --output-junit "$OUT/ctest.xml" \
+  run ctest 480 ctest --test-dir "$BUILD" -j "$GPU_TEST_JOBS" --output-on-failure --timeout 300 --output-junit "$OUT/ctest.xml" \
     ${CTEST_LABEL:+-L "$CTEST_LABEL"} -LE student
   grep -E "tests passed|tests failed|Skipped|\(Failed\)|\(SEGFAULT\)|\(Timeout\)" "$OUT/ctest.log" | tee -a "$report"
 fi
