@@ -1,6 +1,7 @@
 #include "common/dtype.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace tvllm {
@@ -10,7 +11,7 @@ size_t dtype_size(DType dtype) {
     case DType::F64: case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: case DType::I16: return 2;
-    case DType::I8: case DType::U8: case DType::BOOL: return 1;
+    case DType::I8: case DType::U8: case DType::BOOL: case DType::F8_E4M3: case DType::F8_E5M2: return 1;
   }
   return 0;
 }
@@ -27,13 +28,15 @@ std::string_view dtype_name(DType dtype) {
     case DType::I8: return "I8";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F8_E5M2: return "F8_E5M2";
   }
   return "?";
 }
 
 std::optional<DType> parse_dtype(std::string_view name) {
   for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::I16,
-                  DType::I8, DType::U8, DType::BOOL}) {
+                  DType::I8, DType::U8, DType::BOOL, DType::F8_E4M3, DType::F8_E5M2}) {
     if (dtype_name(d) == name) return d;
   }
   return std::nullopt;
@@ -41,6 +44,35 @@ std::optional<DType> parse_dtype(std::string_view name) {
 
 bool is_floating(DType dtype) {
   return dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::F64;
+}
+
+bool is_fp8(DType dtype) { return dtype == DType::F8_E4M3 || dtype == DType::F8_E5M2; }
+
+float fp8_e4m3_to_f32(uint8_t code) {
+  const bool negative = (code & 0x80u) != 0;
+  const int exponent = (code >> 3) & 0xf;
+  const int mantissa = code & 0x7;
+  if (exponent == 0xf && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();  // the only NaN
+  // subnormal: (m/8) 2^-6 = m 2^-9; normal: (8 + m) 2^(e-7-3). ldexp of a small integer is exact.
+  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                        : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+  return negative ? -magnitude : magnitude;
+}
+
+float fp8_e5m2_to_f32(uint8_t code) {
+  const bool negative = (code & 0x80u) != 0;
+  const int exponent = (code >> 2) & 0x1f;
+  const int mantissa = code & 0x3;
+  float magnitude;
+  if (exponent == 0x1f) {
+    if (mantissa != 0) return std::numeric_limits<float>::quiet_NaN();
+    magnitude = std::numeric_limits<float>::infinity();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -16);  // (m/4) 2^-14
+  } else {
+    magnitude = std::ldexp(static_cast<float>(4 + mantissa), exponent - 17);  // (4 + m) 2^(e-15-2)
+  }
+  return negative ? -magnitude : magnitude;
 }
 
 float f16_to_f32(uint16_t h) {
@@ -86,6 +118,8 @@ float load_as_f32(const void* data, DType dtype, size_t i) {
     case DType::I16: return static_cast<float>(static_cast<const int16_t*>(data)[i]);
     case DType::I8: return static_cast<float>(static_cast<const int8_t*>(data)[i]);
     case DType::U8: case DType::BOOL: return static_cast<float>(static_cast<const uint8_t*>(data)[i]);
+    case DType::F8_E4M3: return fp8_e4m3_to_f32(static_cast<const uint8_t*>(data)[i]);
+    case DType::F8_E5M2: return fp8_e5m2_to_f32(static_cast<const uint8_t*>(data)[i]);
   }
   throw std::logic_error("load_as_f32: unknown dtype");
 }

@@ -399,7 +399,8 @@ TEST(ModelConfig, RefusesUnsupportedFamiliesNamingTheField) {
   // A quantized checkpoint of a supported family (Qwen/Qwen2.5-0.5B-Instruct-AWQ).
   j = qwen2_5_0_5b();
   j["quantization_config"] = json::parse(R"({"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm"})");
-  expect_one_line_refusal(j, "quantization_config is present (quant_method \"awq\"): quantized checkpoints");
+  expect_one_line_refusal(j, "quantization_config.quant_method is \"awq\": quantized checkpoints are supported only as "
+                             "compressed-tensors FP8");
 }
 
 TEST(ModelConfig, ParsesLlamaBiases) {

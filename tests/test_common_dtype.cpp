@@ -59,8 +59,10 @@ TEST(DtypeTable, EveryNameParsesBackToItsDtype) {
 }
 
 TEST(DtypeTable, ParseRejectsUnknownSpellings) {
-  // safetensors spells dtypes in upper case; F8 types exist in the format but we do not load them
-  for (const char* bad : {"", "f32", "bf16", "F8_E4M3", "F8_E5M2", "U16", "FLOAT", "BF16 ", " F32", "F3"}) {
+  // safetensors spells dtypes in upper case. F8_E4M3 and F8_E5M2 parse (lesson 16 loads them); the newer
+  // 8-bit and 4-bit kinds (F8_E8M0, F8_E4M3FNUZ, F4) do not.
+  for (const char* bad : {"", "f32", "bf16", "f8_e4m3", "F8_E8M0", "F8_E4M3FNUZ", "F4", "U16", "FLOAT", "BF16 ",
+                          " F32", "F3"}) {
     EXPECT_FALSE(parse_dtype(bad).has_value()) << "'" << bad << "'";
   }
 }
@@ -70,9 +72,38 @@ TEST(DtypeTable, IsFloating) {
   EXPECT_TRUE(is_floating(DType::F16));
   EXPECT_TRUE(is_floating(DType::BF16));
   EXPECT_TRUE(is_floating(DType::F64));
-  for (DType d : {DType::I64, DType::I32, DType::I16, DType::I8, DType::U8, DType::BOOL}) {
+  // the 8-bit floats are storage only: without their scales they are not the model's numbers
+  for (DType d : {DType::I64, DType::I32, DType::I16, DType::I8, DType::U8, DType::BOOL, DType::F8_E4M3,
+                  DType::F8_E5M2}) {
     EXPECT_FALSE(is_floating(d)) << dtype_name(d);
   }
+  EXPECT_TRUE(is_fp8(DType::F8_E4M3));
+  EXPECT_TRUE(is_fp8(DType::F8_E5M2));
+  EXPECT_FALSE(is_fp8(DType::U8));
+  EXPECT_EQ(dtype_size(DType::F8_E4M3), 1u);
+  EXPECT_EQ(dtype_size(DType::F8_E5M2), 1u);
+}
+
+// A few codes by hand (the exhaustive checks against an independent table are lesson 16's tests).
+TEST(DtypeFp8, DecodesKnownCodes) {
+  EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);       // 0 0111 000: 2^(7-7)
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);     // 0 1111 110: the largest, 1.75 * 2^8
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), 0x1p-9f);    // the smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_f32(0x08), 0x1p-6f);    // the smallest normal
+  EXPECT_EQ(fp8_e4m3_to_f32(0xc0), -2.0f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7f)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0xff)));
+  EXPECT_EQ(fp8_e4m3_to_f32(0x78), 256.0f);     // 0 1111 000 is a number in E4M3fn, not infinity
+  EXPECT_TRUE(std::signbit(fp8_e4m3_to_f32(0x80)));
+  EXPECT_EQ(fp8_e5m2_to_f32(0x3c), 1.0f);       // 0 01111 00
+  EXPECT_EQ(fp8_e5m2_to_f32(0x7b), 57344.0f);   // 0 11110 11: 1.75 * 2^15
+  EXPECT_EQ(fp8_e5m2_to_f32(0x7c), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(fp8_e5m2_to_f32(0xfc), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(fp8_e5m2_to_f32(0x7d)));
+  EXPECT_EQ(fp8_e5m2_to_f32(0x01), 0x1p-16f);
+  const uint8_t codes[] = {0x38, 0xc0};
+  EXPECT_EQ(load_as_f32(codes, DType::F8_E4M3, 1), -2.0f);
+  EXPECT_EQ(load_as_f32(codes, DType::F8_E5M2, 0), 0.5f);  // 0 01110 00
 }
 
 // ---- the oracle -------------------------------------------------------------------------------------

@@ -139,14 +139,9 @@ ModelConfig parse_model_config(const json& j) {
     }
   }
 
-  // Quantized checkpoints (AWQ, GPTQ, bitsandbytes, FP8, compressed-tensors) store packed weights and scales
-  // that the forward would have to dequantize: refused by name rather than met later as odd tensors.
-  if (const json* qc = optional_field(j, "quantization_config")) {
-    const json* method = qc->is_object() ? optional_field(*qc, "quant_method") : nullptr;
-    throw InputError(kWhere + "quantization_config is present" +
-                     (method ? " (quant_method " + json_snippet(*method) + ")" : std::string()) +
-                     ": quantized checkpoints are not supported (tiny-vllm reads BF16, F16 and F32 weights)");
-  }
+  // Quantized checkpoints: the compressed-tensors FP8 layout is read (lesson 16); every other method
+  // (AWQ, GPTQ, bitsandbytes, ...) stores packed weights the forward cannot use and is refused by name.
+  if (const json* qc = optional_field(j, "quantization_config")) c.quantization = parse_quantization_config(*qc);
 
   c.vocab_size = required_positive_int(j, "vocab_size");
   c.hidden_size = required_positive_int(j, "hidden_size");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,22 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+};
+
+// An FP8 checkpoint in the compressed-tensors "float-quantized" layout, as llm-compressor writes its
+// FP8 and FP8-dynamic schemes (lesson 16 teaches it; `tiny-vllm quantize` writes it): every Linear layer
+// but the ignored ones stores `<module>.weight` as F8_E4M3 and `<module>.weight_scale` (F32, BF16 or F16)
+// with one scale per output row ("channel": shape [out, 1]) or one for the tensor ("tensor": [1] or []);
+// the real weight is fp8 * scale. What the parser accepts is listed in quantization_config.cpp.
+struct Fp8Quantization {
+  enum class Strategy { Channel, Tensor };
+  Strategy weight_strategy = Strategy::Channel;
+  // input_activations {dynamic: true, strategy: "token"}: a runtime that multiplies in FP8 quantizes each
+  // token's activations with its own absmax scale. Absent: weight-only FP8 ("W8A16").
+  bool dynamic_token_activations = false;
+  std::vector<std::string> ignore;  // module names left unquantized ("lm_head")
+
+  bool ignores(const std::string& module) const;
 };
 
 struct ModelConfig {
@@ -42,6 +59,10 @@ struct ModelConfig {
   bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE (Qwen3 q_norm / k_norm)
   int64_t sliding_window = 0;           // a position attends to the last W positions only; 0 = no window
 
+  // config.json's quantization_config, when the checkpoint is a supported quantized one (lesson 16);
+  // any other quantization_config is refused by parse_model_config.
+  std::optional<Fp8Quantization> quantization;
+
   // True when the model needs something beyond plain Llama (bias, q/k norm, a window that can bite).
   bool has_family_extras() const {
     return qkv_bias || o_bias || mlp_bias || qk_norm || sliding_window > 0;
@@ -54,6 +75,9 @@ struct ModelConfig {
 
 // Throws InputError naming the field for anything missing, mistyped or inconsistent.
 ModelConfig parse_model_config(const nlohmann::json& j);
+// config.json's "quantization_config" object -> Fp8Quantization, or InputError naming the first field
+// tiny-vllm does not support (quantization_config.cpp).
+Fp8Quantization parse_quantization_config(const nlohmann::json& qc);
 // Reads DIR/config.json (or the file itself).
 ModelConfig load_model_config(const std::filesystem::path& dir_or_file);
 

@@ -45,7 +45,8 @@ struct ModelDir {
   std::filesystem::path path;
   ModelConfig config;
   WeightStore weights;
-  // Opens config.json and the weights (mapped, not yet uploaded). Throws InputError.
+  // Opens config.json and the weights (mapped, not yet uploaded), checks them against each other, and
+  // dequantizes an FP8 checkpoint's weights to bf16 in host memory (lesson 16). Throws InputError.
   static ModelDir open(const std::filesystem::path& path);
 };
 

@@ -128,9 +128,17 @@ class WeightStore {
   TensorView device(std::string_view name) const;
   TensorView get(std::string_view name, Device where) const;  // host() or device()
 
+  // Replaces a tensor by one held in host memory: `bytes` (taken over) holds prod(shape) elements of
+  // `dtype`. From then on host() views that memory, upload_to_device() copies it, and file_of() refuses
+  // the name (the tensor is no longer the file's bytes). Used by ModelDir::open to dequantize an FP8
+  // checkpoint's weights to bf16 at load (lesson 16). Drops any device copy: upload again.
+  void replace_in_memory(std::string_view name, DType dtype, std::vector<int64_t> shape, HostBuffer bytes);
+  // Forgets a tensor (a consumed weight_scale, say). Drops any device copy.
+  void erase(std::string_view name);
+
   const std::vector<std::filesystem::path>& files() const;
   const SafetensorsFile& shard(size_t i) const;  // the i-th of files(), opened
-  uint64_t total_tensor_bytes() const;
+  uint64_t total_tensor_bytes() const;  // as held now: replaced tensors count their in-memory bytes
 
  private:
   WeightStore();

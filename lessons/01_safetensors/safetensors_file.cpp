@@ -135,10 +135,24 @@ void check_shard_name(const std::string& shard, const fs::path& index_path) {
 }  // namespace
 
 struct WeightStore::Impl {
+  // A tensor replaced by replace_in_memory(): its own entry (begin 0, end = bytes) and bytes.
+  struct InMemory {
+    SafetensorsEntry entry;
+    HostBuffer bytes;
+  };
   struct Location {
     const SafetensorsFile* file = nullptr;
     const SafetensorsEntry* entry = nullptr;
     size_t device_offset = 0;  // where upload_to_device() put it
+    std::shared_ptr<InMemory> in_memory;  // set when the tensor no longer comes from `file`
+
+    const uint8_t* bytes() const {
+      return in_memory ? static_cast<const uint8_t*>(in_memory->bytes.data()) : file->tensor_bytes(*entry);
+    }
+    TensorView host_view() const {
+      if (!in_memory) return file->host_view(entry->name);
+      return TensorView::contiguous(in_memory->bytes.data(), entry->dtype, Device::CPU, entry->shape);
+    }
   };
   std::vector<std::unique_ptr<SafetensorsFile>> shards;
   std::vector<fs::path> paths;
@@ -165,7 +179,7 @@ struct WeightStore::Impl {
   void index_tensors() {
     for (const auto& shard : shards) {
       for (const SafetensorsEntry& e : shard->entries()) {
-        auto [it, inserted] = tensors.emplace(e.name, Location{shard.get(), &e, 0});
+        auto [it, inserted] = tensors.emplace(e.name, Location{shard.get(), &e, 0, nullptr});
         if (!inserted)
           throw InputError("tensor \"" + e.name + "\" is stored twice: in " + it->second.file->path().string() +
                            " and in " + shard->path().string());
@@ -262,12 +276,39 @@ bool WeightStore::contains(std::string_view name) const { return impl_->tensors.
 
 const SafetensorsEntry& WeightStore::entry(std::string_view name) const { return *impl_->find(name).entry; }
 
-TensorView WeightStore::host(std::string_view name) const {
+TensorView WeightStore::host(std::string_view name) const { return impl_->find(name).host_view(); }
+
+const SafetensorsFile& WeightStore::file_of(std::string_view name) const {
   const Impl::Location& loc = impl_->find(name);
-  return loc.file->host_view(name);
+  if (loc.in_memory)
+    throw InputError("tensor \"" + std::string(name) + "\" was replaced in memory at load (" +
+                     std::string(dtype_name(loc.entry->dtype)) + "): its bytes are no longer the file's");
+  return *loc.file;
 }
 
-const SafetensorsFile& WeightStore::file_of(std::string_view name) const { return *impl_->find(name).file; }
+void WeightStore::replace_in_memory(std::string_view name, DType dtype, std::vector<int64_t> shape, HostBuffer bytes) {
+  auto it = impl_->tensors.find(name);
+  if (it == impl_->tensors.end()) impl_->find(name);  // throws, naming the tensor
+  const uint64_t want = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
+  TVLLM_REQUIRE(bytes.bytes() == want, "WeightStore::replace_in_memory(\"" + std::string(name) + "\"): " +
+                                           std::to_string(bytes.bytes()) + " bytes for " + shape_str(shape) + " " +
+                                           std::string(dtype_name(dtype)) + " (" + std::to_string(want) + " expected)");
+  auto held = std::make_shared<Impl::InMemory>();
+  held->entry = SafetensorsEntry{std::string(name), dtype, std::move(shape), 0, want};
+  held->bytes = std::move(bytes);
+  it->second.entry = &held->entry;
+  it->second.in_memory = std::move(held);
+  impl_->device = DeviceBuffer();
+  impl_->uploaded = false;
+}
+
+void WeightStore::erase(std::string_view name) {
+  auto it = impl_->tensors.find(name);
+  if (it == impl_->tensors.end()) impl_->find(name);  // throws, naming the tensor
+  impl_->tensors.erase(it);
+  impl_->device = DeviceBuffer();
+  impl_->uploaded = false;
+}
 
 void WeightStore::upload_to_device() { upload(std::nullopt); }
 
@@ -304,11 +345,11 @@ void WeightStore::upload(std::optional<DType> floating_dtype) {
     if (stored_bytes == 0) continue;
     DType dt = impl.stored_or_converted(e.dtype);
     if (dt == e.dtype) {
-      buf.copy_from_host(loc.file->tensor_bytes(e), stored_bytes, loc.device_offset);
+      buf.copy_from_host(loc.bytes(), stored_bytes, loc.device_offset);
     } else {
       // Conversion (e.g. an F32 checkpoint for the bf16 GPU path): through fp32 on the host, one tensor
       // at a time, so the staging memory is one tensor, not the model.
-      TensorView src = loc.file->host_view(e.name);
+      TensorView src = loc.host_view();
       const size_t n = static_cast<size_t>(src.numel());
       HostBuffer staging(n * dtype_size(dt));
       for (size_t i = 0; i < n; ++i) store_from_f32(staging.data(), dt, i, load_as_f32(src.data, e.dtype, i));

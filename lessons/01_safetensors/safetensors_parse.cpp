@@ -190,7 +190,7 @@ uint64_t read_header_length(const uint8_t* bytes, uint64_t file_size) {
 [[maybe_unused]] std::string supported_dtypes() {
   std::string s;
   for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::I16,
-                  DType::I8, DType::U8, DType::BOOL}) {
+                  DType::I8, DType::U8, DType::BOOL, DType::F8_E4M3, DType::F8_E5M2}) {
     s += (s.empty() ? "" : ", ") + std::string(dtype_name(d));
   }
   return s;

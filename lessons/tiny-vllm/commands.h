@@ -17,5 +17,6 @@ void add_chat_command(CLI::App& app);       // chat.cpp: the interactive chat (l
 void add_bench_throughput_command(CLI::App& bench);  // bench_throughput.cpp: `bench throughput` (lessons 11 + 12)
 void add_serve_commands(CLI::App& app);  // serve.cpp: serve, bench serve (lesson 13)
 void add_bench_latency_command(CLI::App& bench);  // bench_latency.cpp: `bench latency` (lesson 14)
+void add_quantize_command(CLI::App& app);  // quantize.cpp: an FP8 copy of a bf16 checkpoint (lesson 16)
 
 }  // namespace tvllm::cli

@@ -90,6 +90,13 @@ nlohmann::json config_json(const ModelConfig& c) {
   j["bos_token_id"] = c.bos_token_id;
   j["eos_token_ids"] = c.eos_token_ids;
   j["torch_dtype"] = c.torch_dtype;
+  if (c.quantization) {
+    j["quantization"] = {
+        {"method", "compressed-tensors"},
+        {"weights", "F8_E4M3"},
+        {"strategy", c.quantization->weight_strategy == Fp8Quantization::Strategy::Channel ? "channel" : "tensor"},
+        {"dynamic_token_activations", c.quantization->dynamic_token_activations}};
+  }
   return j;
 }
 
@@ -110,6 +117,10 @@ void print_config(const ModelConfig& c) {
   for (int64_t id : c.eos_token_ids) eos += (eos.empty() ? "" : ",") + std::to_string(id);
   std::printf("  tied embeddings: %s; bos %lld; eos [%s]; dtype %s\n", c.tie_word_embeddings ? "yes" : "no",
               (long long)c.bos_token_id, eos.c_str(), c.torch_dtype.empty() ? "?" : c.torch_dtype.c_str());
+  if (c.quantization)  // lesson 16
+    std::printf("  quantization: compressed-tensors FP8 (E4M3) weights, %s scales, %s\n",
+                c.quantization->weight_strategy == Fp8Quantization::Strategy::Channel ? "per-channel" : "per-tensor",
+                c.quantization->dynamic_token_activations ? "dynamic per-token FP8 activations" : "weight-only");
 }
 
 void run_inspect(const InspectOptions& opt) {
@@ -152,10 +163,10 @@ void run_inspect(const InspectOptions& opt) {
   size_t name_w = 6;
   for (const std::string& n : names) name_w = std::max(name_w, n.size());
   name_w = std::min<size_t>(name_w, 64);
-  std::printf("%-*s  %-5s  %-20s  %14s%s\n", (int)name_w, "tensor", "dtype", "shape", "bytes", sharded ? "  file" : "");
+  std::printf("%-*s  %-7s  %-20s  %14s%s\n", (int)name_w, "tensor", "dtype", "shape", "bytes", sharded ? "  file" : "");
   for (const std::string& n : names) {
     const SafetensorsEntry& e = w.entry(n);
-    std::printf("%-*s  %-5s  %-20s  %14llu%s%s\n", (int)name_w, n.c_str(), std::string(dtype_name(e.dtype)).c_str(),
+    std::printf("%-*s  %-7s  %-20s  %14llu%s%s\n", (int)name_w, n.c_str(), std::string(dtype_name(e.dtype)).c_str(),
                 shape_str(e.shape).c_str(), static_cast<unsigned long long>(e.end - e.begin), sharded ? "  " : "",
                 sharded ? w.file_of(n).path().filename().string().c_str() : "");
   }

@@ -6,6 +6,7 @@
 //   tiny-vllm chat --model DIR          an interactive chat in the terminal (lessons 09 + 10)
 //   tiny-vllm serve --model DIR         the OpenAI-compatible server (lesson 13)
 //   tiny-vllm bench throughput|serve|latency   the benchmarks (lessons 11-14)
+//   tiny-vllm quantize --model DIR --out DIR   an FP8 copy of a bf16 checkpoint (lesson 16)
 //
 // Exit codes: 0 success, 1 runtime failure (CUDA error, out of memory), 2 bad usage or bad input.
 #include <cstdio>
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
 #endif
 #ifdef TVLLM_CLI_FAST  // lesson 14: bench latency (the fast path itself is installed by generate, chat, serve)
   tvllm::cli::add_bench_latency_command(*bench);
+#endif
+#ifdef TVLLM_CLI_QUANTIZE  // lesson 16
+  tvllm::cli::add_quantize_command(app);
 #endif
   try {
     app.parse(argc, argv);

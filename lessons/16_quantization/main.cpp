@@ -1,0 +1,301 @@
+// lesson16_quantization: FP8 formats, an FP8 checkpoint of the model, and what it costs in accuracy.
+//
+//   build/bin/lesson16_quantization                  formats, rounding table, checks, FP8 model vs bf16
+//   build/bin/lesson16_quantization --device cpu     the CPU path only
+//   build/bin/lesson16_quantization --bench          + conversion kernels and bf16 vs FP8 GEMV timed (GPU)
+//
+// 1. the two formats side by side and the rounding table of the chapter (E4M3, saturating)
+// 2. CPU: every code round-trips; the encoders against the table oracle on every midpoint between
+//    adjacent values, its neighbours and 2^22 random fp32 patterns (tests/test_16_fp8.cpp does all 2^32)
+// 3. GPU: v1 and v2 against the CPU on the same inputs, v1 against v2 on ALL 2^32 fp32 patterns, and the
+//    FP8 GEMV against its reference
+// 4. the model (default: the bundled one) quantized with `tiny-vllm quantize`'s code into a temporary
+//    directory, loaded back (lesson 01 dequantizes at load), and measured against the original with
+//    teacher forcing over the corpus: top-1 agreement, perplexity of each, logit error
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "accuracy.h"
+#include "common/bench.h"
+#include "common/errors.h"
+#include "common/lesson.h"
+#include "common/random.h"
+#include "common/validate.h"
+#include "fp8.h"
+#include "fp8_gemv.h"
+#include "gemv.h"
+#include "model_dir.h"
+#include "quantize.h"
+
+namespace {
+
+using namespace tvllm;
+namespace fs = std::filesystem;
+
+// The targets for the bundled model (README.md, "What correct means").
+constexpr double kMinTop1Agreement = 0.98;
+constexpr double kMaxPerplexityIncrease = 0.01;
+
+void print_formats() {
+  std::printf("the 8-bit formats (and bf16 for scale)\n");
+  std::printf("  %-5s %4s %4s %5s %12s %12s %12s %s\n", "", "exp", "man", "bias", "largest", "min normal",
+              "min subnorm", "specials");
+  for (Fp8Kind k : {Fp8Kind::E4M3, Fp8Kind::E5M2}) {
+    const Fp8Format& f = fp8_format(k);
+    std::printf("  %-5s %4d %4d %5d %12g %12g %12g %s\n", f.name, f.exponent_bits, f.mantissa_bits, f.bias,
+                f.max_finite, f.min_normal, f.min_subnormal,
+                f.has_infinity ? "+-inf, NaN (e=31, m!=0)" : "NaN only (s.1111.111), no inf");
+  }
+  std::printf("  %-5s %4d %4d %5d %12g %12g %12g %s\n\n", "bf16", 8, 7, 127, 3.3895e38, 1.1755e-38, 9.1835e-41,
+              "+-inf, NaN");
+}
+
+// The chapter's rounding table: x, the code, its value, the error, and what happened.
+void print_rounding_table() {
+  struct Row {
+    float x;
+    const char* what;
+  };
+  const Row rows[] = {{1.0f, "exact"},
+                      {1.0625f, "tie between 1 and 1.125: to the even code (1)"},
+                      {1.1875f, "tie between 1.125 and 1.25: to the even code (1.25)"},
+                      {1.1f, "nearest: spacing 0.125 in [1, 2)"},
+                      {0.1f, "spacing 2^-7 in [2^-4, 2^-3)"},
+                      {300.0f, "spacing 32 in [256, 448]"},
+                      {448.0f, "the largest"},
+                      {460.0f, "rounds down to 448 (past it: saturation)"},
+                      {500.0f, "saturates to 448 (torch's plain cast: NaN)"},
+                      {INFINITY, "saturates (torch: NaN)"},
+                      {0.003f, "subnormal: multiples of 2^-9 = 0.00195"},
+                      {0.0009765625f, "2^-10, a tie between 0 and 2^-9: to 0"},
+                      {NAN, "NaN stays NaN"}};
+  std::printf("E4M3 rounding (round to nearest even, saturating), and torch's .to(float8_e4m3fn)\n");
+  std::printf("  %12s  %6s %12s %12s  %9s  %s\n", "x", "code", "value", "error", "torch", "");
+  for (const Row& r : rows) {
+    const uint8_t c = f32_to_fp8_e4m3(r.x), t = f32_to_fp8_e4m3_torch_cast(r.x);
+    const float v = fp8_e4m3_to_f32(c), tv = fp8_e4m3_to_f32(t);
+    std::printf("  %12g  0x%02x %12g %12g  %9g  %s\n", r.x, c, v, std::isfinite(r.x) ? v - r.x : NAN, tv, r.what);
+  }
+  std::printf("\n");
+}
+
+// CPU: every code, every midpoint (and its neighbours), random patterns: encoder == table oracle.
+void check_cpu(Report& report) {
+  for (Fp8Kind kind : {Fp8Kind::E4M3, Fp8Kind::E5M2}) {
+    const Fp8Format& f = fp8_format(kind);
+    const std::vector<Fp8TableEntry> table = fp8_value_table(kind);
+    int64_t codes_bad = 0;
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_to_f32(kind, static_cast<uint8_t>(c));
+      if (std::isfinite(v) && f32_to_fp8(kind, v) != c) ++codes_bad;
+    }
+    report.add_check(std::string(f.name) + ": every finite code round-trips", codes_bad == 0,
+                     std::to_string(codes_bad) + " bad");
+    std::vector<float> xs;
+    for (size_t i = 0; i + 1 < table.size(); ++i) {
+      const float mid = static_cast<float>(0.5 * (table[i].value + table[i + 1].value));
+      xs.insert(xs.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), -mid});
+    }
+    Rng rng(16);
+    for (int i = 0; i < (1 << 22); ++i) {
+      const float x = f32_from_bits(static_cast<uint32_t>(rng.next_u64() >> 32));
+      if (!std::isnan(x)) xs.push_back(x);
+    }
+    int64_t bad = 0;
+    for (float x : xs) bad += f32_to_fp8(kind, x) != fp8_round_by_table(table, kind, x);
+    report.add_check(std::string(f.name) + ": encoder == table oracle (" + std::to_string(xs.size()) + " values)",
+                     bad == 0, std::to_string(bad) + " differ");
+  }
+}
+
+// The FP8 GEMV on the GPU against its double reference at one decode shape (tests/test_16_fp8_gemv_gpu.cpp
+// derives the bound: 2 K 2^-24 sum|x q| scale, plus 2^-8 of the value for the bf16 output).
+void check_fp8_gemv(Report& report) {
+  const int64_t N = 2048, K = 2048;
+  Rng rng(23);
+  std::vector<uint16_t> w(static_cast<size_t>(N * K)), x(static_cast<size_t>(K));
+  for (auto& v : w) v = f32_to_bf16(static_cast<float>(rng.normal() * 0.02));
+  for (auto& v : x) v = f32_to_bf16(static_cast<float>(rng.normal()));
+  Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(w.data(), DType::BF16, Device::CPU, {N, K}),
+                                     Fp8Quantization::Strategy::Channel, DType::F32);
+  const Fp8GemvReference ref = fp8_gemv_reference(
+      TensorView::contiguous(x.data(), DType::BF16, Device::CPU, {1, K}),
+      TensorView::contiguous(q8.codes.data(), DType::F8_E4M3, Device::CPU, {N, K}),
+      TensorView::contiguous(q8.scales.data(), DType::F32, Device::CPU, {N}));
+  Tensor xd = Tensor::empty({1, K}, DType::BF16, Device::CUDA), q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
+  Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA), out = Tensor::empty({1, N}, DType::F32, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaMemcpy(xd.data(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+  fp8_gemv(out.view(), xd.view(), q.view(), s.view());
+  std::vector<float> got(static_cast<size_t>(N));
+  TVLLM_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = 2.0 * K * std::ldexp(1.0, -24) * ref.abs_sum[i] + std::ldexp(std::fabs(ref.value[i]), -23);
+    bad += !(std::fabs(got[i] - ref.value[i]) <= tol);
+  }
+  report.add_check("FP8 GEMV 1x2048 . 2048x2048 == reference", bad == 0, std::to_string(bad) + " outside the bound");
+}
+
+// GPU: both kernels against the CPU on a sample, then v1 against v2 on every fp32 pattern.
+void check_gpu(Report& report) {
+  std::vector<float> xs;
+  Rng rng(61);
+  for (int i = 0; i < (1 << 22); ++i) xs.push_back(f32_from_bits(static_cast<uint32_t>(rng.next_u64() >> 32)));
+  const int64_t n = static_cast<int64_t>(xs.size());
+  Tensor x = Tensor::from_f32(xs, {n}, DType::F32, Device::CUDA);
+  for (Fp8Kind kind : {Fp8Kind::E4M3, Fp8Kind::E5M2}) {
+    const Fp8Format& f = fp8_format(kind);
+    Tensor q = Tensor::empty({n}, f.dtype, Device::CUDA);
+    for (const std::string& v : fp8_kernel_versions()) {
+      convert_f32_to_fp8(q.view(), x.view(), v);
+      std::vector<uint8_t> got(static_cast<size_t>(n));
+      TVLLM_CUDA_CHECK(cudaMemcpy(got.data(), q.data(), got.size(), cudaMemcpyDeviceToHost));
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const uint8_t want = f32_to_fp8(kind, xs[i]);
+        const bool nan = std::isnan(xs[i]);
+        bad += nan ? std::isnan(fp8_to_f32(kind, got[i])) == 0 : got[i] != want;
+      }
+      report.add_check(std::string(f.name) + " GPU " + v + " == CPU (2^22 random patterns)", bad == 0,
+                       std::to_string(bad) + " differ");
+    }
+    Tensor counters = Tensor::empty({2}, DType::I64, Device::CUDA);
+    auto* count = static_cast<unsigned long long*>(counters.data());
+    auto* first_bad = reinterpret_cast<uint32_t*>(count + 1);
+    TVLLM_CUDA_CHECK(cudaMemset(count, 0, 8));
+    TVLLM_CUDA_CHECK(cudaMemset(first_bad, 0xff, 4));
+    for (int64_t first = 0; first < (int64_t{1} << 32); first += int64_t{1} << 30)
+      fp8_count_v1_v2_disagreements_cuda(kind, static_cast<uint32_t>(first), int64_t{1} << 30, count, first_bad);
+    unsigned long long host = 0;
+    TVLLM_CUDA_CHECK(cudaMemcpy(&host, count, 8, cudaMemcpyDeviceToHost));
+    report.add_check(std::string(f.name) + " GPU v1 == v2 on all 2^32 fp32 patterns", host == 0,
+                     std::to_string(host) + " differ");
+  }
+}
+
+void check_model(const LessonOptions& opt, const fs::path& corpus, Report& report) {
+  const fs::path tmp = fs::temp_directory_path() / ("lesson16_fp8_" + std::to_string(std::random_device{}()));
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } cleanup{tmp};
+  const QuantizeSummary s = quantize_checkpoint(opt.model_dir, tmp, QuantizeOptions{});
+  std::printf("quantized %lld Linear weights (per-channel scales): %.2f MB -> %.2f MB of tensors; worst weight "
+              "error %.3f of its bound\n",
+              static_cast<long long>(s.quantized_tensors), s.bytes_before / 1e6, s.bytes_after / 1e6,
+              s.max_error_over_bound);
+  report.add_check("every weight within its FP8 rounding bound", s.max_error_over_bound <= 1.0 + 1e-6,
+                   "worst " + std::to_string(s.max_error_over_bound));
+
+  const ModelDir bf16 = ModelDir::open(opt.model_dir);
+  const ModelDir fp8 = ModelDir::open(tmp);
+  LogitsComparison total;
+  TeacherForcing run_bf16(bf16, opt.device, 256), run_fp8(fp8, opt.device, 256);
+  for (const std::vector<int32_t>& ids : corpus_windows(opt.model_dir, corpus, 256, 8)) {
+    const Tensor ref = run_bf16.logits(ids);
+    const Tensor cand = run_fp8.logits(ids);
+    accumulate(total, compare_logits(cand.view(), ref.view(), ids));
+  }
+  const bool text = has_tokenizer(opt.model_dir);
+  std::printf("\nteacher-forced over %lld positions of %s (%s):\n", static_cast<long long>(total.positions),
+              text ? corpus.string().c_str() : "seeded random ids (the model has no tokenizer)",
+              std::string(device_name(opt.device)).c_str());
+  std::printf("  %-22s %12s %12s\n", "", "bf16 weights", "FP8 weights");
+  std::printf("  %-22s %12.5f %12.5f\n", "perplexity", total.reference_perplexity, total.candidate_perplexity);
+  std::printf("  %-22s %12s %11.2f%%\n", "top-1 agreement", "-", 100.0 * total.top1_agreement());
+  std::printf("  %-22s %12s %12.4f   (rms of the logits %.3f; max |err| %.4f)\n\n", "rms logit error", "-",
+              total.rms_error, total.reference_rms, total.max_abs_error);
+  // Every model: per-weight errors of at most 2^-4 (relative, ~2% rms) with independent signs move the logits
+  // by a few percent of their rms (4.7% on the bundled model; more layers compound it somewhat). A scale
+  // ignored, transposed or applied twice moves them by more than their own size: 25% separates the two.
+  report.add_check("rms logit error < 25% of rms logits", total.rms_error < 0.25 * total.reference_rms,
+                   std::to_string(total.rms_error) + " vs " + std::to_string(total.reference_rms));
+  if (!text) return;  // the targets below are about text the model knows (a random model has none)
+  const double increase = total.candidate_perplexity / total.reference_perplexity - 1.0;
+  report.add_check("top-1 agreement >= 98%", total.top1_agreement() >= kMinTop1Agreement,
+                   std::to_string(100.0 * total.top1_agreement()) + "%");
+  report.add_check("perplexity within 1% of bf16", std::fabs(increase) <= kMaxPerplexityIncrease,
+                   std::to_string(100.0 * increase) + "%");
+}
+
+// The decode GEMV at Llama-3.2-1B's shapes, batch 1: lesson 14's bf16 v3 against the FP8 one. Both read
+// every weight once; the FP8 one reads half the bytes.
+void bench_gemv(const Ceilings& ceilings) {
+  std::vector<BenchRow> rows;
+  Rng rng(5);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {16384, 2048}, {2048, 8192}}) {
+    std::vector<float> w(static_cast<size_t>(N * K)), xs(static_cast<size_t>(K));
+    for (float& v : w) v = static_cast<float>(rng.normal() * 0.02);
+    for (float& v : xs) v = static_cast<float>(rng.normal());
+    Tensor wb = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA);
+    Tensor x = Tensor::from_f32(xs, {1, K}, DType::BF16, Device::CUDA);
+    Tensor out = Tensor::empty({1, N}, DType::BF16, Device::CUDA);
+    std::vector<uint16_t> host_w(w.size());
+    for (size_t i = 0; i < w.size(); ++i) host_w[i] = f32_to_bf16(w[i]);
+    const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(host_w.data(), DType::BF16, Device::CPU, {N, K}),
+                                             Fp8Quantization::Strategy::Channel, DType::F32);
+    Tensor q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
+    Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+    const std::string shape = std::to_string(N) + "x" + std::to_string(K);
+    rows.push_back({"bf16 gemv v3 " + shape, bench_gpu([&] { gemv(out.view(), x.view(), wb.view()); }),
+                    static_cast<double>(gemv_bytes_moved(1, N, K, DType::BF16)), 2.0 * N * K});
+    rows.push_back({"fp8 gemv     " + shape, bench_gpu([&] { fp8_gemv(out.view(), x.view(), q.view(), s.view()); }),
+                    static_cast<double>(fp8_gemv_bytes_moved(1, N, K, DType::BF16)), 2.0 * N * K});
+  }
+  print_bench_table(std::cout, "decode GEMV, batch 1: bf16 weights vs FP8 weights (bytes = weights + x + out)", rows,
+                    ceilings);
+}
+
+void run_bench(const LessonOptions& opt) {
+  const int64_t n = opt.bench_tokens * 2048;  // an activation tensor [tokens, 2048]
+  std::vector<float> values(static_cast<size_t>(n));
+  Rng rng(3);
+  for (float& v : values) v = static_cast<float>(3.0 * rng.normal());
+  Tensor x = Tensor::from_f32(values, {n}, DType::F32, Device::CUDA);
+  Tensor q = Tensor::empty({n}, DType::F8_E4M3, Device::CUDA);
+  Tensor back = Tensor::empty({n}, DType::F32, Device::CUDA);
+  const double bytes = 5.0 * static_cast<double>(n);  // 4 read + 1 written, or the reverse
+  std::vector<BenchRow> rows;
+  for (const std::string& v : fp8_kernel_versions())
+    rows.push_back({"fp32->e4m3 " + v, bench_gpu([&] { convert_f32_to_fp8(q.view(), x.view(), v); }), bytes, 0.0});
+  rows.push_back({"e4m3->fp32", bench_gpu([&] { convert_fp8_to_f32(back.view(), q.view()); }), bytes, 0.0});
+  const Ceilings ceilings = measure_ceilings(false);
+  print_bench_table(std::cout, "conversions of " + std::to_string(n) + " elements (5 bytes each)", rows, ceilings);
+  bench_gemv(ceilings);
+}
+
+int run(const LessonOptions& opt, const fs::path& corpus) {
+  print_formats();
+  print_rounding_table();
+  Report report("lesson 16: FP8");
+  check_cpu(report);
+  if (opt.device == Device::CUDA) {
+    check_gpu(report);
+    check_fp8_gemv(report);
+  }
+  check_model(opt, corpus, report);
+  report.print(std::cout);
+  if (opt.bench && opt.device == Device::CUDA) run_bench(opt);
+  return report.exit_code();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tvllm::LessonCli cli("lesson16_quantization",
+                       "FP8: E4M3/E5M2 rounding and saturation, FP8 checkpoints, accuracy vs bf16");
+  cli.kernels(tvllm::fp8_kernel_versions(), tvllm::kFp8DefaultKernel);
+  std::string corpus = (tvllm::default_model_dir().parent_path() / "corpus").string();
+  cli.app().add_option("--corpus", corpus, "a folder of .txt files for the accuracy measurement");
+  return cli.run(argc, argv, [&](const tvllm::LessonOptions& opt) { return run(opt, corpus); });
+}
