@@ -48,7 +48,24 @@ TEST(Hopper15Gpu, TmaTileOffTheEdgeIsZeroFilled) {
     EXPECT_PASSES(check_tma_tile(200, 136, 150, 96, 64, 64, sw, 10));  // past the bottom and the right
     EXPECT_PASSES(check_tma_tile(200, 136, -5, -24, 64, 64, sw, 11));  // before row 0 and column 0
     EXPECT_PASSES(check_tma_tile(37, 72, 0, 0, 128, 64, sw, 12));      // a box taller than the matrix
-    EXPECT_PASSES(check_tma_tile(8, 8, 500, 500, 16, 64, sw, 13));     // entirely outside: all zeros
+  }
+}
+
+// A box wider than the whole matrix (64 columns of an 8-column matrix): the columns past the edge are zeros.
+TEST(Hopper15Gpu, TmaTileWiderThanTheMatrixIsZeroFilled) {
+  TVLLM_REQUIRE_HOPPER();
+  for (TmaSwizzle sw : {TmaSwizzle::None, TmaSwizzle::B128}) {
+    SCOPED_TRACE(tma_swizzle_name(sw));
+    EXPECT_PASSES(check_tma_tile(8, 8, 0, 0, 16, 64, sw, 14));
+  }
+}
+
+// A box that misses the matrix entirely: the copy still completes (every byte counted) and holds only zeros.
+TEST(Hopper15Gpu, TmaTileEntirelyOutsideIsAllZeros) {
+  TVLLM_REQUIRE_HOPPER();
+  for (TmaSwizzle sw : {TmaSwizzle::None, TmaSwizzle::B128}) {
+    SCOPED_TRACE(tma_swizzle_name(sw));
+    EXPECT_PASSES(check_tma_tile(64, 64, 500, 500, 16, 64, sw, 13));
   }
 }
 

@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kTmaThreads)
   // Hint: the byte count is the WHOLE box, also when part of it lies outside the matrix: TMA writes those
   //   zeros into shared memory and counts them.
   // Tests: Hopper15Gpu.TmaTileCopyMatchesTheOracle Hopper15Gpu.TmaTileOffTheEdgeIsZeroFilled
+  // Tests: Hopper15Gpu.TmaTileWiderThanTheMatrixIsZeroFilled Hopper15Gpu.TmaTileEntirelyOutsideIsAllZeros
   // Tests: Hopper15Gpu.TmaSwizzledTileIsReadBackThroughTheFormula
   // Stub: device
   // --- solution ---
