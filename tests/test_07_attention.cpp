@@ -498,5 +498,36 @@ TEST(Attention07Cpu, FlashHeadDims) {
   EXPECT_NE(flash_path(192).find("CUDA cores"), std::string::npos);
 }
 
+// The fresh-prefill seam (attention.h): which batches count as fresh, and that CPU views never reach a kernel.
+TEST(Attention07Cpu, FreshPrefillIsEveryKeyANewQuery) {
+  EXPECT_TRUE(is_fresh_prefill(AttentionBatch::prefill({5, 1, 3}, Device::CPU)));
+  EXPECT_FALSE(is_fresh_prefill(AttentionBatch::prefill({1, 1}, Device::CPU)));  // decode-sized: never
+  EXPECT_FALSE(is_fresh_prefill(AttentionBatch::with_lengths({4, 2}, {4, 9}, Device::CPU)));  // a cached prefix
+  EXPECT_FALSE(is_fresh_prefill(AttentionBatch::with_lengths({4}, {5}, Device::CPU)));
+  EXPECT_TRUE(is_fresh_prefill(AttentionBatch::with_lengths({4, 0}, {4, 0}, Device::CPU)));
+}
+
+int g_fresh_calls = 0;
+bool counting_fresh_prefill(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                            const AttentionBatch&, const AttentionShape&, cudaStream_t) {
+  ++g_fresh_calls;
+  return true;
+}
+
+TEST(Attention07Cpu, TheFreshPrefillSeamTakesOnlyGpuSteps) {
+  const AttentionShape s{2, 1, 8};
+  const AttentionBatch batch = AttentionBatch::prefill({3}, Device::CPU);
+  Tensor q = Tensor::empty({3, 16}, DType::F32, Device::CPU), k = Tensor::empty({3, 8}, DType::F32, Device::CPU);
+  Tensor v = Tensor::empty({3, 8}, DType::F32, Device::CPU), out = Tensor::empty({3, 16}, DType::F32, Device::CPU);
+  EXPECT_EQ(installed_fresh_prefill(), nullptr);
+  EXPECT_FALSE(try_fresh_prefill(out, q, k, v, batch, s, nullptr));  // nothing installed
+  install_fresh_prefill(counting_fresh_prefill);
+  EXPECT_EQ(installed_fresh_prefill(), &counting_fresh_prefill);
+  EXPECT_FALSE(try_fresh_prefill(out, q, k, v, batch, s, nullptr));  // CPU views: the backend's own reference
+  EXPECT_EQ(g_fresh_calls, 0);
+  install_fresh_prefill(nullptr);
+  EXPECT_EQ(installed_fresh_prefill(), nullptr);
+}
+
 }  // namespace
 }  // namespace tvllm

@@ -3,6 +3,7 @@
 #include "attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -360,6 +361,27 @@ void attention(const TensorView& out, const TensorView& q, const TensorView& k, 
   if (workspace) workspace->check(batch, shape, kernel);
   if (batch.total_q() == 0) return;
   attention_cuda(out, q, k, v, batch, shape, kernel, workspace, stream);
+}
+
+// ---- the fresh-prefill seam (attention.h) ---------------------------------------------------------------------
+
+namespace {
+std::atomic<FreshPrefillFn> g_fresh_prefill{nullptr};
+}  // namespace
+
+void install_fresh_prefill(FreshPrefillFn fn) { g_fresh_prefill.store(fn); }
+
+FreshPrefillFn installed_fresh_prefill() { return g_fresh_prefill.load(); }
+
+bool is_fresh_prefill(const AttentionBatch& batch) {
+  return batch.max_q_len() > 1 && batch.cu_seqlens_q() == batch.cu_seqlens_k();
+}
+
+bool try_fresh_prefill(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
+  const FreshPrefillFn fn = installed_fresh_prefill();
+  if (fn == nullptr || q.device != Device::CUDA || !is_fresh_prefill(batch)) return false;
+  return fn(out, q, k, v, batch, shape, stream);
 }
 
 }  // namespace tvllm

@@ -214,6 +214,26 @@ void attention(const TensorView& out, const TensorView& q, const TensorView& k, 
                AttentionKernel kernel = AttentionKernel::V2Flash, AttentionWorkspace* workspace = nullptr,
                cudaStream_t stream = nullptr);
 
+// ---- the seam for a faster prefill kernel (lesson 15 fills it on Hopper) ---------------------------------------
+// A prefill step with no cached prefix (every sequence's keys are exactly its new tokens: cu_seqlens_k ==
+// cu_seqlens_q) can attend over the step's own q, k and v rows, as attention() above does, instead of reading the
+// rows back from a KV cache. Lessons 08, 10 and 12 ask try_fresh_prefill() first when their backend's
+// set_fast_prefill(true) was called; lesson 15 installs a kernel through install_fresh_prefill(). Lesson 07 cannot
+// link lesson 15, hence a function pointer (the same kind of seam as lesson 10's install_fast_decode).
+// The kernel returns false when it declines (a head_dim it lacks, another GPU): the caller then runs its own.
+using FreshPrefillFn = bool (*)(const TensorView& out, const TensorView& q, const TensorView& k,
+                                const TensorView& v, const AttentionBatch& batch, const AttentionShape& shape,
+                                cudaStream_t stream);
+void install_fresh_prefill(FreshPrefillFn fn);  // idempotent; published atomically; null uninstalls
+FreshPrefillFn installed_fresh_prefill();        // null until someone installs one
+// Whether a batch is a fresh prefill: at least one sequence of more than one query, and every sequence's keys are
+// exactly its queries.
+bool is_fresh_prefill(const AttentionBatch& batch);
+// Runs the installed kernel when the batch is a fresh prefill on the GPU and the kernel accepts it; false
+// (nothing launched) otherwise.
+bool try_fresh_prefill(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream);
+
 // The two paths behind attention() (arguments already validated).
 void attention_cpu(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                    const AttentionBatch& batch, const AttentionShape& shape);

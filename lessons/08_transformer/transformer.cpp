@@ -119,6 +119,7 @@ void PrefillAttention::attend(int /*layer*/, const TensorView& q, const TensorVi
       batch.total_k() == batch.total_q(),
       "PrefillAttention: a sequence of this step continues earlier tokens (k_len > q_len); attending to "
       "them needs their keys and values from a KV cache (lesson 10)");
+  if (fast_prefill_ && try_fresh_prefill(out, q, k, v, batch, shape_, stream)) return;
   attention(out, q, k, v, batch, shape_, kernel_, workspace_ ? &*workspace_ : nullptr, stream);
 }
 

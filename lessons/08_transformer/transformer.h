@@ -240,6 +240,14 @@ class AttentionBackend {
   // captured with, so lesson 14's graph runner pins the split count for a graph's whole life. Backends
   // without a split decode kernel (prefill only) ignore it.
   virtual void pin_decode_splits(int /*num_splits*/) {}
+  // Prefill steps with no cached prefix: ask the installed fresh-prefill kernel first (lesson 07's
+  // try_fresh_prefill; lesson 15 installs one on Hopper). Off by default; the backend's own kernel runs when
+  // it is off, when none is installed or when the kernel declines the step.
+  void set_fast_prefill(bool on) { fast_prefill_ = on; }
+  bool fast_prefill() const { return fast_prefill_; }
+
+ protected:
+  bool fast_prefill_ = false;
 };
 
 // Prefill only: each sequence attends to its own new tokens, nothing before them (k_len == q_len for every

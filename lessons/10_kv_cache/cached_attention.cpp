@@ -31,6 +31,8 @@ void CachedAttention::attend(int layer, const TensorView& q, const TensorView& k
   const TensorView cache_k = cache_.k(layer), cache_v = cache_.v(layer);
   // 1. This step's keys and values join their sequences' rows of the cache...
   kv_cache_write(cache_k, cache_v, k, v, batch, slots_, shape_, stream);
+  // A prefill with no cached prefix may attend over the step's own rows instead (lesson 15 on Hopper).
+  if (fast_prefill_ && try_fresh_prefill(out, q, k, v, batch, shape_, stream)) return;
   // 2. ...and every query attends over its sequence's whole row, the new tokens included (same stream: the
   //    write is ordered before the reads).
   if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {

@@ -47,6 +47,8 @@ void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k,
   const TensorView pool_k = pool_.k(layer), pool_v = pool_.v(layer);
   // 1. This step's keys and values go to their KV slots...
   paged_kv_write(pool_k, pool_v, k, v, tables_, shape_, stream);
+  // A prefill with no cached prefix may attend over the step's own rows instead (lesson 15 on Hopper).
+  if (fast_prefill_ && try_fresh_prefill(out, q, k, v, batch, shape_, stream)) return;
   // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
   //    ordered before the reads).
   if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {

@@ -111,12 +111,13 @@ DecodeLatency measure_decode_latency(const ModelWeights& w, const std::optional<
 }
 
 PrefillLatency measure_prefill_latency(const ModelWeights& w, const std::optional<FastPathOptions>& fast,
-                                       int64_t tokens, int iters) {
+                                       int64_t tokens, int iters, bool fast_prefill) {
   const ModelConfig& c = w.config;
   TVLLM_REQUIRE(tokens >= 1 && tokens + 1 <= c.max_position_embeddings,
                 "bench latency: a prefill of " + std::to_string(tokens) + " tokens does not fit the context");
   Generator gen(w, Generator::limits_for(c, tokens + 1, 1, tokens));
   if (fast) use_fast_path(gen, *fast);
+  gen.attention().set_fast_prefill(fast_prefill);
   const std::vector<int32_t> prompt = random_prompt(tokens, std::min<int64_t>(c.vocab_size, 1000), 7);
   GenerateOptions options;
   options.max_new_tokens = 1;

@@ -54,7 +54,9 @@ std::vector<LatencyVariant> progression_variants();
 // warm-up run (which captures the graphs the timed runs replay). copy_gbs: the ceiling (0: no percentage).
 DecodeLatency measure_decode_latency(const ModelWeights& weights, const std::optional<FastPathOptions>& fast,
                                      int64_t batch, int64_t context, int64_t output_len, int iters, double copy_gbs);
+// fast_prefill: the generator's attention asks lesson 07's fresh-prefill seam first (AttentionBackend::
+// set_fast_prefill): lesson 15's kernel when the caller installed it, lesson 10's flash kernel otherwise.
 PrefillLatency measure_prefill_latency(const ModelWeights& weights, const std::optional<FastPathOptions>& fast,
-                                       int64_t tokens, int iters);
+                                       int64_t tokens, int iters, bool fast_prefill = false);
 
 }  // namespace tvllm

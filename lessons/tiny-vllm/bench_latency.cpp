@@ -1,12 +1,14 @@
 // tiny-vllm bench latency --model DIR [--batch-size 1 8 ...] [--context 128 4096] [--output-len 128]
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
-//                         [--no-pdl] [--no-fast-attention] [--compare] [--device auto|cpu|cuda] [--output table|json]
+//                         [--no-pdl] [--no-fast-attention] [--no-hopper-attention] [--compare]
+//                         [--device auto|cpu|cuda] [--output table|json]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
 // decode), and prefill tok/s. --compare runs the lesson's progression in one process, so that every row is
 // measured on the same GPU in the same minute: lesson 10 as it is, then + CUDA graphs, + the fused GEMV forward,
 // + the fast sampler, + programmatic dependent launch, + the fast decode attention (the default fast path).
+// On Hopper each prefill row is measured twice: lesson 10's attention and lesson 15's (--no-hopper-attention: once).
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -22,6 +24,9 @@
 #include "latency_bench.h"
 #include "model_dir.h"
 #include "model_weights.h"
+#ifdef TVLLM_CLI_HOPPER
+#include "prefill_hook.h"
+#endif
 
 namespace tvllm::cli {
 namespace {
@@ -32,7 +37,7 @@ struct BenchLatencyOptions {
   int64_t output_len = 128;
   int iters = 3;
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
-       compare = false;
+       no_hopper_attention = false, compare = false;
 };
 
 std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device, const ModelConfig& config) {
@@ -77,6 +82,11 @@ void run(const BenchLatencyOptions& o) {
                   copy_gbs, decode_bytes_per_step(weights, 1, 0.0) / (1 << 20),
                   copy_gbs * 1e9 / decode_bytes_per_step(weights, 1, 0.0));
   }
+  std::vector<bool> prefill_kernels{false};
+#ifdef TVLLM_CLI_HOPPER
+  if (device == Device::CUDA && !o.no_hopper_attention && install_hopper_prefill_attention())
+    prefill_kernels.push_back(true);
+#endif
   for (const LatencyVariant& v : variants(o, device, c)) {
     nlohmann::json run;
     run["variant"] = v.name;
@@ -96,13 +106,18 @@ void run(const BenchLatencyOptions& o) {
           std::printf("  %6lld %8lld %10.3f %10.1f %10.1f %8.1f%% %7lld\n", (long long)d.batch, (long long)d.context,
                       d.ms_per_step, d.tok_s, d.gbs, d.pct_copy, (long long)d.graphs);
       }
-    for (int64_t p : o.prefill_lens) {
-      const PrefillLatency r = measure_prefill_latency(weights, v.fast, p, o.iters);
-      run["prefill"].push_back({{"tokens", r.tokens}, {"ms", r.ms}, {"tok_s", r.tok_s}, {"tflops", r.tflops}});
-      if (o.output == "table")
-        std::printf("  prefill %6lld tokens: %9.3f ms  %10.0f tok/s  %7.1f TFLOP/s\n", (long long)r.tokens, r.ms,
-                    r.tok_s, r.tflops);
-    }
+    // Prefill rows: lesson 10's flash kernel over the cache, and (on Hopper) lesson 15's over the step's rows,
+    // both in this process so that the two figures compare.
+    for (int64_t p : o.prefill_lens)
+      for (bool hopper : prefill_kernels) {
+        const PrefillLatency r = measure_prefill_latency(weights, v.fast, p, o.iters, hopper);
+        const char* attention = hopper ? "lesson 15" : "lesson 10";
+        run["prefill"].push_back({{"tokens", r.tokens}, {"attention", attention}, {"ms", r.ms}, {"tok_s", r.tok_s},
+                                  {"tflops", r.tflops}});
+        if (o.output == "table")
+          std::printf("  prefill %6lld tokens, %s attention: %9.3f ms  %10.0f tok/s  %7.1f TFLOP/s\n",
+                      (long long)r.tokens, attention, r.ms, r.tok_s, r.tflops);
+      }
     out["runs"].push_back(run);
   }
   if (o.output == "json") std::cout << out.dump() << "\n";
@@ -129,6 +144,10 @@ void add_bench_latency_command(CLI::App& bench) {
   cmd->add_flag("--no-pdl", opt->no_pdl, "the fused GEMVs without programmatic dependent launch");
   cmd->add_flag("--no-fast-attention", opt->no_fast_attention,
                 "lesson 10's decode attention kernel instead of lesson 14's");
+#ifdef TVLLM_CLI_HOPPER
+  cmd->add_flag("--no-hopper-attention", opt->no_hopper_attention,
+                "prefill rows: only lesson 10's attention (without it, on Hopper, lesson 15's too)");
+#endif
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
   cmd->add_option("--output", opt->output, "table (default) or json");

@@ -140,7 +140,7 @@ void run_serve(const ServeCliOptions& o) {
               m->dir.string().c_str(), std::string(device_name(m->device)).c_str(),
               engine.kv().describe().c_str(), static_cast<long long>(engine.limits().max_context),
               static_cast<long long>(ec.max_sequences), static_cast<long long>(sc.max_waiting),
-              ec.batch_invariant ? "; batch-invariant" : "", o.fast.describe(m->device, &m->model.config).c_str());
+              ec.batch_invariant ? "; batch-invariant" : "", o.fast.describe(m->device, &m->model.config, ec.batch_invariant).c_str());
   std::printf("listening on http://%s:%d (model \"%s\"%s); Ctrl-C to stop\n", o.host.c_str(), port,
               sc.model_name.c_str(), o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);

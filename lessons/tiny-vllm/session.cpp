@@ -10,6 +10,10 @@
 #include "engine.h"
 #include "fast_path.h"
 #endif
+#ifdef TVLLM_CLI_HOPPER
+#include "hopper.h"
+#include "prefill_hook.h"
+#endif
 
 namespace tvllm::cli {
 
@@ -41,6 +45,10 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
   cmd->add_flag("--no-fast-attention", no_fast_attention,
                 "CUDA: lesson 10's decode attention kernel instead of lesson 14's");
+#ifdef TVLLM_CLI_HOPPER
+  cmd->add_flag("--no-hopper-attention", no_hopper_attention,
+                "CUDA: lesson 07/12's prefill attention instead of lesson 15's wgmma kernel (Hopper only)");
+#endif
   cmd->add_option("--max-graph-batch", max_graph_batch,
                   "CUDA: decode steps of more sequences run eagerly (default 0: none do; graphs of every size up "
                   "to 64, padded buckets of 16 above; 64: no padded buckets)")
@@ -63,20 +71,46 @@ FastPathOptions FastPathFlags::options() const {
 }
 #endif
 
+namespace {
+
+// Lesson 15's prefill attention, on a Hopper GPU unless --no-hopper-attention. Not with batch invariance: a
+// prompt's prefix-cache hit would take lesson 12's paged kernel and a miss lesson 15's, so the same prompt could
+// get other bits.
+bool hopper_prefill_applies(bool no_hopper_attention, Device device, bool batch_invariant) {
+#ifdef TVLLM_CLI_HOPPER
+  return !no_hopper_attention && !batch_invariant && device == Device::CUDA && hopper_available();
+#else
+  (void)no_hopper_attention, (void)device, (void)batch_invariant;
+  return false;
+#endif
+}
+
+void use_hopper_prefill(AttentionBackend& backend) {
+#ifdef TVLLM_CLI_HOPPER
+  backend.set_fast_prefill(install_hopper_prefill_attention());
+#else
+  (void)backend;
+#endif
+}
+
+}  // namespace
+
 void FastPathFlags::apply(Generator& gen) const {
 #ifdef TVLLM_CLI_FAST
   use_fast_path(gen, options());
-#else
-  (void)gen;
 #endif
+  // Generator::set_batch_invariant(true) chose the flash decode kernel: that is how the generator says it.
+  if (hopper_prefill_applies(no_hopper_attention, gen.weights().device,
+                             gen.attention().decode_kind() == DecodeAttention::Flash))
+    use_hopper_prefill(gen.attention());
 }
 
 void FastPathFlags::apply(Engine& engine) const {
 #ifdef TVLLM_CLI_FAST
   use_fast_path(engine, options());
-#else
-  (void)engine;
 #endif
+  if (hopper_prefill_applies(no_hopper_attention, engine.weights().device, engine.config().batch_invariant))
+    use_hopper_prefill(engine.kv().attention());
 }
 
 int64_t FastPathFlags::warm_up(Engine& engine) const {
@@ -88,13 +122,18 @@ int64_t FastPathFlags::warm_up(Engine& engine) const {
 #endif
 }
 
-std::string FastPathFlags::describe(Device device, const ModelConfig* config) const {
+std::string FastPathFlags::describe(Device device, const ModelConfig* config, bool batch_invariant) const {
 #ifdef TVLLM_CLI_FAST
-  return describe_fast_path(options(), device, config);
+  std::string s = describe_fast_path(options(), device, config);
 #else
-  (void)config;
-  return device == Device::CUDA ? "lesson 10's decode loop" : "CPU reference path";
+  std::string s = device == Device::CUDA ? "lesson 10's decode loop" : "CPU reference path";
 #endif
+  if (hopper_prefill_applies(no_hopper_attention, device, batch_invariant)) {
+    const bool fits = config == nullptr || config->head_dim == 64 || config->head_dim == 128;
+    s += fits ? ", lesson 15 prefill attention (Hopper)"
+              : ", lesson 12 prefill attention (lesson 15's takes head_dim 64 and 128)";
+  }
+  return s;
 }
 
 std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std::string& device_text) {

@@ -42,6 +42,7 @@ struct SamplingFlags {
 // by default.
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
+  bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill kernel off (sm_90 only)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
@@ -51,7 +52,7 @@ struct FastPathFlags {
   // steps.
   int64_t warm_up(Engine& engine) const;
   // One line for the command's banner: what runs (with the config: whether the fused decode path declines it).
-  std::string describe(Device device, const ModelConfig* config = nullptr) const;
+  std::string describe(Device device, const ModelConfig* config = nullptr, bool batch_invariant = false) const;
 #ifdef TVLLM_CLI_FAST
   FastPathOptions options() const;
 #endif

@@ -1,0 +1,36 @@
+// Lesson 15: flash_wgmma() as the engine's prefill attention (prefill_hook.h).
+#include "prefill_hook.h"
+
+#include <cstdint>
+
+#include "flash_wgmma.h"
+#include "hopper.h"
+
+namespace tvllm {
+
+bool hopper_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const AttentionShape& shape) {
+  if (!flash_wgmma_supports(shape)) return false;
+  for (const TensorView* t : {&out, &q, &k, &v}) {
+    if (t->device != Device::CUDA || t->dtype != DType::BF16 || t->rank() != 2 || t->strides[1] != 1) return false;
+    // A tensor map's base and row pitch are multiples of 16 bytes (a view into the fused QKV buffer starts at
+    // column q_dim or q_dim + kv_dim: aligned whenever those are multiples of 8).
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0 || t->strides[0] % 8 != 0) return false;
+  }
+  return hopper_available();
+}
+
+bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
+  if (!hopper_prefill_accepts(out, q, k, v, shape)) return false;
+  flash_wgmma(out, q, k, v, batch, shape, stream);
+  return true;
+}
+
+bool install_hopper_prefill_attention() {
+  if (!hopper_available()) return false;
+  install_fresh_prefill(hopper_prefill_attention);
+  return true;
+}
+
+}  // namespace tvllm

@@ -1,0 +1,30 @@
+// Lesson 15: the engine's prefill attention on Hopper. flash_wgmma() takes the place of lesson 07's v2 kernel (in
+// lesson 08's PrefillAttention) and of lesson 12's paged flash kernel (in the engine) for every prefill step with
+// no cached prefix: there a step's keys are exactly its own new rows, so the kernel reads them from the step's
+// q, k, v views (the rows just written to the KV cache) through TMA, with no block table in between.
+//
+// Through lesson 07's seam (attention.h: install_fresh_prefill / try_fresh_prefill): the earlier lessons cannot
+// link this one. A backend asks for it with set_fast_prefill(true); tiny-vllm does that on sm_90 unless
+// --no-hopper-attention or batch invariance is asked for (a step's prefix-cache hit would then take the paged
+// kernel and a miss this one: the same sequence with other bits).
+#pragma once
+
+#include "attention.h"
+#include "common/tensor.h"
+
+namespace tvllm {
+
+// Whether hopper_prefill_attention() takes these views: CUDA bf16, head_dim 64 or 128, every view's data
+// 16-byte aligned with a row stride that is a multiple of 8 elements (TMA's rules), and a Hopper GPU.
+bool hopper_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const AttentionShape& shape);
+
+// The kernel behind the seam: flash_wgmma() when hopper_prefill_accepts(), else false (nothing launched).
+bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream);
+
+// Installs hopper_prefill_attention() into lesson 07's seam when this machine has a Hopper GPU and the library
+// was built for sm_90a. Returns whether it did (false: nothing installed, the lessons' kernels keep running).
+bool install_hopper_prefill_attention();
+
+}  // namespace tvllm

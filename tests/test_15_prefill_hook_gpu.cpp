@@ -1,0 +1,145 @@
+// Lesson 15, GPU: flash_wgmma() as the engine's prefill attention (prefill_hook.h), on the bundled model (head_dim
+// 64). A counting wrapper stands in the seam, so each test also proves the kernel ran (a hook that declined every
+// step would pass the comparisons with lesson 10/12's own kernels). The tolerances are the engine suites':
+//   - the Generator's teacher-forced logits with and without the hook: both bf16 pipelines that differ only in
+//     the attention kernel's summation order (lesson 07's tolerance per kernel call, about 2^-8 relative), carried
+//     through 2 layers: relative L2 of the logits <= 2^-6 and the argmax equal on >= 98% of the rows (the other
+//     rows must be near-ties, within 2^-6 of the row's largest logit);
+//   - the engine (paged, with and without prefix caching): lesson 11's rule (engine_check.h) against each request
+//     alone through lesson 10's Generator WITHOUT the hook, and every KV block back in the pool.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "engine.h"
+#include "engine_bench.h"
+#include "engine_check.h"
+#include "engine_paged.h"
+#include "generate.h"
+#include "hopper.h"
+#include "prefill_hook.h"
+#include "testing/engine_fixture.h"
+#include "testing/hopper_testing.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+const testing::BundledModel<Device::CUDA>& bundled() { return testing::bundled_model<Device::CUDA>(); }
+
+std::atomic<int64_t> g_ran{0}, g_declined{0};
+
+bool counting_hook(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
+  const bool ran = hopper_prefill_attention(out, q, k, v, batch, shape, stream);
+  (ran ? g_ran : g_declined).fetch_add(1);
+  return ran;
+}
+
+// Installs the counting hook for one test and takes it out again.
+struct CountingHook {
+  CountingHook() {
+    g_ran = 0;
+    g_declined = 0;
+    install_fresh_prefill(counting_hook);
+  }
+  ~CountingHook() { install_fresh_prefill(nullptr); }
+};
+
+std::vector<int32_t> ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  uint32_t x = seed;
+  for (auto& id : v) {
+    x = x * 1664525u + 1013904223u;
+    id = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+  }
+  return v;
+}
+
+TEST(HopperPrefill15Gpu, GeneratorLogitsMatchLesson10sKernel) {
+  TVLLM_REQUIRE_HOPPER();
+  const ModelWeights& w = bundled().w;
+  const int64_t vocab = w.config.vocab_size;
+  const std::vector<int32_t> prompt = ids(300, vocab, 1), forced = ids(200, vocab, 2);  // 500 rows, 4 query tiles
+  Generator plain(w, Generator::limits_for(w.config, 512, 1, 512));
+  const Tensor want = plain.forced_logits(prompt, forced);
+  CountingHook hook;
+  Generator hopper(w, Generator::limits_for(w.config, 512, 1, 512));
+  hopper.attention().set_fast_prefill(true);
+  const Tensor got = hopper.forced_logits(prompt, forced);
+  EXPECT_EQ(g_ran.load(), w.config.num_hidden_layers) << "one prefill step: the hook runs once per layer";
+  EXPECT_EQ(g_declined.load(), 0);
+  ASSERT_EQ(got.shape(), want.shape());
+  const int64_t rows = want.shape()[0], cols = want.shape()[1];
+  const std::vector<float> got_f32 = to_f32_vector(got), want_f32 = to_f32_vector(want);
+  const float* a = got_f32.data();
+  const float* b = want_f32.data();
+  double diff2 = 0.0, ref2 = 0.0;
+  int64_t same = 0, near_ties = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = a + r * cols;
+    const float* y = b + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      diff2 += (static_cast<double>(x[c]) - y[c]) * (static_cast<double>(x[c]) - y[c]);
+      ref2 += static_cast<double>(y[c]) * y[c];
+    }
+    const int64_t ax = std::max_element(x, x + cols) - x, ay = std::max_element(y, y + cols) - y;
+    if (ax == ay) {
+      ++same;
+    } else if (std::fabs(y[ax] - y[ay]) <= std::ldexp(std::fabs(y[ay]), -6)) {
+      ++near_ties;
+    }
+  }
+  const double rel_l2 = std::sqrt(diff2 / ref2);
+  std::printf("hopper prefill vs lesson 10: rel L2 %.3e, argmax equal %lld/%lld (+%lld near-ties)\n", rel_l2,
+              static_cast<long long>(same), static_cast<long long>(rows), static_cast<long long>(near_ties));
+  EXPECT_LE(rel_l2, std::ldexp(1.0, -6));
+  EXPECT_GE(same * 100, rows * 98);
+  EXPECT_EQ(same + near_ties, rows);
+}
+
+// The engine over the paged pool: prefix caching off (every prefill is fresh) and on with a shared system prompt
+// (the hits take lesson 12's paged kernel, the misses this one).
+void engine_case(bool prefix_caching, int64_t shared_prefix) {
+  const ModelWeights& w = bundled().w;
+  constexpr int64_t kMaxContext = 512;
+  const std::vector<int32_t> stop = {13};
+  const auto requests =
+      make_check_requests(48, 2, 200, 1, 48, workload_id_high(w.config), 41, shared_prefix, stop);
+  const AloneResults alone = run_alone(w, requests, kMaxContext);  // the hook is not installed yet
+  CountingHook hook;
+  PagedKvOptions o;
+  o.num_blocks = 48 * 32;
+  o.block_size = 16;
+  o.prefix_caching = prefix_caching;
+  Engine engine(w, testing::engine_config(1024, 32, kMaxContext), paged_kv(o));
+  engine.kv().attention().set_fast_prefill(true);
+  const EngineRunResult run = run_requests(engine, requests);
+  EXPECT_TRUE(run.events_ok) << run.events_error;
+  const AloneCheck check = check_against_alone(w, requests, run, alone, kMaxContext);
+  EXPECT_TRUE(check.pass()) << check.summary();
+  std::printf("prefix caching %s: %s; hook ran %lld times, declined %lld\n", prefix_caching ? "on" : "off",
+              check.summary().c_str(), static_cast<long long>(g_ran.load()),
+              static_cast<long long>(g_declined.load()));
+  EXPECT_GT(g_ran.load(), 0);
+  EXPECT_EQ(g_declined.load(), 0);
+  const KvUsage u = engine.kv().usage();
+  EXPECT_EQ(u.free_blocks, u.total_blocks);
+}
+
+TEST(HopperPrefill15Gpu, PagedEngineAgreesWithEachRequestAlone) {
+  TVLLM_REQUIRE_HOPPER();
+  engine_case(false, 0);
+}
+
+TEST(HopperPrefill15Gpu, PagedEngineWithPrefixCachingAgreesWithEachRequestAlone) {
+  TVLLM_REQUIRE_HOPPER();
+  engine_case(true, 100);
+}
+
+}  // namespace
+}  // namespace tvllm
