@@ -33,8 +33,8 @@
 namespace tvllm {
 namespace {
 
-constexpr int kConsumers = 2;                         // consumer warpgroups, 64 rows of the tile each
-constexpr int kThreads = 128 * (1 + kConsumers);      // + the producer warpgroup
+constexpr int kConsumers = 2;                     // consumer warpgroups, 64 rows of the tile each
+constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
 constexpr uint32_t kStageBytesX = kGemm2BlockM * kGemm2BlockK * 2;  // 16 KB: 128 rows of 128 bytes
 constexpr uint32_t kStageBytesW = kGemm2BlockN * kGemm2BlockK * 2;  // 32 KB: 256 rows of 128 bytes
 constexpr int kOutCols = 64;                                        // one chunk of the epilogue: 64 x 64
@@ -60,14 +60,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t full[kGemm2Stages], empty[kGemm2Stages];
   // Every region starts on a 1024-byte boundary (the 128-byte swizzle's period): each size is a multiple.
   unsigned char* smem = align_to_swizzle_atom(smem_raw);
-  unsigned char* stage_x = smem;                                 // kGemm2Stages x [128 rows][64 K] bf16
+  unsigned char* stage_x = smem;                                   // kGemm2Stages x [128 rows][64 K] bf16
   unsigned char* stage_w = stage_x + kGemm2Stages * kStageBytesX;  // kGemm2Stages x [256 rows][64 K] bf16
   unsigned char* out = stage_w + kGemm2Stages * kStageBytesW;      // [consumer][buffer] x [64][64] bf16
 
   const int warpgroup = threadIdx.x / 128;
   const int k_tiles = k / kGemm2BlockK;
-  const uint32_t tiles_m = (m + kGemm2BlockM - 1) / kGemm2BlockM;
-  const uint32_t tiles_n = (n + kGemm2BlockN - 1) / kGemm2BlockN;
+  const uint32_t tiles_m = (static_cast<uint32_t>(m) + kGemm2BlockM - 1) / kGemm2BlockM;  // m < 2^31: no
+  const uint32_t tiles_n = (static_cast<uint32_t>(n) + kGemm2BlockN - 1) / kGemm2BlockN;  // overflow
   const uint32_t tiles = tiles_m * tiles_n;  // < 2^31: the host checks
 
   if (threadIdx.x == 0) {
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- the consumers --------------------------------------------------------------------------------------
   setmaxnreg_inc<kConsumerRegisters>();
-  const int consumer = warpgroup - 1;  // rows consumer * 64 .. + 63 of each tile
-  const int t = threadIdx.x % 128;     // this thread in its warpgroup
+  const int consumer = warpgroup - 1;   // rows consumer * 64 .. + 63 of each tile
+  const int t = threadIdx.x % 128;      // this thread in its warpgroup
   const int barrier_id = 1 + consumer;  // this warpgroup's named barrier (0 is __syncthreads')
   unsigned char* my_out = out + consumer * kOutBuffers * kOutChunkBytes;
   float acc[kAccumulators];
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<__nv_bfloat162*>(chunk + swizzled_offset_bf16(p.row, p.col - c * kOutCols)) =
                 __floats2bfloat162_rn(acc[r], acc[r + 1]);
           }
-          fence_proxy_async_shared();  // my writes, visible to the TMA unit ...
+          fence_proxy_async_shared();           // my writes, visible to the TMA unit ...
           named_barrier_sync(barrier_id, 128);  // ... once all 128 threads have written theirs
           if (t == 0) {
             tma_store_2d(&map_y, chunk, n0 + c * kOutCols, m0);  // rows past M, columns past N: clipped
@@ -222,8 +222,9 @@ void gemm_wgmma_v2(const TensorView& y, const TensorView& x, const TensorView& w
   // TMA needs a row pitch of a multiple of 16 bytes: N % 8 == 0. Otherwise the kernel stores from registers
   // and never reads the (empty) map.
   const bool tma_store = n % 8 == 0;
-  const CUtensorMap map_y =
-      tma_store ? make_tensor_map_bf16_2d(y.data, m, n, n * 2, 64, kOutCols, TmaSwizzle::B128) : CUtensorMap{};
+  const CUtensorMap map_y = tma_store
+                                ? make_tensor_map_bf16_2d(y.data, m, n, n * 2, 64, kOutCols, TmaSwizzle::B128)
+                                : CUtensorMap{};
   TVLLM_CUDA_CHECK(
       cudaFuncSetAttribute(gemm_wgmma_v2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // Persistent: one block per SM (the shared memory allows no second), never more blocks than tiles.

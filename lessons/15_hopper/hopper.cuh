@@ -160,15 +160,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 // Before the store, the threads that wrote `src` must fence_proxy_async_shared() and then synchronise with
 // the issuing thread: their generic-proxy writes must be visible to the async proxy (the TMA unit).
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t x, int32_t y) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(smem_address(src)), "r"(x), "r"(y)
-      : "memory");
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_address(src)), "r"(x), "r"(y)
+               : "memory");
 }
 
 // Closes this thread's TMA stores issued since the last commit into one bulk group.
-__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
 
 // Waits until at most kGroupsInFlight of this thread's bulk groups still READ their shared-memory source
 // (the global writes may still be on their way): from then on the older groups' buffers may be refilled.
@@ -315,9 +316,9 @@ __device__ __forceinline__ void fence_operands(uint32_t (&a)[kCount]) {
 // K-major from shared memory, as wgmma_m64n128k16 but twice as wide: the same A feeds twice the columns, so
 // each byte wgmma reads from shared memory does twice the work. The register layout is accumulator_position()
 // with N = 256 (registers 4j .. 4j + 3 are 8-column slice j, j = 0..31). The predicate (%130) is "scale D".
-#define TVLLM_WGMMA_D128(d)                                                                              \
-  TVLLM_WGMMA_D64(d), TVLLM_WGMMA_D8(d, 64), TVLLM_WGMMA_D8(d, 72), TVLLM_WGMMA_D8(d, 80),                \
-      TVLLM_WGMMA_D8(d, 88), TVLLM_WGMMA_D8(d, 96), TVLLM_WGMMA_D8(d, 104), TVLLM_WGMMA_D8(d, 112),      \
+#define TVLLM_WGMMA_D128(d)                                                                         \
+  TVLLM_WGMMA_D64(d), TVLLM_WGMMA_D8(d, 64), TVLLM_WGMMA_D8(d, 72), TVLLM_WGMMA_D8(d, 80),          \
+      TVLLM_WGMMA_D8(d, 88), TVLLM_WGMMA_D8(d, 96), TVLLM_WGMMA_D8(d, 104), TVLLM_WGMMA_D8(d, 112), \
       TVLLM_WGMMA_D8(d, 120)
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                                  bool accumulate = true) {

@@ -122,8 +122,9 @@ CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, b
   const Tensor expected = Tensor::empty({m, n}, DType::F32, Device::CPU);
   linear(expected, Tensor::from_f32(x, {m, k}, DType::F32, Device::CPU),
          Tensor::from_f32(w, {n, k}, DType::F32, Device::CPU));  // lesson 06's oracle: double sums
-  CompareResult r = compare_rows("wgmma GEMM v" + std::to_string(version) + " " + dims(m, k) + " . " + dims(k, n),
-                                 y, expected, kBf16OutVsCpu);
+  CompareResult r =
+      compare_rows("wgmma GEMM v" + std::to_string(version) + " " + dims(m, k) + " . " + dims(k, n), y,
+                   expected, kBf16OutVsCpu);
   if (check_guards) {
     std::vector<uint16_t> past(static_cast<size_t>(n));
     TVLLM_CUDA_CHECK(
@@ -152,18 +153,18 @@ const std::vector<GemmShape>& gemm_check_shapes() {
 const std::vector<GemmShape>& gemm_v2_check_shapes() {
   static const std::vector<GemmShape> shapes = [] {
     std::vector<GemmShape> v = gemm_check_shapes();
-    v.push_back({129, 264, 192});     // N = 256 + 8: a second tile column with one partial 64-column chunk
-    v.push_back({300, 1030, 128});    // N even, not a multiple of 8: the register epilogue, in pairs
-    v.push_back({2, 8, 64});          // the smallest TMA-store N; M = 2 (warpgroup 1 has no rows)
-    v.push_back({1, 4096, 512});      // M = 1 across 16 tile columns (decode-like)
-    v.push_back({4100, 2304, 256});   // 33 x 9 = 297 tiles: > 2 rounds of the persistent loop on 132 SMs
+    v.push_back({129, 264, 192});    // N = 256 + 8: a second tile column with one partial 64-column chunk
+    v.push_back({300, 1030, 128});   // N even, not a multiple of 8: the register epilogue, in pairs
+    v.push_back({2, 8, 64});         // the smallest TMA-store N; M = 2 (warpgroup 1 has no rows)
+    v.push_back({1, 4096, 512});     // M = 1 across 16 tile columns (decode-like)
+    v.push_back({4100, 2304, 256});  // 33 x 9 = 297 tiles: > 2 rounds of the persistent loop on 132 SMs
     return v;
   }();
   return shapes;
 }
 
-int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k, const std::vector<int64_t>& rows,
-                                uint64_t seed) {
+int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k,
+                                const std::vector<int64_t>& rows, uint64_t seed) {
   const std::vector<float> x = bf16_exact(random_uniform(static_cast<size_t>(m * k), seed));
   const std::vector<float> w = bf16_exact(
       random_normal(static_cast<size_t>(n * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
@@ -176,8 +177,8 @@ int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k, co
   TVLLM_CUDA_CHECK(cudaMemcpy(all.data(), y_all.data(), all.size() * 2, cudaMemcpyDeviceToHost));
   int64_t differing = 0;
   for (int64_t r : rows) {
-    TVLLM_REQUIRE(r >= 0 && r < m, "gemm_batch_variant_rows: row " + std::to_string(r) + " outside M = " +
-                                       std::to_string(m));
+    TVLLM_REQUIRE(r >= 0 && r < m,
+                  "gemm_batch_variant_rows: row " + std::to_string(r) + " outside M = " + std::to_string(m));
     run_gemm_wgmma(version, y_one, x_dev.view().rows(r, 1), w_dev);  // the same row, alone in its batch
     TVLLM_CUDA_CHECK(cudaMemcpy(one.data(), y_one.data(), one.size() * 2, cudaMemcpyDeviceToHost));
     differing += !std::equal(one.begin(), one.end(), all.begin() + r * n);
@@ -214,8 +215,8 @@ void add_oracle_checks(Report& report) {
   }
   {  // GEMM v2's grouped tile order: a permutation of the tiles, for bands that divide tiles_m and not.
     bool ok = true;
-    for (const auto& [tm, tn, g] : std::vector<std::array<uint32_t, 3>>{{5, 3, 2}, {32, 32, 8}, {33, 9, 8},
-                                                                          {1, 16, 8}, {7, 1, 8}}) {
+    for (const auto& [tm, tn, g] :
+         std::vector<std::array<uint32_t, 3>>{{5, 3, 2}, {32, 32, 8}, {33, 9, 8}, {1, 16, 8}, {7, 1, 8}}) {
       std::vector<int> hits(tm * tn, 0);
       for (uint32_t tile = 0; tile < tm * tn; ++tile) {
         const GemmTile at = grouped_tile(tile, tm, tn, g);

@@ -39,8 +39,8 @@ void run_gemm_wgmma(int version, const TensorView& y, const TensorView& x, const
 // Batch invariance, bit for bit: y = x W^T for x [m, k] (random), then for each row r of `rows` the 1-row
 // product x[r] W^T on its own; returns how many of those rows differ from row r of the m-row result in any
 // bit (0: the kernel's result for a row does not depend on the rest of the batch). Throws for r outside m.
-int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k, const std::vector<int64_t>& rows,
-                                uint64_t seed);
+int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k,
+                                const std::vector<int64_t>& rows, uint64_t seed);
 
 // The GEMM shapes the lesson executable and the GPU tests check: tile edges in M and N, odd N (the unpaired
 // stores), K from one stage to several rounds of the ring. For v2 also: N % 8 != 0 but even (the register

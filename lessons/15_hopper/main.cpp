@@ -147,7 +147,9 @@ void run_bench(int64_t tokens) {
     BenchRow cublas{s.name + " cuBLAS (06 v5)",
                     bench_gpu([&] { linear(y, x, w, MatmulKernel::V5Cublas, &handle); }), bytes, flops};
     const auto tflops = [&](const BenchRow& r) { return flops / (r.result.median_ms * 1e-3) / 1e12; };
-    const auto percent = [&](const BenchRow& r) { return 100.0 * cublas.result.median_ms / r.result.median_ms; };
+    const auto percent = [&](const BenchRow& r) {
+      return 100.0 * cublas.result.median_ms / r.result.median_ms;
+    };
     char line[200];
     std::snprintf(line, sizeof line,
                   "%-24s wgmma v1 %6.1f TFLOP/s = %5.1f%% of cuBLAS, v2 %6.1f TFLOP/s = %5.1f%%",
