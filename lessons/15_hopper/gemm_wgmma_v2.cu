@@ -197,11 +197,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// The current device's SM count (a cheap, cached attribute query; any value would be correct, only the
+// grid's size depends on it).
 int multiprocessors() {
   int device = 0, sms = 0;
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+  return std::max(sms, 1);
 }
 
 }  // namespace
