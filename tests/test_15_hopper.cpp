@@ -3,6 +3,8 @@
 // naming the rule) and a machine that cannot run sm_90a code (InputError saying why). No GPU needed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <set>
 #include <string>
 #include <vector>
@@ -132,6 +134,50 @@ TEST(Hopper15Args, GemmRefusesAKThatIsNotAMultipleOf64) {
   EXPECT_NE(e.find("multiple of 64"), std::string::npos) << e;
 }
 
+TEST(Hopper15Args, GemmV2RefusesWhatV1Refuses) {
+  EXPECT_NE(input_error_of([] {
+              gemm_wgmma_v2(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 100}),
+                            fake_cuda(DType::BF16, {16, 100}));
+            }).find("multiple of 64"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              gemm_wgmma_v2(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 128}),
+                            fake_cuda(DType::BF16, {16, 64}));
+            }).find("same K"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              run_gemm_wgmma(3, fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 64}),
+                             fake_cuda(DType::BF16, {16, 64}));
+            }).find("version must be 1 or 2"),
+            std::string::npos);
+}
+
+TEST(Hopper15Args, GroupedTileOrderVisitsEveryTileOnce) {
+  for (const auto& [tm, tn, g] : std::vector<std::array<uint32_t, 3>>{
+           {1, 1, 8}, {5, 3, 2}, {32, 32, 8}, {33, 9, 8}, {9, 33, 8}, {1, 64, 8}, {64, 1, 8}, {8, 8, 8}}) {
+    std::vector<int> hits(tm * tn, 0);
+    for (uint32_t tile = 0; tile < tm * tn; ++tile) {
+      const GemmTile at = grouped_tile(tile, tm, tn, g);
+      ASSERT_LT(at.m, tm);
+      ASSERT_LT(at.n, tn);
+      ++hits[at.m * tn + at.n];
+    }
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), static_cast<int64_t>(tm * tn))
+        << tm << " x " << tn << " in bands of " << g;
+  }
+  // Inside a band the row runs fastest: consecutive tiles (as consecutive blocks take them) share a W panel.
+  EXPECT_EQ(grouped_tile(0, 32, 32, 8).n, 0u);
+  EXPECT_EQ(grouped_tile(7, 32, 32, 8).m, 7u);
+  EXPECT_EQ(grouped_tile(7, 32, 32, 8).n, 0u);
+  EXPECT_EQ(grouped_tile(8, 32, 32, 8).m, 0u);
+  EXPECT_EQ(grouped_tile(8, 32, 32, 8).n, 1u);
+  EXPECT_EQ(grouped_tile(256, 32, 32, 8).m, 8u);  // the second band starts at tile row 8
+  EXPECT_EQ(grouped_tile(256, 32, 32, 8).n, 0u);
+  // The last band of 33 rows in bands of 8 is one row high: its tiles walk along that row.
+  EXPECT_EQ(grouped_tile(32 * 9, 33, 9, 8).m, 32u);
+  EXPECT_EQ(grouped_tile(32 * 9 + 5, 33, 9, 8).n, 5u);
+}
+
 TEST(Hopper15Args, GemmRefusesMismatchedShapesAndDtypes) {
   EXPECT_NE(input_error_of([] {
               check_gemm_wgmma_args(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 128}),
@@ -214,6 +260,11 @@ TEST(Hopper15Args, WithoutAHopperGpuEveryKernelRefusesWithTheReason) {
                fake_cuda(DType::BF16, {16, 64}));
   });
   EXPECT_NE(e.find("gemm_wgmma: " + reason), std::string::npos) << e;
+  const std::string e2 = input_error_of([] {
+    gemm_wgmma_v2(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 64}),
+                  fake_cuda(DType::BF16, {16, 64}));
+  });
+  EXPECT_NE(e2.find("gemm_wgmma_v2: " + reason), std::string::npos) << e2;
   EXPECT_NE(input_error_of([] {
               wgmma_tile(fake_cuda(DType::F32, {64, 128}), fake_cuda(DType::BF16, {64, 64}),
                          fake_cuda(DType::BF16, {128, 64}), 0, 4);

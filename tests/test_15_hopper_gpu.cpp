@@ -129,6 +129,65 @@ TEST(Hopper15Gpu, GemmIsDeterministicAndRunsOnAStream) {
   EXPECT_EQ(a, b);  // the same bits: each output's sum runs in one fixed order
 }
 
+// ---- GEMM v2: the same contract, the same oracle and tolerance (lesson 06's kBf16OutVsCpu) ---------------
+
+TEST(Hopper15Gpu, GemmV2MatchesLesson06OnRaggedShapes) {
+  TVLLM_REQUIRE_HOPPER();
+  uint64_t seed = 100;
+  for (const GemmShape& s : gemm_v2_check_shapes()) {
+    SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k));
+    EXPECT_PASSES(check_gemm_wgmma(s.m, s.n, s.k, seed++, true, 2));
+  }
+}
+
+TEST(Hopper15Gpu, GemmV2AtPrefillShapes) {
+  TVLLM_REQUIRE_HOPPER();
+  EXPECT_PASSES(check_gemm_wgmma(1000, 3072, 2048, 110, true, 2));  // a 1000-token prompt, 1B qkv_proj
+  EXPECT_PASSES(check_gemm_wgmma(513, 2048, 8192, 111, true, 2));   // down_proj's long K: 128 K steps
+}
+
+TEST(Hopper15Gpu, GemmV2IsDeterministicAndRunsOnAStream) {
+  TVLLM_REQUIRE_HOPPER();
+  for (const int64_t n : {384, 390}) {  // the TMA-store epilogue and the register one
+    SCOPED_TRACE("N = " + std::to_string(n));
+    const int64_t m = 300, k = 1024;
+    const Tensor x = Tensor::from_f32(random_uniform(m * k, 120), {m, k}, DType::BF16, Device::CUDA);
+    const Tensor w =
+        Tensor::from_f32(random_uniform(n * k, 121, -0.05f, 0.05f), {n, k}, DType::BF16, Device::CUDA);
+    const Tensor y1 = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
+    const Tensor y2 = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemset(y2.data(), 0xFF, y2.view().nbytes()));
+    CudaStream stream;
+    gemm_wgmma_v2(y1, x, w);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    gemm_wgmma_v2(y2, x, w, stream.get());
+    TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    std::vector<uint16_t> a(m * n), b(m * n);
+    TVLLM_CUDA_CHECK(cudaMemcpy(a.data(), y1.data(), a.size() * 2, cudaMemcpyDeviceToHost));
+    TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), y2.data(), b.size() * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(a, b);
+  }
+}
+
+// Batch invariance, bit for bit: a row computed alone (M = 1) equals the same row computed among 300 (rows in
+// the first, middle and last tile, at both consumers' edges). No split-K, one K order per output: a row's sum
+// cannot depend on M. v1 holds it too (the same argument); both epilogues of v2 are covered.
+TEST(Hopper15Gpu, GemmV2IsBatchInvariantBitForBit) {
+  TVLLM_REQUIRE_HOPPER();
+  const std::vector<int64_t> rows = {0, 1, 63, 64, 127, 128, 200, 299};
+  EXPECT_EQ(gemm_batch_variant_rows(2, 300, 1000, 2048, rows, 130), 0);  // N % 8 == 0: TMA store
+  EXPECT_EQ(gemm_batch_variant_rows(2, 300, 1030, 1024, rows, 131), 0);  // the register epilogue
+  EXPECT_EQ(gemm_batch_variant_rows(1, 300, 1000, 2048, rows, 132), 0);
+}
+
+TEST(Hopper15Gpu, GemmV2RefusesBadKOnTheGpuToo) {
+  TVLLM_REQUIRE_HOPPER();
+  const Tensor x = Tensor::empty({4, 96}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::empty({8, 96}, DType::BF16, Device::CUDA);
+  const Tensor y = Tensor::empty({4, 8}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(gemm_wgmma_v2(y, x, w), InputError);
+}
+
 TEST(Hopper15Gpu, GemmRefusesBadKOnTheGpuToo) {
   TVLLM_REQUIRE_HOPPER();
   const Tensor x = Tensor::empty({4, 96}, DType::BF16, Device::CUDA);

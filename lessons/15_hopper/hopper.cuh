@@ -3,8 +3,10 @@
 // Read with README.md. Five groups, in the order the chapter meets them:
 //   shared addresses    smem_address()
 //   mbarriers           mbarrier_init / _arrive / _arrive_expect_tx / _try_wait / _wait, and the two fences
-//   TMA                 tma_load_2d (cp.async.bulk.tensor), prefetch_tensor_map
-//   wgmma               wgmma_fence / _commit_group / _wait_group / wgmma_m64n128k16, fence_accumulators,
+//   TMA                 tma_load_2d (cp.async.bulk.tensor), prefetch_tensor_map; for GEMM v2 tma_store_2d,
+//                       bulk_commit_group, bulk_wait_group_read / bulk_wait_group
+//   wgmma               wgmma_fence / _commit_group / _wait_group / wgmma_m64n128k16 (v2: m64n256k16),
+//                       fence_accumulators,
 //                       and with A from registers: wgmma_m64n64k16_rs / wgmma_m64n128k16_rs, fence_operands
 //   warp specialisation setmaxnreg_inc / setmaxnreg_dec, named_barrier_sync / _arrive
 //   clusters            cluster_rank / cluster_size / cluster_sync / map_to_rank / load_from_cluster
@@ -150,6 +152,40 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// The TMA STORE, shared -> global: the box of `map` at (x, y) is written from the tile at `src` (laid out as
+// the map's swizzle says, like a load's destination). Parts of the box outside the matrix are NOT written:
+// the unit clips them, which is how GEMM v2's edge tiles store without a guard. No mbarrier: a store belongs
+// to the issuing thread's "bulk group" (bulk_commit_group), and the thread waits for its groups with
+// bulk_wait_group_read (the shared source may be overwritten) or bulk_wait_group (the writes are done).
+// Before the store, the threads that wrote `src` must fence_proxy_async_shared() and then synchronise with
+// the issuing thread: their generic-proxy writes must be visible to the async proxy (the TMA unit).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t x, int32_t y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_address(src)), "r"(x), "r"(y)
+               : "memory");
+}
+
+// Closes this thread's TMA stores issued since the last commit into one bulk group.
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most kGroupsInFlight of this thread's bulk groups still READ their shared-memory source
+// (the global writes may still be on their way): from then on the older groups' buffers may be refilled.
+template <int kGroupsInFlight>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kGroupsInFlight) : "memory");
+}
+
+// Waits until at most kGroupsInFlight of this thread's bulk groups are still running at all (the global
+// writes are done too). A kernel waits for 0 before it exits, so no store still reads a dead block's shared
+// memory.
+template <int kGroupsInFlight>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kGroupsInFlight) : "memory");
+}
+
 // Fetches the 128-byte tensor map into the TMA unit's cache ahead of the first copy (optional, a latency
 // win).
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
@@ -276,6 +312,36 @@ __device__ __forceinline__ void fence_operands(uint32_t (&a)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
+// GEMM v2's instruction: D[64 x 256] (fp32, 128 floats per thread) += A[64 x 16] * B[256 x 16]^T, both
+// K-major from shared memory, as wgmma_m64n128k16 but twice as wide: the same A feeds twice the columns, so
+// each byte wgmma reads from shared memory does twice the work. The register layout is accumulator_position()
+// with N = 256 (registers 4j .. 4j + 3 are 8-column slice j, j = 0..31). The predicate (%130) is "scale D".
+#define TVLLM_WGMMA_D128(d)                                                                         \
+  TVLLM_WGMMA_D64(d), TVLLM_WGMMA_D8(d, 64), TVLLM_WGMMA_D8(d, 72), TVLLM_WGMMA_D8(d, 80),          \
+      TVLLM_WGMMA_D8(d, 88), TVLLM_WGMMA_D8(d, 96), TVLLM_WGMMA_D8(d, 104), TVLLM_WGMMA_D8(d, 112), \
+      TVLLM_WGMMA_D8(d, 120)
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
+                                                 bool accumulate = true) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %130, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
+      "  {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "   %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      "   %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      "   %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,\n"
+      "   %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,\n"
+      "   %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,\n"
+      "   %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,\n"
+      "   %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},\n"
+      "  %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : TVLLM_WGMMA_D128(d)
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+#undef TVLLM_WGMMA_D128
 #undef TVLLM_WGMMA_D64
 #undef TVLLM_WGMMA_D32
 #undef TVLLM_WGMMA_D8

@@ -7,7 +7,8 @@
 //   step 2  wgmma_tile        one warpgroup, one tile: D[64 x 128] = A[:, k-range] B[:, k-range]^T with wgmma
 //                             from shared-memory descriptors.
 //   step 3  cluster_exchange  a cluster of blocks, each reading its neighbour's shared memory (DSMEM).
-//   step 4  gemm_wgmma        y = x W^T, the engine's linear layer, on wgmma + TMA with warp specialisation.
+//   step 4  gemm_wgmma        y = x W^T, the engine's linear layer, on wgmma + TMA with warp specialisation;
+//           gemm_wgmma_v2     the same, a 128 x 256 tile, persistent, with a TMA-store epilogue.
 //   step 5  flash_wgmma       prefill attention on wgmma + TMA: flash_wgmma.h (it needs lesson 07's types).
 //
 // Every GPU function needs compute capability 9.0 exactly (H100, H200) and a build that includes sm_90a
@@ -79,6 +80,16 @@ void cluster_exchange_cpu(const TensorView& out, const TensorView& values, int b
 // producer warp, two consumer warpgroups (64 rows each).
 inline constexpr int kGemmBlockM = 128, kGemmBlockN = 128, kGemmBlockK = 64, kGemmStages = 4;
 void gemm_wgmma(const TensorView& y, const TensorView& x, const TensorView& w, cudaStream_t stream = nullptr);
+// Step 4, v2: the same contract as gemm_wgmma (same arguments, same refusals), faster: 128 x 256 outputs per
+// tile (two consumer warpgroups of 64 x 256, wgmma m64n256k16), 4 stages of 48 KB, a PERSISTENT grid (one
+// block per SM, each looping over tiles in grouped order, hopper_layout.h: grouped_tile) whose producer
+// loads the next tile while the consumers store the last one, and a TMA-store epilogue through shared
+// memory (when N % 8 == 0; other N use guarded register stores). Each output's K sum runs in one fixed order
+// whatever M is: a row's result does not depend on the other rows (batch-invariant, README).
+inline constexpr int kGemm2BlockM = 128, kGemm2BlockN = 256, kGemm2BlockK = 64, kGemm2Stages = 4,
+                     kGemm2GroupM = 8;
+void gemm_wgmma_v2(const TensorView& y, const TensorView& x, const TensorView& w,
+                   cudaStream_t stream = nullptr);
 // Checks gemm_wgmma's arguments (shapes, dtypes, K % 64) without a GPU: the CPU tests call it.
 void check_gemm_wgmma_args(const TensorView& y, const TensorView& x, const TensorView& w);
 

@@ -1,6 +1,8 @@
 // Lesson 15: the steps against their oracles (hopper_check.h).
 #include "hopper_check.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -95,7 +97,18 @@ CompareResult check_cluster_exchange(int blocks, int cluster_blocks, int shift, 
                  out, expected, Tolerance{0.0, 0.0});
 }
 
-CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, bool check_guards) {
+void run_gemm_wgmma(int version, const TensorView& y, const TensorView& x, const TensorView& w,
+                    cudaStream_t stream) {
+  TVLLM_REQUIRE(version == 1 || version == 2,
+                "run_gemm_wgmma: version must be 1 or 2, got " + std::to_string(version));
+  if (version == 1)
+    gemm_wgmma(y, x, w, stream);
+  else
+    gemm_wgmma_v2(y, x, w, stream);
+}
+
+CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, bool check_guards,
+                               int version) {
   const std::vector<float> x = bf16_exact(random_uniform(static_cast<size_t>(m * k), seed));
   const std::vector<float> w = bf16_exact(
       random_normal(static_cast<size_t>(n * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
@@ -103,13 +116,15 @@ CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, b
   const Tensor w_dev = Tensor::from_f32(w, {n, k}, DType::BF16, Device::CUDA);
   const Tensor y_buf = poisoned({m + 1, n}, DType::BF16);  // one row past the end: must stay NaN
   const TensorView y = y_buf.view().rows(0, m);
-  gemm_wgmma(y, x_dev, w_dev);
+  run_gemm_wgmma(version, y, x_dev, w_dev);
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
 
   const Tensor expected = Tensor::empty({m, n}, DType::F32, Device::CPU);
   linear(expected, Tensor::from_f32(x, {m, k}, DType::F32, Device::CPU),
          Tensor::from_f32(w, {n, k}, DType::F32, Device::CPU));  // lesson 06's oracle: double sums
-  CompareResult r = compare_rows("wgmma GEMM " + dims(m, k) + " . " + dims(k, n), y, expected, kBf16OutVsCpu);
+  CompareResult r =
+      compare_rows("wgmma GEMM v" + std::to_string(version) + " " + dims(m, k) + " . " + dims(k, n), y,
+                   expected, kBf16OutVsCpu);
   if (check_guards) {
     std::vector<uint16_t> past(static_cast<size_t>(n));
     TVLLM_CUDA_CHECK(
@@ -133,6 +148,42 @@ const std::vector<GemmShape>& gemm_check_shapes() {
       {1024, 768, 768},  // many tiles
   };
   return shapes;
+}
+
+const std::vector<GemmShape>& gemm_v2_check_shapes() {
+  static const std::vector<GemmShape> shapes = [] {
+    std::vector<GemmShape> v = gemm_check_shapes();
+    v.push_back({129, 264, 192});    // N = 256 + 8: a second tile column with one partial 64-column chunk
+    v.push_back({300, 1030, 128});   // N even, not a multiple of 8: the register epilogue, in pairs
+    v.push_back({2, 8, 64});         // the smallest TMA-store N; M = 2 (warpgroup 1 has no rows)
+    v.push_back({1, 4096, 512});     // M = 1 across 16 tile columns (decode-like)
+    v.push_back({4100, 2304, 256});  // 33 x 9 = 297 tiles: > 2 rounds of the persistent loop on 132 SMs
+    return v;
+  }();
+  return shapes;
+}
+
+int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k,
+                                const std::vector<int64_t>& rows, uint64_t seed) {
+  const std::vector<float> x = bf16_exact(random_uniform(static_cast<size_t>(m * k), seed));
+  const std::vector<float> w = bf16_exact(
+      random_normal(static_cast<size_t>(n * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
+  const Tensor x_dev = Tensor::from_f32(x, {m, k}, DType::BF16, Device::CUDA);
+  const Tensor w_dev = Tensor::from_f32(w, {n, k}, DType::BF16, Device::CUDA);
+  const Tensor y_all = poisoned({m, n}, DType::BF16);
+  const Tensor y_one = poisoned({1, n}, DType::BF16);
+  run_gemm_wgmma(version, y_all, x_dev, w_dev);
+  std::vector<uint16_t> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+  TVLLM_CUDA_CHECK(cudaMemcpy(all.data(), y_all.data(), all.size() * 2, cudaMemcpyDeviceToHost));
+  int64_t differing = 0;
+  for (int64_t r : rows) {
+    TVLLM_REQUIRE(r >= 0 && r < m,
+                  "gemm_batch_variant_rows: row " + std::to_string(r) + " outside M = " + std::to_string(m));
+    run_gemm_wgmma(version, y_one, x_dev.view().rows(r, 1), w_dev);  // the same row, alone in its batch
+    TVLLM_CUDA_CHECK(cudaMemcpy(one.data(), y_one.data(), one.size() * 2, cudaMemcpyDeviceToHost));
+    differing += !std::equal(one.begin(), one.end(), all.begin() + r * n);
+  }
+  return differing;
 }
 
 // ---- the CPU's own checks ---------------------------------------------------------------------------------
@@ -162,6 +213,22 @@ void add_oracle_checks(Report& report) {
                     sw128_kmajor_descriptor(0x400, 3) - sw128_kmajor_descriptor(0x400, 0) == 6;
     report.add_check("wgmma descriptor: address, LBO, SBO and swizzle on bits 0, 16, 32 and 62", ok);
   }
+  {  // GEMM v2's grouped tile order: a permutation of the tiles, for bands that divide tiles_m and not.
+    bool ok = true;
+    for (const auto& [tm, tn, g] :
+         std::vector<std::array<uint32_t, 3>>{{5, 3, 2}, {32, 32, 8}, {33, 9, 8}, {1, 16, 8}, {7, 1, 8}}) {
+      std::vector<int> hits(tm * tn, 0);
+      for (uint32_t tile = 0; tile < tm * tn; ++tile) {
+        const GemmTile at = grouped_tile(tile, tm, tn, g);
+        if (at.m < tm && at.n < tn) ++hits[at.m * tn + at.n];
+      }
+      for (int h : hits) ok = ok && h == 1;
+    }
+    // The picture in hopper_layout.h: tile 9 of 5 x 3 in bands of 2 is (row 3, column 1); 13 is (4, 1).
+    ok = ok && grouped_tile(9, 5, 3, 2).m == 3 && grouped_tile(9, 5, 3, 2).n == 1 &&
+         grouped_tile(13, 5, 3, 2).m == 4 && grouped_tile(13, 5, 3, 2).n == 1;
+    report.add_check("GEMM v2 grouped tile order: every tile exactly once, the chapter's picture", ok);
+  }
   {  // The fragment layout: 128 threads x 64 registers cover the 64 x 128 tile exactly once.
     std::vector<int> hits(kTileM * kTileN, 0);
     for (uint32_t t = 0; t < 128; ++t)
@@ -173,6 +240,23 @@ void add_oracle_checks(Report& report) {
     for (int h : hits) ok = ok && h == 1;
     report.add_check(
         "wgmma accumulator layout: every element of 64 x 128 held by exactly one (thread, register)", ok);
+  }
+  {  // v2's m64n256k16: 128 registers cover 64 x 256 once, and registers 32c .. 32c + 31 are exactly columns
+     // 64c .. 64c + 63 (the epilogue's chunk c), each even register's pair the next column of the same row.
+    std::vector<int> hits(64 * 256, 0);
+    bool ok = true;
+    for (uint32_t t = 0; t < 128; ++t)
+      for (uint32_t i = 0; i < 128; ++i) {
+        const FragmentPosition p = accumulator_position(t, i);
+        ok = ok && p.row < 64 && p.col < 256 && p.col / 64 == i / 32;
+        if (i % 2 == 1) {
+          const FragmentPosition q = accumulator_position(t, i - 1);
+          ok = ok && q.row == p.row && q.col + 1 == p.col && q.col % 2 == 0;
+        }
+        if (p.row < 64 && p.col < 256) ++hits[p.row * 256 + p.col];
+      }
+    for (int h : hits) ok = ok && h == 1;
+    report.add_check("wgmma m64n256 layout: 64 x 256 once; registers 32c..32c+31 = columns 64c..64c+63", ok);
   }
   {  // The tile oracle against lesson 06's linear() on the same slice.
     const std::vector<float> a = bf16_exact(random_uniform(kTileM * kTileK, 7));

@@ -29,14 +29,28 @@ CompareResult check_wgmma_tile(int k_first, int k_steps, bool small_integers, ui
 CompareResult check_cluster_exchange(int blocks, int cluster_blocks, int shift, int per_block, uint64_t seed);
 // y = x W^T for [m, k] x [n, k]^T on random bf16-exact inputs. check_guards: y lives in a buffer one row
 // longer, filled with NaN, and the extra row must come back untouched (no store past M x N).
-CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, bool check_guards = true);
+// version 2: gemm_wgmma_v2 on the same inputs, the same oracle and tolerance.
+CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, bool check_guards = true,
+                               int version = 1);
+// gemm_wgmma (version 1) or gemm_wgmma_v2 (version 2); InputError for another version.
+void run_gemm_wgmma(int version, const TensorView& y, const TensorView& x, const TensorView& w,
+                    cudaStream_t stream = nullptr);
+
+// Batch invariance, bit for bit: y = x W^T for x [m, k] (random), then for each row r of `rows` the 1-row
+// product x[r] W^T on its own; returns how many of those rows differ from row r of the m-row result in any
+// bit (0: the kernel's result for a row does not depend on the rest of the batch). Throws for r outside m.
+int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k,
+                                const std::vector<int64_t>& rows, uint64_t seed);
 
 // The GEMM shapes the lesson executable and the GPU tests check: tile edges in M and N, odd N (the unpaired
-// stores), K from one stage to several rounds of the ring.
+// stores), K from one stage to several rounds of the ring. For v2 also: N % 8 != 0 but even (the register
+// epilogue's pairs), N past one 256-wide tile by a partial 64-column chunk, more tiles than SMs (the
+// persistent loop goes round several times, some blocks' stage counters wrapping mid-tile).
 struct GemmShape {
   int64_t m, n, k;
 };
 const std::vector<GemmShape>& gemm_check_shapes();
+const std::vector<GemmShape>& gemm_v2_check_shapes();  // gemm_check_shapes() and v2's own edges
 
 // The CPU's own checks, no GPU: the swizzle is a permutation of each 1024-byte atom that keeps rows in place,
 // the descriptor's fields land on their bits, the fragment layout covers the 64 x 128 tile once, the tile and

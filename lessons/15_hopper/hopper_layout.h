@@ -104,6 +104,35 @@ TVLLM_HOST_DEVICE constexpr RingSlot ring_slot(uint32_t i, uint32_t stages) {
   return {i % stages, round_parity, round_parity ^ 1u};
 }
 
+// ---- GEMM v2's tile order ------------------------------------------------------------------------------
+// A persistent GEMM numbers its output tiles 0 .. tiles_m * tiles_n - 1 and hands them out round-robin to the
+// blocks (block b takes b, b + grid, b + 2 grid, ...). Which tile a number names decides what the blocks
+// running at the same moment share in L2. Row by row ("tile t is row t / tiles_n") puts a whole row of tiles
+// side by side: they share one panel of x but each wants its own panel of W. Grouped order walks DOWN a
+// band of `group_m` tile rows before it moves one tile column right:
+//
+//   group_m = 2, tiles_m = 5, tiles_n = 3        n: 0   1   2
+//                                          m 0:    0   2   4      band 0 (rows 0-1)
+//                                            1:    1   3   5
+//                                            2:    6   8  10      band 1 (rows 2-3)
+//                                            3:    7   9  11
+//                                            4:   12  13  14      band 2: the last band is shorter
+//
+// so the tiles in flight together cover a few columns of W (each W panel read by group_m blocks at about the
+// same time: one DRAM read, the rest L2 hits) and a band of x that stays in L2 while the band is worked on.
+struct GemmTile {
+  uint32_t m, n;  // tile row and tile column
+};
+TVLLM_HOST_DEVICE constexpr GemmTile grouped_tile(uint32_t tile, uint32_t tiles_m, uint32_t tiles_n,
+                                                  uint32_t group_m) {
+  const uint32_t per_band = group_m * tiles_n;
+  const uint32_t band = tile / per_band;
+  const uint32_t first_m = band * group_m;
+  const uint32_t rows = tiles_m - first_m < group_m ? tiles_m - first_m : group_m;  // the last band's height
+  const uint32_t in_band = tile - band * per_band;
+  return {first_m + in_band % rows, in_band / rows};
+}
+
 // ---- the wgmma accumulator fragment -----------------------------------------------------------------------
 // After wgmma m64nNk16 with an fp32 accumulator, thread t (0..127) of the warpgroup holds N/2 floats d[i].
 // Warp w = t / 32 owns rows 16w .. 16w + 15; inside a warp the layout of every 8-column slice j = i / 4 is
