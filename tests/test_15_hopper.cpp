@@ -126,6 +126,18 @@ TEST(Hopper15Oracle, ClusterExchangeWrapsAroundInsideEachCluster) {
   EXPECT_EQ(to_f32_vector(out), want);
 }
 
+// A TMA box with no element inside the tensor faulted on the H200 (cudaErrorIllegalInstruction): refused first.
+TEST(Hopper15Args, TmaBoxThatMissesTheMatrixIsRefused) {
+  for (const auto& [row0, col0] :
+       std::vector<std::pair<int64_t, int64_t>>{{500, 500}, {64, 0}, {0, 64}, {-16, 0}, {0, -64}}) {
+    const std::string e = input_error_of([&] {
+      tma_tile_copy(fake_cuda(DType::BF16, {16, 64}), fake_cuda(DType::BF16, {64, 64}), row0, col0,
+                    TmaSwizzle::None);
+    });
+    EXPECT_NE(e.find("must overlap the matrix"), std::string::npos) << row0 << ", " << col0 << ": " << e;
+  }
+}
+
 TEST(Hopper15Args, GemmRefusesAKThatIsNotAMultipleOf64) {
   const std::string e = input_error_of([] {
     gemm_wgmma(fake_cuda(DType::BF16, {8, 16}), fake_cuda(DType::BF16, {8, 100}),
