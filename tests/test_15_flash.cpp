@@ -1,10 +1,13 @@
 // Lesson 15, step 5 on the CPU: what the wgmma flash attention decides without a GPU. Which K/V tiles a
 // block visits and which of them need the mask (against a brute-force walk over every (row, key) pair), the
 // register identity that lets P feed the second wgmma from registers, the MN-major descriptor of V, the
-// argument checks, attention_hopper()'s fall-back to lesson 07, and the FLOP count of the benchmark.
+// argument checks, attention_hopper()'s fall-back to lesson 07, the FLOP count of the benchmark, and step
+// 6's variants (each listed config compiled, the default tables).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,9 +33,9 @@ using testing::input_error_of;
 struct Walk {  // what a block's real rows actually see
   int first_key = -1, last_key = -1;
 };
-Walk brute_force(int q_len, int k_len, int q0, int window) {
+Walk brute_force(int q_len, int k_len, int q0, int window, int block_m) {
   Walk w;
-  for (int i = q0; i < q0 + kFlashBlockM && i < q_len; ++i) {
+  for (int i = q0; i < q0 + block_m && i < q_len; ++i) {
     const int pos = k_len - q_len + i;
     for (int key = 0; key < k_len; ++key) {
       if (!flash_key_visible(key, pos, window)) continue;
@@ -45,23 +48,26 @@ Walk brute_force(int q_len, int k_len, int q0, int window) {
 
 TEST(Flash15Tiling, TheTileRangeIsExactlyTheTilesHoldingAVisibleKey) {
   // Every (q_len, k_len, q0, window) of a grid with tile edges on both sides: the first tile of the range
-  // holds the first key any real row sees, the last tile the last one; nothing visible lies outside.
+  // holds the first key any real row sees, the last tile the last one; nothing visible lies outside. For
+  // both block heights (128 and 192 query rows).
   int cases = 0;
+  for (int block_m : {128, 192})
   for (int q_len : {1, 2, 63, 64, 65, 127, 128, 129, 300, 1000})
     for (int extra : {0, 1, 100, 128, 555})
       for (int window : {0, 1, 7, 64, 128, 129, 500})
-        for (int q0 = 0; q0 < q_len; q0 += kFlashBlockM) {
+        for (int q0 = 0; q0 < q_len; q0 += block_m) {
           const int k_len = q_len + extra;
-          const FlashTileRange r = flash_kv_tiles(q_len, k_len, q0, window);
-          const Walk w = brute_force(q_len, k_len, q0, window);
+          const FlashTileRange r = flash_kv_tiles(q_len, k_len, q0, window, block_m);
+          const Walk w = brute_force(q_len, k_len, q0, window, block_m);
           const std::string where = "q_len " + std::to_string(q_len) + " k_len " + std::to_string(k_len) +
-                                    " q0 " + std::to_string(q0) + " window " + std::to_string(window);
+                                    " q0 " + std::to_string(q0) + " window " + std::to_string(window) +
+                                    " block_m " + std::to_string(block_m);
           ASSERT_GE(w.first_key, 0) << where;  // every real row sees itself
           EXPECT_EQ(r.first, w.first_key / kFlashBlockN) << where;
           EXPECT_EQ(r.end, w.last_key / kFlashBlockN + 1) << where;
           ++cases;
         }
-  EXPECT_EQ(cases, 700);  // the grid above, all of it
+  EXPECT_EQ(cases, 700 + 560);  // the grid above, all of it (192-row blocks: fewer of them)
 }
 
 TEST(Flash15Tiling, CausalPrefillVisitsTheLowerTriangleOfTiles) {
@@ -104,11 +110,60 @@ TEST(Flash15Tiling, TilesWithoutTheMaskAreFullyVisibleToEveryRow) {
 TEST(Flash15Tiling, SharedMemoryFitsAndStagesAreWhatTheHeaderSays) {
   EXPECT_EQ(flash_wgmma_stages(64), 4);
   EXPECT_EQ(flash_wgmma_stages(128), 2);
-  // Q + stages x (K + V), 128 rows x head_dim bf16 each, + 1 KB of alignment slack: within 227 KB.
-  for (int d : {64, 128}) {
-    const int bytes = 128 * d * 2 * (1 + 2 * flash_wgmma_stages(d)) + 1024;
-    EXPECT_LE(bytes, 227 * 1024) << d;
+  // Q (block_m rows) + stages x (K + V) (128 rows each), head_dim bf16 a row, + 1 KB of alignment slack:
+  // within 227 KB.
+  EXPECT_EQ(flash_smem_bytes(64, 128), 144 * 1024 + 1024);
+  EXPECT_EQ(flash_smem_bytes(128, 128), 160 * 1024 + 1024);
+  EXPECT_EQ(flash_smem_bytes(64, 192), 152 * 1024 + 1024);
+  EXPECT_EQ(flash_smem_bytes(128, 192), 176 * 1024 + 1024);
+  for (int d : {64, 128})
+    for (int block_m : {128, 192}) EXPECT_LE(flash_smem_bytes(d, block_m), 227 * 1024) << d << " " << block_m;
+}
+
+// ---- the variants (step 6) --------------------------------------------------------------------------------
+
+TEST(Flash15Configs, EveryListedConfigIsCompiledAndNamedOnce) {
+  for (int64_t d : {64, 128}) {
+    const FlashConfigList list = flash_configs(d);
+    ASSERT_GE(list.size, 2) << d;
+    std::set<std::string> names;
+    for (const FlashConfig& c : list) {
+      EXPECT_TRUE(flash_wgmma_has_config(d, c)) << c.name << " head_dim " << d;
+      EXPECT_TRUE(c.block_m == 128 || c.block_m == 192) << c.name;
+      EXPECT_TRUE(names.insert(c.name).second) << "two configs named " << c.name;
+    }
+    // The baseline (the kernel as first measured) comes first, so every sweep has it.
+    EXPECT_STREQ(list[0].name, "m128");
+    EXPECT_FALSE(list[0].overlap);
+    EXPECT_EQ(list[0].schedule, FlashSchedule::Plain);
+    EXPECT_EQ(list[0].order, FlashOrder::TilesInner);
   }
+  // A combination nobody compiled is refused by name, not launched.
+  EXPECT_FALSE(flash_wgmma_has_config(128, FlashConfig{"x", 192, true, FlashSchedule::PingPong,
+                                                       FlashOrder::HeadsInner}));
+  EXPECT_THROW(flash_configs(96), InputError);
+}
+
+TEST(Flash15Configs, TheDefaultTablesPointIntoTheirLists) {
+  const auto check = [](const auto& defaults, int64_t d) {
+    int64_t previous = 0;
+    for (const FlashDefault& x : defaults) {
+      EXPECT_GE(x.config, 0) << d;
+      EXPECT_LT(x.config, flash_configs(d).size) << d;
+      EXPECT_GT(x.max_q_len, previous) << d << ": ranges in increasing order";
+      previous = x.max_q_len;
+    }
+    EXPECT_EQ(std::end(defaults)[-1].max_q_len, INT64_MAX) << d << ": the last entry covers the rest";
+  };
+  check(kFlashDefaults64, 64);
+  check(kFlashDefaults128, 128);
+  // The default for each length is an entry of the list (same object).
+  for (int64_t d : {64, 128})
+    for (int64_t n : std::vector<int64_t>{1, 512, 1024, 2048, 4096, 16384, int64_t{1} << 40}) {
+      const FlashConfig& c = flash_default_config(d, n);
+      const FlashConfigList list = flash_configs(d);
+      EXPECT_TRUE(&c >= list.begin() && &c < list.end()) << d << " " << n;
+    }
 }
 
 // ---- the layouts ----------------------------------------------------------------------------------------
