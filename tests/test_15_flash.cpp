@@ -122,6 +122,34 @@ TEST(Flash15Tiling, SharedMemoryFitsAndStagesAreWhatTheHeaderSays) {
 
 // ---- the variants (step 6) --------------------------------------------------------------------------------
 
+TEST(Flash15Configs, PInSharedMemoryCoversTheSwizzledTileOncePerElement) {
+  // p_smem: thread t stores its S registers r, r + 1 (r even) as one bf16 pair at sub-tile col / 64 (8 KB
+  // each), offset swizzled_offset_bf16(row, col % 64): the K-major 128-byte-swizzled layout that
+  // sw128_kmajor_descriptor reads (Q's, as TMA writes it). Every element of the 64 x 128 tile exactly once,
+  // each pair's second element 2 bytes after its first, inside the 16 KB.
+  std::vector<int> hits(64 * 128 * 2, 0);
+  for (uint32_t t = 0; t < 128; ++t)
+    for (uint32_t r = 0; r < 64; r += 2) {
+      const FragmentPosition f = accumulator_position(t, r);
+      const FragmentPosition g = accumulator_position(t, r + 1);
+      ASSERT_EQ(g.row, f.row);
+      ASSERT_EQ(g.col, f.col + 1);
+      ASSERT_EQ(f.col % 2, 0u);
+      const uint32_t offset = f.col / 64 * 8192 + swizzled_offset_bf16(f.row, f.col % 64);
+      ASSERT_EQ(offset % 4, 0u);
+      ASSERT_LT(offset + 3, 16384u);
+      EXPECT_EQ(offset + 2, g.col / 64 * 8192 + swizzled_offset_bf16(g.row, g.col % 64));
+      ++hits[offset / 2];
+      ++hits[offset / 2 + 1];
+    }
+  int once = 0;
+  for (int h : hits) once += h == 1;
+  EXPECT_EQ(once, 64 * 128);
+  EXPECT_EQ(flash_smem_bytes(128, 128, true), flash_smem_bytes(128, 128) + 32 * 1024);
+  EXPECT_EQ(flash_smem_bytes(64, 192, true), flash_smem_bytes(64, 192) + 48 * 1024);
+  EXPECT_LE(flash_smem_bytes(128, 192, true), 227 * 1024);
+}
+
 TEST(Flash15Configs, EveryListedConfigIsCompiledAndNamedOnce) {
   for (int64_t d : {64, 128}) {
     const FlashConfigList list = flash_configs(d);

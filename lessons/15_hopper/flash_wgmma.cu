@@ -21,7 +21,7 @@ namespace {
 using flash_detail::flash_wgmma_kernel;
 using flash_detail::FlashWgmmaParams;
 constexpr uint32_t kSubTileBytes = flash_detail::kKvSubTileBytes;  // [128 rows][64 bf16]: 16 KB
-static_assert(flash_smem_bytes(128, 192) <= 227 * 1024, "Hopper gives a block at most 227 KB of shared memory");
+static_assert(flash_smem_bytes(128, 192, true) <= 227 * 1024, "Hopper gives a block at most 227 KB of shared memory");
 
 // ---- the second product alone: D [64 x N] = P [64 x 128] V [128 x N], P from registers -------------------
 // A diagnostic for step 5's two riskiest layouts, each on its own: the register A fragment (read here
@@ -79,13 +79,13 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
-template <int D, int kConsumers, bool kOverlap, bool kPingPong>
+template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem = false>
 void launch_flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionBatch& batch, const AttentionShape& shape, bool heads_inner,
                         cudaStream_t stream) {
   constexpr int kBlockM = 64 * kConsumers;
-  constexpr int smem = flash_smem_bytes(D, kBlockM);
-  const auto kernel = flash_wgmma_kernel<D, kConsumers, kOverlap, kPingPong>;
+  constexpr int smem = flash_smem_bytes(D, kBlockM, kPSmem);
+  const auto kernel = flash_wgmma_kernel<D, kConsumers, kOverlap, kPingPong, kPSmem>;
   static const bool opted_in = [&] {  // once per instantiation; not a stream operation (fine under capture)
     TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
@@ -115,30 +115,33 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
   TVLLM_CHECK_LAUNCH();
 }
 
-// The compiled variants: one line each, (head_dim, consumer warpgroups, overlap, ping-pong). Every config
-// of kFlashConfigs64 / kFlashConfigs128 must be among them (test_15_flash checks it).
+// The compiled variants: one line each, (head_dim, consumer warpgroups, overlap, ping-pong, P in shared
+// memory). Every config of kFlashConfigs64 / kFlashConfigs128 must be among them (test_15_flash checks it).
 struct Variant {
   int d, consumers;
-  bool overlap, ping_pong;
+  bool overlap, ping_pong, p_smem;
   void (*launch)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                  const AttentionBatch&, const AttentionShape&, bool, cudaStream_t);
 };
 constexpr Variant kVariants[] = {
-    {64, 2, false, false, launch_flash_wgmma<64, 2, false, false>},
-    {64, 2, false, true, launch_flash_wgmma<64, 2, false, true>},
-    {64, 2, true, false, launch_flash_wgmma<64, 2, true, false>},
-    {64, 2, true, true, launch_flash_wgmma<64, 2, true, true>},
-    {64, 3, false, false, launch_flash_wgmma<64, 3, false, false>},
-    {64, 3, false, true, launch_flash_wgmma<64, 3, false, true>},
-    {128, 2, false, false, launch_flash_wgmma<128, 2, false, false>},
-    {128, 2, false, true, launch_flash_wgmma<128, 2, false, true>},
-    {128, 2, true, false, launch_flash_wgmma<128, 2, true, false>},
+    {64, 2, false, false, false, launch_flash_wgmma<64, 2, false, false>},
+    {64, 2, false, true, false, launch_flash_wgmma<64, 2, false, true>},
+    {64, 2, true, false, false, launch_flash_wgmma<64, 2, true, false>},
+    {64, 2, true, true, false, launch_flash_wgmma<64, 2, true, true>},
+    {64, 3, false, false, false, launch_flash_wgmma<64, 3, false, false>},
+    {64, 3, false, true, false, launch_flash_wgmma<64, 3, false, true>},
+    {64, 3, true, false, true, launch_flash_wgmma<64, 3, true, false, true>},
+    {128, 2, false, false, false, launch_flash_wgmma<128, 2, false, false>},
+    {128, 2, false, true, false, launch_flash_wgmma<128, 2, false, true>},
+    {128, 2, true, false, false, launch_flash_wgmma<128, 2, true, false>},
+    {128, 2, true, false, true, launch_flash_wgmma<128, 2, true, false, true>},
+    {128, 2, true, true, true, launch_flash_wgmma<128, 2, true, true, true>},
 };
 
 const Variant* find_variant(int64_t head_dim, const FlashConfig& c) {
   for (const Variant& v : kVariants)
     if (v.d == head_dim && 64 * v.consumers == c.block_m && v.overlap == c.overlap &&
-        v.ping_pong == (c.schedule == FlashSchedule::PingPong))
+        v.ping_pong == (c.schedule == FlashSchedule::PingPong) && v.p_smem == c.p_smem)
       return &v;
   return nullptr;
 }

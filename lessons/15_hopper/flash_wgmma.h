@@ -36,9 +36,11 @@ inline constexpr int kFlashBlockN = 128;  // keys per K/V tile: S is one m64n128
 // head_dim 64, 64 KB for 128). With the Q tile (block_m x head_dim bf16: 16 / 32 KB at 128 rows, 24 / 48 KB
 // at 192) that is 144 / 160 KB of shared memory at 128 rows, 152 / 176 KB at 192.
 TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim) { return head_dim == 64 ? 4 : 2; }
-// Bytes of dynamic shared memory a block asks for: Q, the ring, and 1 KB to align to the swizzle's period.
-TVLLM_HOST_DEVICE constexpr int flash_smem_bytes(int head_dim, int block_m) {
-  return 2 * head_dim * (block_m + 2 * kFlashBlockN * flash_wgmma_stages(head_dim)) + 1024;
+// Bytes of dynamic shared memory a block asks for: Q, the ring, P's tiles when P goes through shared memory
+// (FlashConfig::p_smem: 64 x 128 bf16 = 16 KB per consumer), and 1 KB to align to the swizzle's period.
+TVLLM_HOST_DEVICE constexpr int flash_smem_bytes(int head_dim, int block_m, bool p_smem = false) {
+  return 2 * head_dim * (block_m + 2 * kFlashBlockN * flash_wgmma_stages(head_dim)) +
+         (p_smem ? 2 * block_m * kFlashBlockN : 0) + 1024;
 }
 
 // The K/V tiles [first, end) a block visits: the block's rows are queries q0 .. q0 + block_m - 1 of a
@@ -95,12 +97,15 @@ enum class FlashOrder { TilesInner, HeadsInner };
 //             softmax of tile j+1, so the tensor cores work while this warpgroup does its exponentials
 //   schedule  plain or ping-pong (above)
 //   order     the grid's order (above)
+//   p_smem    (with overlap) P goes to shared memory and P V reads both operands from there: P's 32
+//             registers are not alive beside S and O, so the overlap fits where it would spill
 struct FlashConfig {
   const char* name;
   int block_m;
   bool overlap;
   FlashSchedule schedule;
   FlashOrder order;
+  bool p_smem = false;
 };
 
 // The variants, per head_dim. The first two are the kernel as first measured on the H200 (the baseline of
@@ -118,6 +123,7 @@ inline constexpr FlashConfig kFlashConfigs64[] = {
     {"m128-ov-pp", 128, true, kPingPong, kHeads},
     {"m192", 192, false, kPlain, kHeads},
     {"m192-pp", 192, false, kPingPong, kHeads},
+    {"m192-ov-ps", 192, true, kPlain, kHeads, true},
 };
 inline constexpr FlashConfig kFlashConfigs128[] = {
     {"m128", 128, false, kPlain, kTiles},  // the baseline
@@ -125,6 +131,8 @@ inline constexpr FlashConfig kFlashConfigs128[] = {
     {"m128-heads", 128, false, kPlain, kHeads},
     {"m128-pp-heads", 128, false, kPingPong, kHeads},
     {"m128-ov", 128, true, kPlain, kHeads},  // spills: O, S and P (160 registers) do not fit in 168
+    {"m128-ov-ps", 128, true, kPlain, kHeads, true},
+    {"m128-ov-pp-ps", 128, true, kPingPong, kHeads, true},
 };
 
 // THE DEFAULTS (what flash_wgmma() and attention_hopper() run without a config): per head_dim, the config

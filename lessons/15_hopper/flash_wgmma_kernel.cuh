@@ -87,6 +87,48 @@ struct FlashWgmmaParams {
 };
 
 #if TVLLM_HOPPER_DEVICE
+// P V with BOTH operands from shared memory (kPSmem): A = P [64 rows][128 keys] K-major (swizzled like Q),
+// B = V MN-major ("transposed", the last immediate 1) as in the register form. D[64 x N] += A B; N = 64 or 128.
+// The immediates after the predicate (scale D: always accumulate here): scale A, scale B, transpose A (no: P
+// is K-major), transpose B (yes).
+// (hopper.cuh's wgmma_m64n128k16 is the same instruction with B K-major; these live here, flash's own.)
+#define TVLLM_FLASH_D8(d, i)                                                                  \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TVLLM_FLASH_D32(d) \
+  TVLLM_FLASH_D8(d, 0), TVLLM_FLASH_D8(d, 8), TVLLM_FLASH_D8(d, 16), TVLLM_FLASH_D8(d, 24)
+__device__ __forceinline__ void wgmma_m64n64k16_ss_tb(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %34, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
+      "  {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "   %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+      "  %32, %33, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : TVLLM_FLASH_D32(d)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64n128k16_ss_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %66, 0;\n"
+      "  wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
+      "  {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
+      "   %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
+      "   %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
+      "   %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+      "  %64, %65, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : TVLLM_FLASH_D32(d), TVLLM_FLASH_D8(d, 32), TVLLM_FLASH_D8(d, 40), TVLLM_FLASH_D8(d, 48),
+        TVLLM_FLASH_D8(d, 56)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+#undef TVLLM_FLASH_D32
+#undef TVLLM_FLASH_D8
+
 // 2^x in one instruction (MUFU.EX2): relative error ~2^-22, results below 2^-126 flushed to 0, 2^-inf = 0.
 // exp2f() adds range handling for denormal results around it, which P (rounded to bf16 next) does not need.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -96,7 +138,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 #endif
 
-template <int D, int kConsumers, bool kOverlap, bool kPingPong>
+// kPSmem (with kOverlap only): P goes through shared memory (one [64 x 128] bf16 tile per consumer, 16 KB,
+// swizzled like Q) and P V reads both operands from there, so P's 32 registers are not alive beside S and O
+// while the next S and this P V run: the overlap fits in fewer registers, for 32 stores per thread per tile.
+template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v, const FlashWgmmaParams p) {
@@ -109,12 +154,16 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
   constexpr uint32_t kQTileBytes = kSub * kQSubTileBytes;
   constexpr uint32_t kKvTileBytes = kSub * kKvSubTileBytes;  // one K or V tile
   static_assert(kQSubTileBytes % kSwizzleAtomBytes == 0, "every sub-tile starts on the swizzle's period");
+  static_assert(kOverlap || !kPSmem, "P in shared memory is a variant of the overlapped loop");
+  constexpr uint32_t kPSubTileBytes = 64 * kSwizzleBytes;  // [64 rows][64 keys] bf16: 8 KB
+  constexpr uint32_t kPTileBytes = kFlashBlockN / 64 * kPSubTileBytes;
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t q_full, k_full[kStages], v_full[kStages], empty[kStages];
   unsigned char* smem = align_to_swizzle_atom(smem_raw);
   unsigned char* tile_q = smem;
   unsigned char* tiles_k = smem + kQTileBytes;  // stage s at + s * kKvTileBytes
   unsigned char* tiles_v = tiles_k + kStages * kKvTileBytes;
+  unsigned char* tiles_p = tiles_v + kStages * kKvTileBytes;  // kPSmem: consumer c's P at + c * kPTileBytes
 
   // ---- which queries, which keys: the same for every thread of the block ----------------------------------
   const int b = blockIdx.z;
@@ -215,14 +264,25 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
                        sw128_kmajor_descriptor(k_addr + kk / 4 * kKvSubTileBytes, kk % 4), kk > 0);
     wgmma_commit_group();
   };
-  // O += P V: B = V [keys][dims] read as [dims][keys], MN-major; LBO = the next 64 dims' sub-tile.
+  // O += P V: B = V [keys][dims] read as [dims][keys], MN-major; LBO = the next 64 dims' sub-tile. A = P from
+  // registers, or (kPSmem) from this consumer's P tile, K-major like Q (keys 64.. in the next sub-tile).
+  const uint32_t p_addr = smem_address(tiles_p + consumer * kPTileBytes);
   const auto issue_pv = [&](uint32_t v_addr) {
 #pragma unroll
     for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
-      if constexpr (D == 64)
-        wgmma_m64n64k16_rs(o, pa[kk], sw128_mnmajor_descriptor(v_addr, kKvSubTileBytes, kk));
-      else
-        wgmma_m64n128k16_rs(o, pa[kk], sw128_mnmajor_descriptor(v_addr, kKvSubTileBytes, kk));
+      const uint64_t desc_v = sw128_mnmajor_descriptor(v_addr, kKvSubTileBytes, kk);
+      if constexpr (kPSmem) {
+        const uint64_t desc_p = sw128_kmajor_descriptor(p_addr + kk / 4 * kPSubTileBytes, kk % 4);
+        if constexpr (D == 64)
+          wgmma_m64n64k16_ss_tb(o, desc_p, desc_v);
+        else
+          wgmma_m64n128k16_ss_tb(o, desc_p, desc_v);
+      } else {
+        if constexpr (D == 64)
+          wgmma_m64n64k16_rs(o, pa[kk], desc_v);
+        else
+          wgmma_m64n128k16_rs(o, pa[kk], desc_v);
+      }
     }
     wgmma_commit_group();
   };
@@ -270,20 +330,39 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
 #pragma unroll
     for (int r = 0; r < D / 2; ++r) o[r] *= alpha[(r / 2) % 2];
   };
-  // P in registers: the A fragment of K step kk is S's registers 8kk .. 8kk + 7 (hopper_layout.h).
+  // P in registers: the A fragment of K step kk is S's registers 8kk .. 8kk + 7 (hopper_layout.h). Or
+  // (kPSmem) P as bf16 pairs into the swizzled P tile: registers r, r + 1 are columns c, c + 1 of one row, 4
+  // bytes at swizzled_offset_bf16; a warp's 32 stores of one r hit 8 rows x 4 lanes = 8 distinct 16-byte
+  // chunks (the swizzle), all 32 banks. Then the async-proxy fence (wgmma reads through it) and a barrier of
+  // the warpgroup's 128 threads (named barrier 4 + consumer: 1 .. 3 are ping-pong's), as every thread's
+  // stores must land before any warp issues the MMA.
   const auto pack_p = [&] {
+    if constexpr (kPSmem) {
+      unsigned char* p_tile = tiles_p + consumer * kPTileBytes;
 #pragma unroll
-    for (int kk = 0; kk < kFlashBlockN / 16; ++kk)
+      for (int r = 0; r < kFlashBlockN / 2; r += 2) {
+        const FragmentPosition f = accumulator_position(t, r);
+        *reinterpret_cast<uint32_t*>(p_tile + f.col / 64 * kPSubTileBytes +
+                                     swizzled_offset_bf16(f.row, f.col % 64)) = pack_bf16x2(sc[r], sc[r + 1]);
+      }
+      fence_proxy_async_shared();
+      named_barrier_sync(4 + consumer, 128);
+    } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        pa[kk][j] = pack_bf16x2(sc[accumulator_register_for_a(kk, 2 * j)],
-                                sc[accumulator_register_for_a(kk, 2 * j + 1)]);
+      for (int kk = 0; kk < kFlashBlockN / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          pa[kk][j] = pack_bf16x2(sc[accumulator_register_for_a(kk, 2 * j)],
+                                  sc[accumulator_register_for_a(kk, 2 * j + 1)]);
+    }
   };
   const auto wait_pv = [&](uint32_t s) {  // P V done: O is final for the tile, P and the stage are free
     wgmma_wait_group<0>();
     fence_accumulators(o);
+    if constexpr (!kPSmem) {
 #pragma unroll
-    for (int kk = 0; kk < kFlashBlockN / 16; ++kk) fence_operands(pa[kk]);
+      for (int kk = 0; kk < kFlashBlockN / 16; ++kk) fence_operands(pa[kk]);
+    }
     // Every MMA that read stage s has finished: hand it back. (Always AFTER waiting for this round's full
     // barriers: an arrival before the producer has refilled the stage would count towards the previous
     // round's phase, which another warpgroup may not have completed yet.)
