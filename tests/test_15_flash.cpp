@@ -52,21 +52,21 @@ TEST(Flash15Tiling, TheTileRangeIsExactlyTheTilesHoldingAVisibleKey) {
   // both block heights (128 and 192 query rows).
   int cases = 0;
   for (int block_m : {128, 192})
-  for (int q_len : {1, 2, 63, 64, 65, 127, 128, 129, 300, 1000})
-    for (int extra : {0, 1, 100, 128, 555})
-      for (int window : {0, 1, 7, 64, 128, 129, 500})
-        for (int q0 = 0; q0 < q_len; q0 += block_m) {
-          const int k_len = q_len + extra;
-          const FlashTileRange r = flash_kv_tiles(q_len, k_len, q0, window, block_m);
-          const Walk w = brute_force(q_len, k_len, q0, window, block_m);
-          const std::string where = "q_len " + std::to_string(q_len) + " k_len " + std::to_string(k_len) +
-                                    " q0 " + std::to_string(q0) + " window " + std::to_string(window) +
-                                    " block_m " + std::to_string(block_m);
-          ASSERT_GE(w.first_key, 0) << where;  // every real row sees itself
-          EXPECT_EQ(r.first, w.first_key / kFlashBlockN) << where;
-          EXPECT_EQ(r.end, w.last_key / kFlashBlockN + 1) << where;
-          ++cases;
-        }
+    for (int q_len : {1, 2, 63, 64, 65, 127, 128, 129, 300, 1000})
+      for (int extra : {0, 1, 100, 128, 555})
+        for (int window : {0, 1, 7, 64, 128, 129, 500})
+          for (int q0 = 0; q0 < q_len; q0 += block_m) {
+            const int k_len = q_len + extra;
+            const FlashTileRange r = flash_kv_tiles(q_len, k_len, q0, window, block_m);
+            const Walk w = brute_force(q_len, k_len, q0, window, block_m);
+            const std::string where = "q_len " + std::to_string(q_len) + " k_len " + std::to_string(k_len) +
+                                      " q0 " + std::to_string(q0) + " window " + std::to_string(window) +
+                                      " block_m " + std::to_string(block_m);
+            ASSERT_GE(w.first_key, 0) << where;  // every real row sees itself
+            EXPECT_EQ(r.first, w.first_key / kFlashBlockN) << where;
+            EXPECT_EQ(r.end, w.last_key / kFlashBlockN + 1) << where;
+            ++cases;
+          }
   EXPECT_EQ(cases, 700 + 560);  // the grid above, all of it (192-row blocks: fewer of them)
 }
 
@@ -167,8 +167,8 @@ TEST(Flash15Configs, EveryListedConfigIsCompiledAndNamedOnce) {
     EXPECT_EQ(list[0].order, FlashOrder::TilesInner);
   }
   // A combination nobody compiled is refused by name, not launched.
-  EXPECT_FALSE(flash_wgmma_has_config(128, FlashConfig{"x", 192, true, FlashSchedule::PingPong,
-                                                       FlashOrder::HeadsInner}));
+  EXPECT_FALSE(flash_wgmma_has_config(
+      128, FlashConfig{"x", 192, true, FlashSchedule::PingPong, FlashOrder::HeadsInner}));
   EXPECT_THROW(flash_configs(96), InputError);
 }
 

@@ -21,7 +21,8 @@ namespace {
 using flash_detail::flash_wgmma_kernel;
 using flash_detail::FlashWgmmaParams;
 constexpr uint32_t kSubTileBytes = flash_detail::kKvSubTileBytes;  // [128 rows][64 bf16]: 16 KB
-static_assert(flash_smem_bytes(128, 192, true) <= 227 * 1024, "Hopper gives a block at most 227 KB of shared memory");
+static_assert(flash_smem_bytes(128, 192, true) <= 227 * 1024,
+              "Hopper gives a block at most 227 KB of shared memory");
 
 // ---- the second product alone: D [64 x N] = P [64 x 128] V [128 x N], P from registers -------------------
 // A diagnostic for step 5's two riskiest layouts, each on its own: the register A fragment (read here
@@ -107,7 +108,8 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
   p.window = static_cast<int>(shape.window);
   p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e)
   p.heads_inner = heads_inner ? 1 : 0;
-  const auto q_tiles = static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{kBlockM}));
+  const auto q_tiles =
+      static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{kBlockM}));
   const auto heads = static_cast<unsigned>(shape.n_heads);
   const dim3 grid(heads_inner ? heads : q_tiles, heads_inner ? q_tiles : heads,
                   static_cast<unsigned>(batch.batch_size()));

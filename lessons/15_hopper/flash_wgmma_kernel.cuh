@@ -39,8 +39,8 @@
 // Shared memory, every piece on a 1024-byte boundary (the 128-byte swizzle's period): a tile of R rows and
 // head_dim columns is head_dim / 64 "sub-tiles" of [R rows][64 columns], one TMA box each, because a
 // 128-byte swizzled row holds 64 bf16.
-//   Q            D/64 sub-tiles of block_m rows        16 / 32 KB (head_dim 64 / 128) at 128 rows, 24 / 48 at 192
-//   K, V stages  stages x D/64 sub-tiles of 128 rows   4 x 16 KB / 2 x 32 KB, each
+//   Q            D/64 sub-tiles of block_m rows        16 / 32 KB (head_dim 64 / 128) at 128 rows, 24 / 48 at
+//   192 K, V stages  stages x D/64 sub-tiles of 128 rows   4 x 16 KB / 2 x 32 KB, each
 #pragma once
 
 #include <cuda_bf16.h>
@@ -88,10 +88,10 @@ struct FlashWgmmaParams {
 
 #if TVLLM_HOPPER_DEVICE
 // P V with BOTH operands from shared memory (kPSmem): A = P [64 rows][128 keys] K-major (swizzled like Q),
-// B = V MN-major ("transposed", the last immediate 1) as in the register form. D[64 x N] += A B; N = 64 or 128.
-// The immediates after the predicate (scale D: always accumulate here): scale A, scale B, transpose A (no: P
-// is K-major), transpose B (yes).
-// (hopper.cuh's wgmma_m64n128k16 is the same instruction with B K-major; these live here, flash's own.)
+// B = V MN-major ("transposed", the last immediate 1) as in the register form. D[64 x N] += A B; N = 64 or
+// 128. The immediates after the predicate (scale D: always accumulate here): scale A, scale B, transpose A
+// (no: P is K-major), transpose B (yes). (hopper.cuh's wgmma_m64n128k16 is the same instruction with B
+// K-major; these live here, flash's own.)
 #define TVLLM_FLASH_D8(d, i)                                                                  \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
   using Registers = FlashRegisters<kConsumers>;
   constexpr int kBlockM = 64 * kConsumers;
   constexpr int kStages = flash_wgmma_stages(D);
-  constexpr int kSub = D / 64;                                // sub-tiles per tile
+  constexpr int kSub = D / 64;                                  // sub-tiles per tile
   constexpr uint32_t kQSubTileBytes = kBlockM * kSwizzleBytes;  // [block_m rows][64 bf16]
   constexpr uint32_t kQTileBytes = kSub * kQSubTileBytes;
   constexpr uint32_t kKvTileBytes = kSub * kKvSubTileBytes;  // one K or V tile
@@ -221,15 +221,15 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
 
   // ---- the consumers --------------------------------------------------------------------------------------
   setmaxnreg_inc<Registers::consumer>();
-  const int t = threadIdx.x % 128;     // this thread in its warpgroup
-  const int quad_col = 2 * (t % 4);    // the first of this thread's 2 columns in every 8-column slice
+  const int t = threadIdx.x % 128;   // this thread in its warpgroup
+  const int quad_col = 2 * (t % 4);  // the first of this thread's 2 columns in every 8-column slice
   // This thread's two rows (accumulator registers with (i / 2) % 2 == 0, resp. 1) and their positions.
   const int row0 = 64 * consumer + static_cast<int>(accumulator_position(t, 0).row);
   const int pos0 = k_len - q_len + q0 + row0, pos1 = pos0 + 8;
   const int wg_first_pos = k_len - q_len + q0 + 64 * consumer, wg_last_pos = wg_first_pos + 63;
 
-  float o[D / 2];              // O [64 x D] of this warpgroup, unnormalised, fp32
-  float sc[kFlashBlockN / 2];  // S [64 x 128], then P
+  float o[D / 2];                     // O [64 x D] of this warpgroup, unnormalised, fp32
+  float sc[kFlashBlockN / 2];         // S [64 x 128], then P
   uint32_t pa[kFlashBlockN / 16][4];  // P as bf16 pairs: the A fragments of P V (hopper_layout.h)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
   };
   const auto end_turn = [&] {
     if constexpr (kPingPong) {
-      if (--turns_left > 0 || consumer != kConsumers - 1) named_barrier_arrive(1 + (consumer + 1) % kConsumers, 256);
+      if (--turns_left > 0 || consumer != kConsumers - 1)
+        named_barrier_arrive(1 + (consumer + 1) % kConsumers, 256);
     }
   };
   if constexpr (kPingPong) {
@@ -389,7 +390,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
       pack_p();
       mbarrier_wait(&v_full[s], slot.full_parity);
       begin_turn();
-      wgmma_fence();  // the rescaled O and the fresh P registers are written before the tensor cores read them
+      wgmma_fence();  // the rescaled O and the fresh P registers are written before the tensor cores read
+                      // them
       issue_pv(v_address(s));
       end_turn();
       wait_pv(s);
@@ -412,8 +414,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
       mbarrier_wait(&v_full[prev.stage], prev.full_parity);
       begin_turn();
       wgmma_fence();  // S's registers were read by pack_p, O rescaled, P written: all before the MMAs
-      issue_qk(k_address(slot.stage));   // group 1: S_i
-      issue_pv(v_address(prev.stage));   // group 2: O += P_{i-1} V_{i-1}
+      issue_qk(k_address(slot.stage));  // group 1: S_i
+      issue_pv(v_address(prev.stage));  // group 2: O += P_{i-1} V_{i-1}
       end_turn();
       wgmma_wait_group<1>();  // S_i has landed (groups complete in order); P V may still run
       fence_accumulators(sc);

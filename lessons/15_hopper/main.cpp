@@ -192,10 +192,8 @@ void run_attention_bench() {
       BenchRow ours{name + " wgmma " + def.name, bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape); }),
                     bytes, flops};
       const FlashConfig& base = flash_configs(d)[0];
-      BenchRow pp{name + " wgmma " + base.name, bench_gpu([&] {
-                    flash_wgmma(out, q, k, v, batch, shape, nullptr, base);
-                  }),
-                  bytes, flops};
+      BenchRow pp{name + " wgmma " + base.name,
+                  bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape, nullptr, base); }), bytes, flops};
       BenchRow v2{name + " lesson 07 v2",
                   bench_gpu([&] { attention(out, q, k, v, batch, shape, AttentionKernel::V2Flash); }), bytes,
                   flops};
@@ -221,7 +219,6 @@ void run_attention_bench() {
       "figures: "
       "weights/tools/torch_kernel_baseline.py on the same GPU\n");
 }
-
 
 // --sweep: every variant of step 6 (flash_configs) at n = 512 .. 16k, head_dim 64 and 128, the shape of the
 // bench above; one row per (config, n), then per (d, n) the best config, and the FlashDefault tables that
@@ -264,8 +261,9 @@ void run_attention_sweep() {
       best.push_back(b);
     }
   }
-  print_bench_table(std::cout, "sweep: causal GQA attention prefill, 32 / 8 heads, every flash_configs() variant",
-                    rows, ceilings);
+  print_bench_table(std::cout,
+                    "sweep: causal GQA attention prefill, 32 / 8 heads, every flash_configs() variant", rows,
+                    ceilings);
   std::printf("sweep summary: the best variant per (head_dim, n), TFLOP/s, and x over the baseline (m128)\n");
   for (const Best& b : best)
     std::printf("  d=%-3lld n=%-6lld best %-14s %6.1f TFLOP/s  (baseline %6.1f, x%.2f)\n",
@@ -292,9 +290,10 @@ int main(int argc, char** argv) {
   LessonCli cli("lesson15_hopper",
                 "Hopper's tensor cores: TMA, mbarriers, wgmma, clusters and a warp-specialised wgmma GEMM");
   bool sweep = false;
-  cli.app().add_flag("--sweep", sweep,
-                     "(CUDA) time every flash attention variant (flash_configs) at n = 512 .. 16k, head_dim 64 "
-                     "and 128, and name the best per length");
+  cli.app().add_flag(
+      "--sweep", sweep,
+      "(CUDA) time every flash attention variant (flash_configs) at n = 512 .. 16k, head_dim 64 "
+      "and 128, and name the best per length");
   return cli.run(argc, argv, [&](const LessonOptions& opt) {
     if (opt.device == Device::CPU) return check_cpu();
     if (!hopper_available()) {
