@@ -390,8 +390,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
       pack_p();
       mbarrier_wait(&v_full[s], slot.full_parity);
       begin_turn();
-      wgmma_fence();  // the rescaled O and the fresh P registers are written before the tensor cores read
-                      // them
+      wgmma_fence();  // the rescaled O and the fresh P are written before the tensor cores read them
       issue_pv(v_address(s));
       end_turn();
       wait_pv(s);
