@@ -327,7 +327,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
       row_sum[half] = row_sum[half] * alpha[half] + tile_sum;
     }
   };
+  // O *= alpha, row by row. Once a row's max has settled (after the first few tiles, for most rows) alpha is
+  // exactly 1 and the D/2 multiplies change nothing: skipped when the whole warp agrees (a vote, so that the
+  // warp does not run both paths). x * 1 == x exactly: the same bits either way.
   const auto rescale_o = [&](const float(&alpha)[2]) {
+    if (__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) return;
 #pragma unroll
     for (int r = 0; r < D / 2; ++r) o[r] *= alpha[(r / 2) % 2];
   };
