@@ -49,9 +49,9 @@ Walk brute_force(int q_len, int k_len, int q0, int window, int block_m) {
 TEST(Flash15Tiling, TheTileRangeIsExactlyTheTilesHoldingAVisibleKey) {
   // Every (q_len, k_len, q0, window) of a grid with tile edges on both sides: the first tile of the range
   // holds the first key any real row sees, the last tile the last one; nothing visible lies outside. For
-  // both block heights (128 and 192 query rows).
+  // every block height (64, 128 and 192 query rows).
   int cases = 0;
-  for (int block_m : {128, 192})
+  for (int block_m : {64, 128, 192})
     for (int q_len : {1, 2, 63, 64, 65, 127, 128, 129, 300, 1000})
       for (int extra : {0, 1, 100, 128, 555})
         for (int window : {0, 1, 7, 64, 128, 129, 500})
@@ -67,7 +67,7 @@ TEST(Flash15Tiling, TheTileRangeIsExactlyTheTilesHoldingAVisibleKey) {
             EXPECT_EQ(r.end, w.last_key / kFlashBlockN + 1) << where;
             ++cases;
           }
-  EXPECT_EQ(cases, 700 + 560);  // the grid above, all of it (192-row blocks: fewer of them)
+  EXPECT_EQ(cases, 1190 + 700 + 560);  // the grid above, all of it (64, 128 and 192-row blocks)
 }
 
 TEST(Flash15Tiling, CausalPrefillVisitsTheLowerTriangleOfTiles) {
@@ -110,6 +110,10 @@ TEST(Flash15Tiling, TilesWithoutTheMaskAreFullyVisibleToEveryRow) {
 TEST(Flash15Tiling, SharedMemoryFitsAndStagesAreWhatTheHeaderSays) {
   EXPECT_EQ(flash_wgmma_stages(64), 4);
   EXPECT_EQ(flash_wgmma_stages(128), 2);
+  EXPECT_EQ(flash_wgmma_stages(64, 64), 2);  // two 64-row blocks per SM: 73 KB each (90 with P's tile)
+  EXPECT_EQ(flash_smem_bytes(64, 64), 72 * 1024 + 1024);
+  EXPECT_LE(2 * flash_smem_bytes(64, 64, true),
+            228 * 1024 - 2 * 1024);  // the SM's 228 KB, 1 KB per block reserved
   // Q (block_m rows) + stages x (K + V) (128 rows each), head_dim bf16 a row, + 1 KB of alignment slack:
   // within 227 KB.
   EXPECT_EQ(flash_smem_bytes(64, 128), 144 * 1024 + 1024);
@@ -157,7 +161,7 @@ TEST(Flash15Configs, EveryListedConfigIsCompiledAndNamedOnce) {
     std::set<std::string> names;
     for (const FlashConfig& c : list) {
       EXPECT_TRUE(flash_wgmma_has_config(d, c)) << c.name << " head_dim " << d;
-      EXPECT_TRUE(c.block_m == 128 || c.block_m == 192) << c.name;
+      EXPECT_TRUE(c.block_m == 64 || c.block_m == 128 || c.block_m == 192) << c.name;
       EXPECT_TRUE(names.insert(c.name).second) << "two configs named " << c.name;
     }
     // The baseline (the kernel as first measured) comes first, so every sweep has it.

@@ -183,8 +183,8 @@ TEST(Flash15Gpu, EveryConfigMatchesTheReference) {
       expect_matches({10, 200}, {510, 300}, AttentionShape{8, 8, d}, 1020 + d, false, &c);
       expect_matches({1000}, {1000}, AttentionShape{8, 2, d, 300}, 1030 + d, false, &c);
       expect_matches({2048}, {2048}, AttentionShape{4, 1, d}, 1040 + d, false, &c);
-      expect_matches({191, 192, 193, 385}, {191, 192, 193, 385}, AttentionShape{4, 2, d}, 1050 + d, false,
-                     &c);
+      expect_matches({63, 64, 65, 191, 192, 193, 385}, {63, 64, 65, 191, 192, 193, 385},
+                     AttentionShape{4, 2, d}, 1050 + d, false, &c);
       const FlashCheck fused =
           check_flash_wgmma({129, 3, 500}, {129, 3, 500}, AttentionShape{8, 2, d}, 1060 + d, true, &c);
       EXPECT_TRUE(fused.pass()) << describe(fused.ours, AttentionShape{8, 2, d});

@@ -133,6 +133,8 @@ constexpr Variant kVariants[] = {
     {64, 3, false, false, false, launch_flash_wgmma<64, 3, false, false>},
     {64, 3, false, true, false, launch_flash_wgmma<64, 3, false, true>},
     {64, 3, true, false, true, launch_flash_wgmma<64, 3, true, false, true>},
+    {64, 1, false, false, false, launch_flash_wgmma<64, 1, false, false>},
+    {64, 1, true, false, true, launch_flash_wgmma<64, 1, true, false, true>},
     {128, 2, false, false, false, launch_flash_wgmma<128, 2, false, false>},
     {128, 2, false, true, false, launch_flash_wgmma<128, 2, false, true>},
     {128, 2, true, false, false, launch_flash_wgmma<128, 2, true, false>},

@@ -34,12 +34,15 @@ inline constexpr int kFlashBlockM = 128;  // the default block_m (2 consumer war
 inline constexpr int kFlashBlockN = 128;  // keys per K/V tile: S is one m64n128 accumulator per warpgroup
 // Stages of the K/V ring: a stage holds a K tile and a V tile (128 keys x head_dim bf16 each: 32 KB for
 // head_dim 64, 64 KB for 128). With the Q tile (block_m x head_dim bf16: 16 / 32 KB at 128 rows, 24 / 48 KB
-// at 192) that is 144 / 160 KB of shared memory at 128 rows, 152 / 176 KB at 192.
-TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim) { return head_dim == 64 ? 4 : 2; }
+// at 192) that is 144 / 160 KB of shared memory at 128 rows, 152 / 176 KB at 192. 64-row blocks (one
+// consumer) run two per SM: 2 stages, 8 + 64 KB at head_dim 64.
+TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim, int block_m = 128) {
+  return block_m == 64 ? 2 : head_dim == 64 ? 4 : 2;
+}
 // Bytes of dynamic shared memory a block asks for: Q, the ring, P's tiles when P goes through shared memory
 // (FlashConfig::p_smem: 64 x 128 bf16 = 16 KB per consumer), and 1 KB to align to the swizzle's period.
 TVLLM_HOST_DEVICE constexpr int flash_smem_bytes(int head_dim, int block_m, bool p_smem = false) {
-  return 2 * head_dim * (block_m + 2 * kFlashBlockN * flash_wgmma_stages(head_dim)) +
+  return 2 * head_dim * (block_m + 2 * kFlashBlockN * flash_wgmma_stages(head_dim, block_m)) +
          (p_smem ? 2 * block_m * kFlashBlockN : 0) + 1024;
 }
 
@@ -92,7 +95,8 @@ enum class FlashOrder { TilesInner, HeadsInner };
 
 // One variant of the kernel (README.md, "Step 6: making it fast"). Every listed combination is compiled
 // (flash_wgmma_has_config says which); the sweep (lesson15_hopper --sweep) times each.
-//   block_m   query rows per block: 128 (2 consumer warpgroups) or 192 (3)
+//   block_m   query rows per block: 128 (2 consumer warpgroups), 192 (3), or 64 (1, and two blocks per SM:
+//             their softmax and GEMMs interleave, and one's prologue and epilogue hide behind the other)
 //   overlap   intra-warpgroup overlap: S = Q K^T of tile j+1 is issued, with P V of tile j, BEFORE the
 //             softmax of tile j+1, so the tensor cores work while this warpgroup does its exponentials
 //   schedule  plain or ping-pong (above)
@@ -124,6 +128,8 @@ inline constexpr FlashConfig kFlashConfigs64[] = {
     {"m192", 192, false, kPlain, kHeads},
     {"m192-pp", 192, false, kPingPong, kHeads},
     {"m192-ov-ps", 192, true, kPlain, kHeads, true},
+    {"m64x2", 64, false, kPlain, kHeads},
+    {"m64x2-ov-ps", 64, true, kPlain, kHeads, true},
 };
 inline constexpr FlashConfig kFlashConfigs128[] = {
     {"m128", 128, false, kPlain, kTiles},  // the baseline

@@ -61,17 +61,20 @@ constexpr uint32_t kKvSubTileBytes = kFlashBlockN * kSwizzleBytes;  // [128 keys
 // README.md, "Step 6"). setmaxnreg stays: it is what the hardware needs if ptxas ever uses the room.
 //   2 consumers (384 threads, launched at 168): 40 + 2 x 232  -> 64512
 //   3 consumers (512 threads, launched at 128): 32 + 3 x 160  -> 65536
+//   1 consumer (256 threads, TWO blocks per SM, launched at 128): no setmaxnreg; 2 x 256 x 128 -> 65536
 template <int kConsumers>
 struct FlashRegisters {
-  static constexpr int producer = kConsumers == 2 ? 40 : 32;
-  static constexpr int consumer = kConsumers == 2 ? 232 : 160;
-  static_assert(kConsumers == 2 || kConsumers == 3, "2 or 3 consumer warpgroups");
-  static_assert(128 * producer + 128 * kConsumers * consumer <= 65536,
+  static constexpr int blocks_per_sm = kConsumers == 1 ? 2 : 1;  // __launch_bounds__'s minimum
+  static constexpr bool shift = kConsumers > 1;                  // whether setmaxnreg moves registers
+  static constexpr int launched = 65536 / (blocks_per_sm * 128 * (1 + kConsumers)) / 8 * 8;
+  static constexpr int producer = kConsumers == 2 ? 40 : kConsumers == 3 ? 32 : launched;
+  static constexpr int consumer = kConsumers == 2 ? 232 : kConsumers == 3 ? 160 : launched;
+  static_assert(kConsumers >= 1 && kConsumers <= 3, "1, 2 or 3 consumer warpgroups");
+  static_assert(blocks_per_sm * 128 * (producer + kConsumers * consumer) <= 65536,
                 "the warpgroups' registers must fit in the SM's register file");
   // setmaxnreg may only move registers the block was launched with: each warpgroup starts at the launch's
   // per-thread count (65536 / threads, rounded down to 8), dec lowers it, inc raises it.
-  static_assert(producer <= 65536 / (128 * (1 + kConsumers)) / 8 * 8 &&
-                    consumer >= 65536 / (128 * (1 + kConsumers)) / 8 * 8,
+  static_assert(producer <= launched && consumer >= launched,
                 "the producer gives registers back, the consumers take them");
 };
 
@@ -142,13 +145,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // swizzled like Q) and P V reads both operands from there, so P's 32 registers are not alive beside S and O
 // while the next S and this P V run: the overlap fits in fewer registers, for 32 stores per thread per tile.
 template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem>
-__global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
+__global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsumers>::blocks_per_sm)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v, const FlashWgmmaParams p) {
 #if TVLLM_HOPPER_DEVICE
   using Registers = FlashRegisters<kConsumers>;
   constexpr int kBlockM = 64 * kConsumers;
-  constexpr int kStages = flash_wgmma_stages(D);
+  constexpr int kStages = flash_wgmma_stages(D, kBlockM);
   constexpr int kSub = D / 64;                                  // sub-tiles per tile
   constexpr uint32_t kQSubTileBytes = kBlockM * kSwizzleBytes;  // [block_m rows][64 bf16]
   constexpr uint32_t kQTileBytes = kSub * kQSubTileBytes;
@@ -195,7 +198,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
 
   if (warpgroup == 0) {
     // ---- the producer -------------------------------------------------------------------------------------
-    setmaxnreg_dec<Registers::producer>();
+    if constexpr (Registers::shift) setmaxnreg_dec<Registers::producer>();
     if (threadIdx.x == 0) {
       const int kv_col = (h / p.group) * D;  // grouped-query attention: this head's kv head
       mbarrier_arrive_expect_tx(&q_full, kQTileBytes);
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), 1)
   }
 
   // ---- the consumers --------------------------------------------------------------------------------------
-  setmaxnreg_inc<Registers::consumer>();
+  if constexpr (Registers::shift) setmaxnreg_inc<Registers::consumer>();
   const int t = threadIdx.x % 128;   // this thread in its warpgroup
   const int quad_col = 2 * (t % 4);  // the first of this thread's 2 columns in every 8-column slice
   // This thread's two rows (accumulator registers with (i / 2) % 2 == 0, resp. 1) and their positions.
