@@ -20,7 +20,7 @@ namespace {
 
 using flash_detail::flash_wgmma_kernel;
 using flash_detail::FlashWgmmaParams;
-constexpr uint32_t kSubTileBytes = flash_detail::kKvSubTileBytes;  // [128 rows][64 bf16]: 16 KB
+using flash_detail::kKvSubTileBytes;  // [128 rows][64 bf16]: 16 KB
 static_assert(flash_smem_bytes(128, 192, true) <= 227 * 1024,
               "Hopper gives a block at most 227 KB of shared memory");
 
@@ -32,7 +32,7 @@ template <int N>
 __global__ void __launch_bounds__(128)
     wgmma_pv_tile_kernel(const __grid_constant__ CUtensorMap map_v, const __nv_bfloat16* p, float* d) {
 #if TVLLM_HOPPER_DEVICE
-  __shared__ __align__(1024) unsigned char v_tile[N / 64 * kSubTileBytes];  // [128 keys][64 dims] x N/64
+  __shared__ __align__(1024) unsigned char v_tile[N / 64 * kKvSubTileBytes];  // [128 keys][64 dims] x N/64
   __shared__ uint64_t arrived;
   const int t = threadIdx.x;
   if (t == 0) {
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(128)
   if (t == 0) {
     mbarrier_arrive_expect_tx(&arrived, sizeof(v_tile));
     for (int sub = 0; sub < N / 64; ++sub)
-      tma_load_2d(v_tile + sub * kSubTileBytes, &map_v, 64 * sub, 0, &arrived);
+      tma_load_2d(v_tile + sub * kKvSubTileBytes, &map_v, 64 * sub, 0, &arrived);
   }
   uint32_t pa[kFlashBlockN / 16][4];  // value j of step kk: P [row, 16 kk + col], two bf16 per register
 #pragma unroll
@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
   for (int kk = 0; kk < kFlashBlockN / 16; ++kk) {
     if constexpr (N == 64)
-      wgmma_m64n64k16_rs(acc, pa[kk], sw128_mnmajor_descriptor(smem_address(v_tile), kSubTileBytes, kk));
+      wgmma_m64n64k16_rs(acc, pa[kk], sw128_mnmajor_descriptor(smem_address(v_tile), kKvSubTileBytes, kk));
     else
-      wgmma_m64n128k16_rs(acc, pa[kk], sw128_mnmajor_descriptor(smem_address(v_tile), kSubTileBytes, kk));
+      wgmma_m64n128k16_rs(acc, pa[kk], sw128_mnmajor_descriptor(smem_address(v_tile), kKvSubTileBytes, kk));
   }
   wgmma_commit_group();
   wgmma_wait_group<0>();
