@@ -89,6 +89,10 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
   const auto kernel = flash_wgmma_kernel<D, kConsumers, kOverlap, kPingPong, kPSmem>;
   static const bool opted_in = [&] {  // once per instantiation; not a stream operation (fine under capture)
     TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // All of the SM's unified L1/shared memory as shared memory: the 64-row variant needs room for two
+    // blocks.
+    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
     return true;
   }();
   (void)opted_in;
