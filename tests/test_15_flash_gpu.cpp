@@ -212,6 +212,15 @@ TEST(Flash15Gpu, EveryConfigGivesTheBaselineBits) {
   }
 }
 
+// Step 6's register and shared-memory arithmetic, as the GPU sees it: the 64-row variants fit two blocks on an
+// SM (256 threads x 128 registers, <= 90 KB of shared memory each), every other variant one.
+TEST(Flash15Gpu, ResidentBlocksPerSmAreWhatStep6CountsOn) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t d : {64, 128})
+    for (const FlashConfig& c : flash_configs(d))
+      EXPECT_EQ(flash_wgmma_blocks_per_sm(d, c), c.block_m == 64 ? 2 : 1) << c.name << " head_dim " << d;
+}
+
 TEST(Flash15Gpu, AConfigThatIsNotCompiledIsRefused) {
   TVLLM_REQUIRE_HOPPER();
   const AttentionShape s{4, 2, 128};

@@ -121,6 +121,21 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
   TVLLM_CHECK_LAUNCH();
 }
 
+// Blocks of this variant the GPU keeps resident per SM (registers and shared memory decide; the sweep prints
+// it: 2 for the 64-row variants, 1 for the others, is what step 6 counts on).
+template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem = false>
+int resident_blocks_per_sm() {
+  const auto kernel = flash_wgmma_kernel<D, kConsumers, kOverlap, kPingPong, kPSmem>;
+  constexpr int smem = flash_smem_bytes(D, 64 * kConsumers, kPSmem);
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  int blocks = 0;
+  TVLLM_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 128 * (1 + kConsumers), smem));
+  return blocks;
+}
+
 // The compiled variants: one line each, (head_dim, consumer warpgroups, overlap, ping-pong, P in shared
 // memory). Every config of kFlashConfigs64 / kFlashConfigs128 must be among them (test_15_flash checks it).
 struct Variant {
@@ -128,22 +143,37 @@ struct Variant {
   bool overlap, ping_pong, p_smem;
   void (*launch)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                  const AttentionBatch&, const AttentionShape&, bool, cudaStream_t);
+  int (*blocks_per_sm)();
 };
 constexpr Variant kVariants[] = {
-    {64, 2, false, false, false, launch_flash_wgmma<64, 2, false, false>},
-    {64, 2, false, true, false, launch_flash_wgmma<64, 2, false, true>},
-    {64, 2, true, false, false, launch_flash_wgmma<64, 2, true, false>},
-    {64, 2, true, true, false, launch_flash_wgmma<64, 2, true, true>},
-    {64, 3, false, false, false, launch_flash_wgmma<64, 3, false, false>},
-    {64, 3, false, true, false, launch_flash_wgmma<64, 3, false, true>},
-    {64, 3, true, false, true, launch_flash_wgmma<64, 3, true, false, true>},
-    {64, 1, false, false, false, launch_flash_wgmma<64, 1, false, false>},
-    {64, 1, true, false, true, launch_flash_wgmma<64, 1, true, false, true>},
-    {128, 2, false, false, false, launch_flash_wgmma<128, 2, false, false>},
-    {128, 2, false, true, false, launch_flash_wgmma<128, 2, false, true>},
-    {128, 2, true, false, false, launch_flash_wgmma<128, 2, true, false>},
-    {128, 2, true, false, true, launch_flash_wgmma<128, 2, true, false, true>},
-    {128, 2, true, true, true, launch_flash_wgmma<128, 2, true, true, true>},
+    {64, 2, false, false, false, launch_flash_wgmma<64, 2, false, false>,
+     resident_blocks_per_sm<64, 2, false, false>},
+    {64, 2, false, true, false, launch_flash_wgmma<64, 2, false, true>,
+     resident_blocks_per_sm<64, 2, false, true>},
+    {64, 2, true, false, false, launch_flash_wgmma<64, 2, true, false>,
+     resident_blocks_per_sm<64, 2, true, false>},
+    {64, 2, true, true, false, launch_flash_wgmma<64, 2, true, true>,
+     resident_blocks_per_sm<64, 2, true, true>},
+    {64, 3, false, false, false, launch_flash_wgmma<64, 3, false, false>,
+     resident_blocks_per_sm<64, 3, false, false>},
+    {64, 3, false, true, false, launch_flash_wgmma<64, 3, false, true>,
+     resident_blocks_per_sm<64, 3, false, true>},
+    {64, 3, true, false, true, launch_flash_wgmma<64, 3, true, false, true>,
+     resident_blocks_per_sm<64, 3, true, false, true>},
+    {64, 1, false, false, false, launch_flash_wgmma<64, 1, false, false>,
+     resident_blocks_per_sm<64, 1, false, false>},
+    {64, 1, true, false, true, launch_flash_wgmma<64, 1, true, false, true>,
+     resident_blocks_per_sm<64, 1, true, false, true>},
+    {128, 2, false, false, false, launch_flash_wgmma<128, 2, false, false>,
+     resident_blocks_per_sm<128, 2, false, false>},
+    {128, 2, false, true, false, launch_flash_wgmma<128, 2, false, true>,
+     resident_blocks_per_sm<128, 2, false, true>},
+    {128, 2, true, false, false, launch_flash_wgmma<128, 2, true, false>,
+     resident_blocks_per_sm<128, 2, true, false>},
+    {128, 2, true, false, true, launch_flash_wgmma<128, 2, true, false, true>,
+     resident_blocks_per_sm<128, 2, true, false, true>},
+    {128, 2, true, true, true, launch_flash_wgmma<128, 2, true, true, true>,
+     resident_blocks_per_sm<128, 2, true, true, true>},
 };
 
 const Variant* find_variant(int64_t head_dim, const FlashConfig& c) {
@@ -207,6 +237,14 @@ const FlashConfig& flash_default_config(int64_t head_dim, int64_t max_q_len) {
 
 bool flash_wgmma_has_config(int64_t head_dim, const FlashConfig& config) {
   return find_variant(head_dim, config) != nullptr;
+}
+
+int flash_wgmma_blocks_per_sm(int64_t head_dim, const FlashConfig& config) {
+  const Variant* variant = find_variant(head_dim, config);
+  TVLLM_REQUIRE(variant != nullptr, std::string("flash_wgmma_blocks_per_sm: config ") + config.name +
+                                        " is not compiled for head_dim " + std::to_string(head_dim));
+  require_hopper("flash_wgmma_blocks_per_sm");
+  return variant->blocks_per_sm();
 }
 
 void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,

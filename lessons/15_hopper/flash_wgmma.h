@@ -164,6 +164,10 @@ FlashConfigList flash_configs(int64_t head_dim);
 const FlashConfig& flash_default_config(int64_t head_dim, int64_t max_q_len);
 // Whether flash_wgmma.cu compiled this (head_dim, block_m, overlap, schedule) combination.
 bool flash_wgmma_has_config(int64_t head_dim, const FlashConfig& config);
+// How many blocks of that variant the GPU keeps resident per SM
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor: registers and shared memory decide). Needs
+// hopper_available(); InputError otherwise.
+int flash_wgmma_blocks_per_sm(int64_t head_dim, const FlashConfig& config);
 
 // Whether flash_wgmma() takes this shape: head_dim 64 or 128 (any heads, any group, any window).
 bool flash_wgmma_supports(const AttentionShape& shape);

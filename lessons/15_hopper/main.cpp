@@ -250,7 +250,8 @@ void run_attention_sweep() {
       Best b{d, n, 0, 0.0, 0.0};
       for (int i = 0; i < configs.size; ++i) {
         const FlashConfig& c = configs[i];
-        const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n) + " " + c.name;
+        const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n) + " " + c.name + " (" +
+                                 std::to_string(flash_wgmma_blocks_per_sm(d, c)) + "/SM)";
         BenchRow row{name, bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape, nullptr, c); }), bytes,
                      flops};
         const double tflops = flops / (row.result.median_ms * 1e-3) / 1e12;
