@@ -1,10 +1,13 @@
 // Lesson 15, step 5 on the CPU: what the wgmma flash attention decides without a GPU. Which K/V tiles a
 // block visits and which of them need the mask (against a brute-force walk over every (row, key) pair), the
 // register identity that lets P feed the second wgmma from registers, the MN-major descriptor of V, the
-// argument checks, attention_hopper()'s fall-back to lesson 07, and the FLOP count of the benchmark.
+// argument checks, attention_hopper()'s fall-back to lesson 07, the FLOP count of the benchmark, and step
+// 6's variants (each listed config compiled, the default tables).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,9 +33,9 @@ using testing::input_error_of;
 struct Walk {  // what a block's real rows actually see
   int first_key = -1, last_key = -1;
 };
-Walk brute_force(int q_len, int k_len, int q0, int window) {
+Walk brute_force(int q_len, int k_len, int q0, int window, int block_m) {
   Walk w;
-  for (int i = q0; i < q0 + kFlashBlockM && i < q_len; ++i) {
+  for (int i = q0; i < q0 + block_m && i < q_len; ++i) {
     const int pos = k_len - q_len + i;
     for (int key = 0; key < k_len; ++key) {
       if (!flash_key_visible(key, pos, window)) continue;
@@ -45,23 +48,26 @@ Walk brute_force(int q_len, int k_len, int q0, int window) {
 
 TEST(Flash15Tiling, TheTileRangeIsExactlyTheTilesHoldingAVisibleKey) {
   // Every (q_len, k_len, q0, window) of a grid with tile edges on both sides: the first tile of the range
-  // holds the first key any real row sees, the last tile the last one; nothing visible lies outside.
+  // holds the first key any real row sees, the last tile the last one; nothing visible lies outside. For
+  // every block height (64, 128 and 192 query rows).
   int cases = 0;
-  for (int q_len : {1, 2, 63, 64, 65, 127, 128, 129, 300, 1000})
-    for (int extra : {0, 1, 100, 128, 555})
-      for (int window : {0, 1, 7, 64, 128, 129, 500})
-        for (int q0 = 0; q0 < q_len; q0 += kFlashBlockM) {
-          const int k_len = q_len + extra;
-          const FlashTileRange r = flash_kv_tiles(q_len, k_len, q0, window);
-          const Walk w = brute_force(q_len, k_len, q0, window);
-          const std::string where = "q_len " + std::to_string(q_len) + " k_len " + std::to_string(k_len) +
-                                    " q0 " + std::to_string(q0) + " window " + std::to_string(window);
-          ASSERT_GE(w.first_key, 0) << where;  // every real row sees itself
-          EXPECT_EQ(r.first, w.first_key / kFlashBlockN) << where;
-          EXPECT_EQ(r.end, w.last_key / kFlashBlockN + 1) << where;
-          ++cases;
-        }
-  EXPECT_EQ(cases, 700);  // the grid above, all of it
+  for (int block_m : {64, 128, 192})
+    for (int q_len : {1, 2, 63, 64, 65, 127, 128, 129, 300, 1000})
+      for (int extra : {0, 1, 100, 128, 555})
+        for (int window : {0, 1, 7, 64, 128, 129, 500})
+          for (int q0 = 0; q0 < q_len; q0 += block_m) {
+            const int k_len = q_len + extra;
+            const FlashTileRange r = flash_kv_tiles(q_len, k_len, q0, window, block_m);
+            const Walk w = brute_force(q_len, k_len, q0, window, block_m);
+            const std::string where = "q_len " + std::to_string(q_len) + " k_len " + std::to_string(k_len) +
+                                      " q0 " + std::to_string(q0) + " window " + std::to_string(window) +
+                                      " block_m " + std::to_string(block_m);
+            ASSERT_GE(w.first_key, 0) << where;  // every real row sees itself
+            EXPECT_EQ(r.first, w.first_key / kFlashBlockN) << where;
+            EXPECT_EQ(r.end, w.last_key / kFlashBlockN + 1) << where;
+            ++cases;
+          }
+  EXPECT_EQ(cases, 1190 + 700 + 560);  // the grid above, all of it (64, 128 and 192-row blocks)
 }
 
 TEST(Flash15Tiling, CausalPrefillVisitsTheLowerTriangleOfTiles) {
@@ -104,11 +110,92 @@ TEST(Flash15Tiling, TilesWithoutTheMaskAreFullyVisibleToEveryRow) {
 TEST(Flash15Tiling, SharedMemoryFitsAndStagesAreWhatTheHeaderSays) {
   EXPECT_EQ(flash_wgmma_stages(64), 4);
   EXPECT_EQ(flash_wgmma_stages(128), 2);
-  // Q + stages x (K + V), 128 rows x head_dim bf16 each, + 1 KB of alignment slack: within 227 KB.
-  for (int d : {64, 128}) {
-    const int bytes = 128 * d * 2 * (1 + 2 * flash_wgmma_stages(d)) + 1024;
-    EXPECT_LE(bytes, 227 * 1024) << d;
+  EXPECT_EQ(flash_wgmma_stages(64, 64), 2);  // two 64-row blocks per SM: 73 KB each (90 with P's tile)
+  EXPECT_EQ(flash_smem_bytes(64, 64), 72 * 1024 + 1024);
+  EXPECT_LE(2 * flash_smem_bytes(64, 64, true),
+            228 * 1024 - 2 * 1024);  // the SM's 228 KB, 1 KB per block reserved
+  // Q (block_m rows) + stages x (K + V) (128 rows each), head_dim bf16 a row, + 1 KB of alignment slack:
+  // within 227 KB.
+  EXPECT_EQ(flash_smem_bytes(64, 128), 144 * 1024 + 1024);
+  EXPECT_EQ(flash_smem_bytes(128, 128), 160 * 1024 + 1024);
+  EXPECT_EQ(flash_smem_bytes(64, 192), 152 * 1024 + 1024);
+  EXPECT_EQ(flash_smem_bytes(128, 192), 176 * 1024 + 1024);
+  for (int d : {64, 128})
+    for (int block_m : {128, 192}) EXPECT_LE(flash_smem_bytes(d, block_m), 227 * 1024) << d << " " << block_m;
+}
+
+// ---- the variants (step 6) --------------------------------------------------------------------------------
+
+TEST(Flash15Configs, PInSharedMemoryCoversTheSwizzledTileOncePerElement) {
+  // p_smem: thread t stores its S registers r, r + 1 (r even) as one bf16 pair at sub-tile col / 64 (8 KB
+  // each), offset swizzled_offset_bf16(row, col % 64): the K-major 128-byte-swizzled layout that
+  // sw128_kmajor_descriptor reads (Q's, as TMA writes it). Every element of the 64 x 128 tile exactly once,
+  // each pair's second element 2 bytes after its first, inside the 16 KB.
+  std::vector<int> hits(64 * 128 * 2, 0);
+  for (uint32_t t = 0; t < 128; ++t)
+    for (uint32_t r = 0; r < 64; r += 2) {
+      const FragmentPosition f = accumulator_position(t, r);
+      const FragmentPosition g = accumulator_position(t, r + 1);
+      ASSERT_EQ(g.row, f.row);
+      ASSERT_EQ(g.col, f.col + 1);
+      ASSERT_EQ(f.col % 2, 0u);
+      const uint32_t offset = f.col / 64 * 8192 + swizzled_offset_bf16(f.row, f.col % 64);
+      ASSERT_EQ(offset % 4, 0u);
+      ASSERT_LT(offset + 3, 16384u);
+      EXPECT_EQ(offset + 2, g.col / 64 * 8192 + swizzled_offset_bf16(g.row, g.col % 64));
+      ++hits[offset / 2];
+      ++hits[offset / 2 + 1];
+    }
+  int once = 0;
+  for (int h : hits) once += h == 1;
+  EXPECT_EQ(once, 64 * 128);
+  EXPECT_EQ(flash_smem_bytes(128, 128, true), flash_smem_bytes(128, 128) + 32 * 1024);
+  EXPECT_EQ(flash_smem_bytes(64, 192, true), flash_smem_bytes(64, 192) + 48 * 1024);
+  EXPECT_LE(flash_smem_bytes(128, 192, true), 227 * 1024);
+}
+
+TEST(Flash15Configs, EveryListedConfigIsCompiledAndNamedOnce) {
+  for (int64_t d : {64, 128}) {
+    const FlashConfigList list = flash_configs(d);
+    ASSERT_GE(list.size, 2) << d;
+    std::set<std::string> names;
+    for (const FlashConfig& c : list) {
+      EXPECT_TRUE(flash_wgmma_has_config(d, c)) << c.name << " head_dim " << d;
+      EXPECT_TRUE(c.block_m == 64 || c.block_m == 128 || c.block_m == 192) << c.name;
+      EXPECT_TRUE(names.insert(c.name).second) << "two configs named " << c.name;
+    }
+    // The baseline (the kernel as first measured) comes first, so every sweep has it.
+    EXPECT_STREQ(list[0].name, "m128");
+    EXPECT_FALSE(list[0].overlap);
+    EXPECT_EQ(list[0].schedule, FlashSchedule::Plain);
+    EXPECT_EQ(list[0].order, FlashOrder::TilesInner);
   }
+  // A combination nobody compiled is refused by name, not launched.
+  EXPECT_FALSE(flash_wgmma_has_config(
+      128, FlashConfig{"x", 192, true, FlashSchedule::PingPong, FlashOrder::HeadsInner}));
+  EXPECT_THROW(flash_configs(96), InputError);
+}
+
+TEST(Flash15Configs, TheDefaultTablesPointIntoTheirLists) {
+  const auto check = [](const auto& defaults, int64_t d) {
+    int64_t previous = 0;
+    for (const FlashDefault& x : defaults) {
+      EXPECT_GE(x.config, 0) << d;
+      EXPECT_LT(x.config, flash_configs(d).size) << d;
+      EXPECT_GT(x.max_q_len, previous) << d << ": ranges in increasing order";
+      previous = x.max_q_len;
+    }
+    EXPECT_EQ(std::end(defaults)[-1].max_q_len, INT64_MAX) << d << ": the last entry covers the rest";
+  };
+  check(kFlashDefaults64, 64);
+  check(kFlashDefaults128, 128);
+  // The default for each length is an entry of the list (same object).
+  for (int64_t d : {64, 128})
+    for (int64_t n : std::vector<int64_t>{1, 512, 1024, 2048, 4096, 16384, int64_t{1} << 40}) {
+      const FlashConfig& c = flash_default_config(d, n);
+      const FlashConfigList list = flash_configs(d);
+      EXPECT_TRUE(&c >= list.begin() && &c < list.end()) << d << " " << n;
+    }
 }
 
 // ---- the layouts ----------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 // the kernel forgets fails) inside a wider NaN buffer (a store outside out's columns fails). Shapes: one
 // sequence at every edge of the 128-row / 128-key tiles, packed batches of uneven sequences, chunked
 // prefill (q_len < k_len), GQA groups 1 to 8, head_dim 64 and 128, sliding windows, a fused QKV buffer
-// (strided tensor maps), long sequences (the ring of stages goes round many times); both schedules
-// (plain and ping-pong, the same bits); determinism; the engine hook attention_hopper(); the refusals.
+// (strided tensor maps), long sequences (the ring of stages goes round many times); every variant of
+// flash_configs() (step 6: against the reference, and the baseline's bits); determinism; the engine hook
+// attention_hopper(); the refusals.
 // Skipped without an H100/H200 (sm_90a).
 #include <gtest/gtest.h>
 
@@ -47,8 +48,8 @@ Inputs random_prefill(const std::vector<int64_t>& lengths, const AttentionShape&
 
 void expect_matches(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
                     const AttentionShape& s, uint64_t seed, bool fused_qkv = false,
-                    FlashSchedule schedule = kDefaultFlashSchedule) {
-  const FlashCheck r = check_flash_wgmma(q_lens, k_lens, s, seed, fused_qkv, schedule);
+                    const FlashConfig* config = nullptr) {
+  const FlashCheck r = check_flash_wgmma(q_lens, k_lens, s, seed, fused_qkv, config);
   EXPECT_GT(r.ours.count, 0);
   EXPECT_EQ(r.non_finite, 0) << r.ours.name << ": NaN or inf in the output (a row never written?)";
   EXPECT_EQ(r.written_outside, 0) << r.ours.name << ": wrote outside out's columns";
@@ -167,34 +168,66 @@ TEST(Flash15Gpu, DeterministicAndRunsOnAStream) {
   EXPECT_EQ(to_f32_vector(a), to_f32_vector(b));
 }
 
-// Ping-pong changes only WHEN each consumer issues its wgmma groups: against the reference on the hard cases,
-// and bit for bit against the plain schedule.
-TEST(Flash15Gpu, PingPongMatchesTheReference) {
+// Step 6's variants (flash_configs): each against the reference on the hard cases, and each bit for bit
+// against the baseline (config 0). They change only WHEN wgmma groups are issued (schedule, overlap), how
+// many rows a block takes (block_m) and the order of blocks: per row, the same tiles in the same order (a
+// tile wholly masked for a row contributes exactly 0 and alpha exactly 1), so the same bits.
+TEST(Flash15Gpu, EveryConfigMatchesTheReference) {
   TVLLM_REQUIRE_HOPPER();
-  const FlashSchedule pp = FlashSchedule::PingPong;
-  for (int64_t d : {64, 128}) {
-    expect_matches({1}, {1}, AttentionShape{8, 2, d}, 1000 + d, false, pp);  // one tile: 2 turns each
-    expect_matches({5, 1, 130, 64, 257, 1000}, {5, 1, 130, 64, 257, 1000}, AttentionShape{8, 2, d}, 1010 + d,
-                   false, pp);
-    expect_matches({10, 200}, {510, 300}, AttentionShape{8, 8, d}, 1020 + d, false, pp);
-    expect_matches({1000}, {1000}, AttentionShape{8, 2, d, 300}, 1030 + d, false, pp);
-    expect_matches({2048}, {2048}, AttentionShape{4, 1, d}, 1040 + d, false, pp);
-  }
+  for (int64_t d : {64, 128})
+    for (const FlashConfig& c : flash_configs(d)) {
+      SCOPED_TRACE(std::string(c.name) + " head_dim " + std::to_string(d));
+      expect_matches({1}, {1}, AttentionShape{8, 2, d}, 1000 + d, false, &c);  // one tile
+      expect_matches({5, 1, 130, 64, 257, 1000}, {5, 1, 130, 64, 257, 1000}, AttentionShape{8, 2, d},
+                     1010 + d, false, &c);
+      expect_matches({10, 200}, {510, 300}, AttentionShape{8, 8, d}, 1020 + d, false, &c);
+      expect_matches({1000}, {1000}, AttentionShape{8, 2, d, 300}, 1030 + d, false, &c);
+      expect_matches({2048}, {2048}, AttentionShape{4, 1, d}, 1040 + d, false, &c);
+      expect_matches({63, 64, 65, 191, 192, 193, 385}, {63, 64, 65, 191, 192, 193, 385},
+                     AttentionShape{4, 2, d}, 1050 + d, false, &c);
+      const FlashCheck fused =
+          check_flash_wgmma({129, 3, 500}, {129, 3, 500}, AttentionShape{8, 2, d}, 1060 + d, true, &c);
+      EXPECT_TRUE(fused.pass()) << describe(fused.ours, AttentionShape{8, 2, d});
+    }
 }
 
-TEST(Flash15Gpu, PingPongGivesThePlainScheduleBits) {
+TEST(Flash15Gpu, EveryConfigGivesTheBaselineBits) {
   TVLLM_REQUIRE_HOPPER();
   for (int64_t d : {64, 128}) {
     const AttentionShape s{8, 2, d};
-    const Inputs in = random_prefill({1000, 1, 300}, s, 1100);
-    const Tensor plain = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
-    const Tensor pp = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Inputs in = random_prefill({1000, 1, 300, 777}, s, 1100);
+    const FlashConfigList list = flash_configs(d);
+    const Tensor base = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-    flash_wgmma(plain, in.q, in.k, in.v, in.batch, s, nullptr, FlashSchedule::Plain);
-    flash_wgmma(pp, in.q, in.k, in.v, in.batch, s, nullptr, FlashSchedule::PingPong);
+    flash_wgmma(base, in.q, in.k, in.v, in.batch, s, nullptr, list[0]);
     TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(to_f32_vector(plain), to_f32_vector(pp)) << "head_dim " << d;
+    const std::vector<float> want = to_f32_vector(base);
+    for (const FlashConfig& c : list) {
+      const Tensor got = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
+      TVLLM_CUDA_CHECK(cudaMemset(got.data(), 0xFF, got.view().nbytes()));
+      flash_wgmma(got, in.q, in.k, in.v, in.batch, s, nullptr, c);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(to_f32_vector(got), want) << c.name << " head_dim " << d;
+    }
   }
+}
+
+// Step 6's register and shared-memory arithmetic, as the GPU sees it: the 64-row variants fit two blocks on an
+// SM (256 threads x 128 registers, <= 90 KB of shared memory each), every other variant one.
+TEST(Flash15Gpu, ResidentBlocksPerSmAreWhatStep6CountsOn) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t d : {64, 128})
+    for (const FlashConfig& c : flash_configs(d))
+      EXPECT_EQ(flash_wgmma_blocks_per_sm(d, c), c.block_m == 64 ? 2 : 1) << c.name << " head_dim " << d;
+}
+
+TEST(Flash15Gpu, AConfigThatIsNotCompiledIsRefused) {
+  TVLLM_REQUIRE_HOPPER();
+  const AttentionShape s{4, 2, 128};
+  const Inputs in = random_prefill({10}, s, 1200);
+  const Tensor out = Tensor::empty({in.tokens, s.q_dim()}, DType::BF16, Device::CUDA);
+  const FlashConfig odd{"odd", 192, true, FlashSchedule::PingPong, FlashOrder::HeadsInner};
+  EXPECT_THROW(flash_wgmma(out, in.q, in.k, in.v, in.batch, s, nullptr, odd), InputError);
 }
 
 // The engine hook: head_dim 64/128 run flash_wgmma (the same bits), others lesson 07's v2 (the same bits).

@@ -70,7 +70,8 @@ std::pair<std::vector<float>, int64_t> run_into_poisoned(int64_t Tq, int64_t q_d
 }  // namespace
 
 FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
-                             const AttentionShape& s, uint64_t seed, bool fused_qkv, FlashSchedule schedule) {
+                             const AttentionShape& s, uint64_t seed, bool fused_qkv,
+                             const FlashConfig* config) {
   require_hopper("check_flash_wgmma");
   const int64_t Tq = total(q_lens), Tk = total(k_lens);
   const std::vector<float> q = round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed));
@@ -116,16 +117,16 @@ FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vect
   double max_v = 0.0;
   for (float x : v) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
   const Tolerance tol{kFlashRounding * max_v, kFlashRounding};
-  const std::string name = std::string(flash_schedule_name(schedule)) +
-                           (fused_qkv ? " fused qkv" : " packed") + " heads " + std::to_string(s.n_heads) +
-                           "/" + std::to_string(s.n_kv_heads) + " dim " + std::to_string(s.head_dim) +
+  const FlashConfig& c = config ? *config : flash_default_config(s.head_dim, batch.max_q_len());
+  const std::string name = std::string(c.name) + (fused_qkv ? " fused qkv" : " packed") + " heads " +
+                           std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " dim " +
+                           std::to_string(s.head_dim) +
                            (s.window > 0 ? " window " + std::to_string(s.window) : "") + " q_len {" +
                            list(q_lens) + "} k_len {" + list(k_lens) + "}";
 
   FlashCheck r;
-  auto [ours, outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
-    flash_wgmma(out, qv, kv, vv, batch, s, nullptr, schedule);
-  });
+  auto [ours, outside] = run_into_poisoned(
+      Tq, s.q_dim(), [&](const TensorView& out) { flash_wgmma(out, qv, kv, vv, batch, s, nullptr, c); });
   for (float x : ours) r.non_finite += !std::isfinite(x);
   r.written_outside = outside;
   r.ours = compare("flash_wgmma " + name, ours, want, tol);

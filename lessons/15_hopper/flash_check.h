@@ -30,10 +30,11 @@ struct FlashCheck {
 
 // Random q (normal), k (normal), v (uniform in [-1, 1]) for the batch (q_lens[b] <= k_lens[b]); q, k, v as
 // column slices of one fused QKV buffer when fused_qkv (strided tensor maps), else packed; out a column slice
-// of a wider buffer pre-filled with NaN. Needs hopper_available() (InputError otherwise).
+// of a wider buffer pre-filled with NaN. Runs `config` (a variant of flash_configs(head_dim)), or the default
+// when null. Needs hopper_available() (InputError otherwise).
 FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
                              const AttentionShape& shape, uint64_t seed, bool fused_qkv = false,
-                             FlashSchedule schedule = kDefaultFlashSchedule);
+                             const FlashConfig* config = nullptr);
 
 // wgmma_pv_tile() against a double-precision P V on the CPU: exact on small integers (|p|, |v| <= 8: every
 // partial sum of 128 products is an integer below 2^14, exact in fp32 in any order), else lesson 06's

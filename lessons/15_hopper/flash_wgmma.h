@@ -6,10 +6,11 @@
 // an optional sliding window), for head_dim 64 and 128 on an H100/H200. Other head dims are refused here;
 // the engine keeps lesson 07's kernels for them (attention_hopper() below chooses).
 //
-// One block: 128 query rows of one (sequence, head), three warpgroups:
+// One block: 128 or 192 query rows of one (sequence, head), one warpgroup per 64 rows plus a producer:
 //   producer    one thread issues TMA loads: Q once, then K and V tiles of 128 keys into a ring of stages;
-//   consumers   two warpgroups, 64 query rows each: S = Q K^T (wgmma), the online softmax in registers on
-//               the accumulator layout, P rounded to bf16 in registers, O += P V (wgmma, P from registers).
+//   consumers   2 or 3 warpgroups, 64 query rows each: S = Q K^T (wgmma), the online softmax in registers
+//               on the accumulator layout, P rounded to bf16 in registers, O += P V (wgmma, P from
+//               registers). FlashConfig picks the variant (rows per block, overlap, schedule, grid order).
 //
 // Everything host-side that needs no GPU (which tiles a block visits, which keys a row sees, the argument
 // checks) is here, so the CPU tests check it. C++17 (the .cu includes it).
@@ -27,14 +28,25 @@
 namespace tvllm {
 
 // ---- the tiling -------------------------------------------------------------------------------------------
-inline constexpr int kFlashBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64 rows
+// A block owns block_m query rows (one consumer warpgroup per 64 rows: 128 = 2 consumers, 192 = 3) of one
+// (sequence, head) and walks K/V tiles of kFlashBlockN keys. FlashConfig (below) picks block_m.
+inline constexpr int kFlashBlockM = 128;  // the default block_m (2 consumer warpgroups x 64 rows)
 inline constexpr int kFlashBlockN = 128;  // keys per K/V tile: S is one m64n128 accumulator per warpgroup
-inline constexpr int kFlashConsumers = 2;
 // Stages of the K/V ring: a stage holds a K tile and a V tile (128 keys x head_dim bf16 each: 32 KB for
-// head_dim 64, 64 KB for 128). With the Q tile (16 / 32 KB) that is 144 KB and 160 KB of shared memory.
-TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim) { return head_dim == 64 ? 4 : 2; }
+// head_dim 64, 64 KB for 128). With the Q tile (block_m x head_dim bf16: 16 / 32 KB at 128 rows, 24 / 48 KB
+// at 192) that is 144 / 160 KB of shared memory at 128 rows, 152 / 176 KB at 192. 64-row blocks (one
+// consumer) run two per SM: 2 stages, 8 + 64 KB at head_dim 64.
+TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim, int block_m = 128) {
+  return block_m == 64 ? 2 : head_dim == 64 ? 4 : 2;
+}
+// Bytes of dynamic shared memory a block asks for: Q, the ring, P's tiles when P goes through shared memory
+// (FlashConfig::p_smem: 64 x 128 bf16 = 16 KB per consumer), and 1 KB to align to the swizzle's period.
+TVLLM_HOST_DEVICE constexpr int flash_smem_bytes(int head_dim, int block_m, bool p_smem = false) {
+  return 2 * head_dim * (block_m + 2 * kFlashBlockN * flash_wgmma_stages(head_dim, block_m)) +
+         (p_smem ? 2 * block_m * kFlashBlockN : 0) + 1024;
+}
 
-// The K/V tiles [first, end) a block visits: the block's rows are queries q0 .. q0 + kFlashBlockM - 1 of a
+// The K/V tiles [first, end) a block visits: the block's rows are queries q0 .. q0 + block_m - 1 of a
 // sequence with q_len queries and k_len keys (rows past q_len may be among them: they are computed and
 // never stored). Query i sits at position k_len - q_len + i and sees keys pos - window < key <= pos (window
 // 0: every key up to pos). Tiles wholly after the last row's position (causal) or wholly before the first
@@ -42,9 +54,10 @@ TVLLM_HOST_DEVICE constexpr int flash_wgmma_stages(int head_dim) { return head_d
 struct FlashTileRange {
   int first, end;
 };
-TVLLM_HOST_DEVICE constexpr FlashTileRange flash_kv_tiles(int q_len, int k_len, int q0, int window) {
+TVLLM_HOST_DEVICE constexpr FlashTileRange flash_kv_tiles(int q_len, int k_len, int q0, int window,
+                                                          int block_m = kFlashBlockM) {
   const int first_pos = k_len - q_len + q0;
-  const int last_pos = first_pos + kFlashBlockM - 1;
+  const int last_pos = first_pos + block_m - 1;
   const int last_key = last_pos < k_len - 1 ? last_pos : k_len - 1;  // rows past q_len see no more keys
   const int oldest = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0;
   return {oldest / kFlashBlockN, last_key / kFlashBlockN + 1};
@@ -64,14 +77,97 @@ TVLLM_HOST_DEVICE constexpr bool flash_tile_needs_mask(int k0, int first_pos, in
 }
 
 // ---- the API ----------------------------------------------------------------------------------------------
-// How the two consumer warpgroups share the tensor cores.
+// How the consumer warpgroups share the tensor cores.
 //   Plain     each issues its wgmma groups when it is ready; the warp schedulers interleave them as they may.
-//   PingPong  they take strict turns at issuing (two named barriers pass a token): one warpgroup's softmax
-//             runs while the other's GEMMs occupy the tensor cores (FlashAttention-3's "ping-pong").
+//   PingPong  they take strict turns at issuing (named barriers pass a token round the consumers): one
+//             warpgroup's softmax runs while another's GEMMs occupy the tensor cores (FlashAttention-3's
+//             "ping-pong").
 // Both compute the same thing in the same order per row: the same bits (a GPU test checks it).
 enum class FlashSchedule { Plain, PingPong };
-inline constexpr FlashSchedule kDefaultFlashSchedule = FlashSchedule::Plain;  // until the H200 says otherwise
 const char* flash_schedule_name(FlashSchedule schedule);
+
+// The order in which the grid hands out blocks (the hardware starts them roughly in blockIdx order).
+//   TilesInner  blockIdx.x = query tile (last first), y = head: one head's tiles, then the next head's.
+//   HeadsInner  blockIdx.x = head, y = query tile (last first): the first wave is the longest causal rows of
+//               every head (the short ones fill the tail), and the heads of one KV group run side by side,
+//               reading the same K/V tiles through L2.
+enum class FlashOrder { TilesInner, HeadsInner };
+
+// One variant of the kernel (README.md, "Step 6: making it fast"). Every listed combination is compiled
+// (flash_wgmma_has_config says which); the sweep (lesson15_hopper --sweep) times each.
+//   block_m   query rows per block: 128 (2 consumer warpgroups), 192 (3), or 64 (1, and two blocks per SM:
+//             their softmax and GEMMs interleave, and one's prologue and epilogue hide behind the other)
+//   overlap   intra-warpgroup overlap: S = Q K^T of tile j+1 is issued, with P V of tile j, BEFORE the
+//             softmax of tile j+1, so the tensor cores work while this warpgroup does its exponentials
+//   schedule  plain or ping-pong (above)
+//   order     the grid's order (above)
+//   p_smem    (with overlap) P goes to shared memory and P V reads both operands from there: P's 32
+//             registers are not alive beside S and O, so the overlap fits where it would spill
+struct FlashConfig {
+  const char* name;
+  int block_m;
+  bool overlap;
+  FlashSchedule schedule;
+  FlashOrder order;
+  bool p_smem = false;
+};
+
+// The variants, per head_dim. The first two are the kernel as first measured on the H200 (the baseline of
+// issue 19); the others add one idea at a time. Change the tables, and flash_wgmma.cu's kVariants with them
+// (a CPU test checks that each listed config is compiled). Registers: ptxas compiles every thread for
+// 65536 / threads (168 at 128 rows, 128 at 192); "spills" marks the variants that do not fit (ptxas -v).
+inline constexpr FlashSchedule kPlain = FlashSchedule::Plain, kPingPong = FlashSchedule::PingPong;
+inline constexpr FlashOrder kTiles = FlashOrder::TilesInner, kHeads = FlashOrder::HeadsInner;
+inline constexpr FlashConfig kFlashConfigs64[] = {
+    {"m128", 128, false, kPlain, kTiles},  // the baseline
+    {"m128-pp", 128, false, kPingPong, kTiles},
+    {"m128-heads", 128, false, kPlain, kHeads},
+    {"m128-pp-heads", 128, false, kPingPong, kHeads},
+    {"m128-ov", 128, true, kPlain, kHeads},
+    {"m128-ov-pp", 128, true, kPingPong, kHeads},
+    {"m192", 192, false, kPlain, kHeads},
+    {"m192-pp", 192, false, kPingPong, kHeads},
+    {"m192-ov-ps", 192, true, kPlain, kHeads, true},
+    {"m64x2", 64, false, kPlain, kHeads},
+    {"m64x2-ov-ps", 64, true, kPlain, kHeads, true},
+};
+inline constexpr FlashConfig kFlashConfigs128[] = {
+    {"m128", 128, false, kPlain, kTiles},  // the baseline
+    {"m128-pp", 128, false, kPingPong, kTiles},
+    {"m128-heads", 128, false, kPlain, kHeads},
+    {"m128-pp-heads", 128, false, kPingPong, kHeads},
+    {"m128-ov", 128, true, kPlain, kHeads},  // spills: O, S and P (160 registers) do not fit in 168
+    {"m128-ov-ps", 128, true, kPlain, kHeads, true},
+    {"m128-ov-pp-ps", 128, true, kPingPong, kHeads, true},
+};
+
+// THE DEFAULTS (what flash_wgmma() and attention_hopper() run without a config): per head_dim, the config
+// (an index into the table above) for sequences up to max_q_len; the last entry covers the rest.
+// TODO(coordinator): set from lesson15_hopper --sweep's summary on the H200.
+struct FlashDefault {
+  int64_t max_q_len;
+  int config;
+};
+inline constexpr FlashDefault kFlashDefaults64[] = {{INT64_MAX, 0}};
+inline constexpr FlashDefault kFlashDefaults128[] = {{INT64_MAX, 0}};
+
+// The table for head_dim 64 or 128 (InputError otherwise), its size, and the default for a batch whose
+// longest query run is max_q_len.
+struct FlashConfigList {
+  const FlashConfig* begin_;
+  int size;
+  const FlashConfig* begin() const { return begin_; }
+  const FlashConfig* end() const { return begin_ + size; }
+  const FlashConfig& operator[](int i) const { return begin_[i]; }
+};
+FlashConfigList flash_configs(int64_t head_dim);
+const FlashConfig& flash_default_config(int64_t head_dim, int64_t max_q_len);
+// Whether flash_wgmma.cu compiled this (head_dim, block_m, overlap, schedule) combination.
+bool flash_wgmma_has_config(int64_t head_dim, const FlashConfig& config);
+// How many blocks of that variant the GPU keeps resident per SM
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor: registers and shared memory decide). Needs
+// hopper_available(); InputError otherwise.
+int flash_wgmma_blocks_per_sm(int64_t head_dim, const FlashConfig& config);
 
 // Whether flash_wgmma() takes this shape: head_dim 64 or 128 (any heads, any group, any window).
 bool flash_wgmma_supports(const AttentionShape& shape);
@@ -92,9 +188,13 @@ void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const Te
 // CUDA graphs: the tensor maps (kernel parameters) hold q's, k's and v's addresses, strides and row counts
 // (total_q, total_k) as they are at launch. Unlike lesson 07's kernels, which read only cu_seqlens, a
 // captured launch must therefore be replayed with the same views and the same totals.
+// The first form runs flash_default_config(head_dim, batch.max_q_len()); the second the given config
+// (InputError unless flash_wgmma_has_config).
 void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
-                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr,
-                 FlashSchedule schedule = kDefaultFlashSchedule);
+                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream = nullptr);
+void flash_wgmma(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                 const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream,
+                 const FlashConfig& config);
 
 // Step 5's second product on its own, a diagnostic for the GPU tests: d [64, n] = p [64, 128] v [128, n] on
 // one warpgroup, p from REGISTERS (each thread reads its A fragment, a_fragment_position()), v from shared

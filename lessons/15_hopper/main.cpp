@@ -1,6 +1,6 @@
 // lesson15_hopper: Hopper's tensor cores, step by step, each step against its CPU oracle.
 //
-//   build/bin/lesson15_hopper [--device auto|cpu|cuda] [--bench] [--tokens N]
+//   build/bin/lesson15_hopper [--device auto|cpu|cuda] [--bench] [--sweep] [--tokens N]
 //
 // CUDA (an H100/H200: compute capability 9.0, and a build with sm_90a):
 //   step 1  TMA tile loads, no swizzle and 128-byte swizzle, boxes inside, across the edges and before the
@@ -14,6 +14,8 @@
 // --bench (CUDA): the wgmma GEMM (v1 and v2) beside cuBLAS (lesson 06's v5) and the measured GEMM ceiling on
 // 4096 x 2048 . 2048 x 8192 and on the projections of a Llama-3.2-1B-shaped layer at T tokens (default 4096);
 // then causal GQA attention (32 / 8 heads, head_dim 64 and 128, n = 512 .. 16k) beside lesson 07's v2.
+// --sweep (CUDA): every variant of step 6 (flash_configs) on the attention shapes of --bench, the best per
+// (head_dim, n), and the FlashDefault tables the measurement suggests.
 // The model takes no part otherwise (--model is accepted and ignored): the checks make their own inputs.
 #include <algorithm>
 #include <cstdio>
@@ -101,10 +103,16 @@ int check_cuda() {
                                            {{5, 1, 130, 257}, {5, 1, 130, 257}, {8, 1, d}},
                                            {{10, 200}, {510, 300}, {8, 8, d}},
                                            {{1000}, {1000}, {8, 2, d, 300}}}) {
-      for (FlashSchedule schedule : {FlashSchedule::Plain, FlashSchedule::PingPong}) {
-        const FlashCheck r = check_flash_wgmma(c.q_lens, c.k_lens, c.shape, seed, false, schedule);
+      // Every variant of step 6 (flash_configs), except on the large case (32 heads x 1000 tokens: the CPU
+      // reference is the slow part), where the default and the baseline run.
+      const FlashConfigList configs = flash_configs(d);
+      const bool large = c.shape.n_heads >= 32;
+      for (int i = 0; i < configs.size; ++i) {
+        const FlashConfig& config = configs[i];
+        if (large && i != 0 && &config != &flash_default_config(d, c.q_lens[0])) continue;
+        const FlashCheck r = check_flash_wgmma(c.q_lens, c.k_lens, c.shape, seed, false, &config);
         report.add(r.ours);
-        if (schedule == FlashSchedule::Plain) report.add(r.lesson07);
+        if (i == 0) report.add(r.lesson07);
         report.add_check(r.ours.name + ": every row written, nothing outside",
                          r.non_finite == 0 && r.written_outside == 0);
       }
@@ -191,20 +199,21 @@ void run_attention_bench() {
       const double bytes =
           2.0 * n * (2.0 * shape.q_dim() + 2.0 * shape.kv_dim());  // q, k, v read, out written
       const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n);
-      BenchRow ours{name + " wgmma flash", bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape); }), bytes,
-                    flops};
-      BenchRow pp{name + " wgmma ping-pong", bench_gpu([&] {
-                    flash_wgmma(out, q, k, v, batch, shape, nullptr, FlashSchedule::PingPong);
-                  }),
-                  bytes, flops};
+      const FlashConfig& def = flash_default_config(d, n);
+      BenchRow ours{name + " wgmma " + def.name, bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape); }),
+                    bytes, flops};
+      const FlashConfig& base = flash_configs(d)[0];
+      BenchRow pp{name + " wgmma " + base.name,
+                  bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape, nullptr, base); }), bytes, flops};
       BenchRow v2{name + " lesson 07 v2",
                   bench_gpu([&] { attention(out, q, k, v, batch, shape, AttentionKernel::V2Flash); }), bytes,
                   flops};
       char line[200];
       const auto tflops = [&](const BenchRow& r) { return flops / (r.result.median_ms * 1e-3) / 1e12; };
       std::snprintf(line, sizeof line,
-                    "attention %-14s wgmma %6.1f TFLOP/s, ping-pong %6.1f, lesson 07 v2 %6.1f (best x%.2f)",
-                    name.c_str(), tflops(ours), tflops(pp), tflops(v2),
+                    "attention %-14s wgmma default (%s) %6.1f TFLOP/s, baseline %6.1f, lesson 07 v2 %6.1f "
+                    "(best x%.2f)",
+                    name.c_str(), def.name, tflops(ours), tflops(pp), tflops(v2),
                     v2.result.median_ms / std::min(ours.result.median_ms, pp.result.median_ms));
       summary.push_back(line);
       rows.push_back(ours);
@@ -222,11 +231,81 @@ void run_attention_bench() {
       "weights/tools/torch_kernel_baseline.py on the same GPU\n");
 }
 
+// --sweep: every variant of step 6 (flash_configs) at n = 512 .. 16k, head_dim 64 and 128, the shape of the
+// bench above; one row per (config, n), then per (d, n) the best config, and the FlashDefault tables that
+// the measurement suggests (flash_wgmma.h: paste them there).
+void run_attention_sweep() {
+  const Ceilings ceilings = measure_ceilings(true);
+  std::vector<BenchRow> rows;
+  struct Best {
+    int64_t d, n;
+    int config;
+    double tflops, baseline;
+  };
+  std::vector<Best> best;
+  for (int64_t d : {64, 128}) {
+    const AttentionShape shape{32, 8, d};
+    const FlashConfigList configs = flash_configs(d);
+    for (int64_t n = 512; n <= 16384; n *= 2) {
+      Tensor q = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
+      Tensor k = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
+      Tensor v = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
+      Tensor out = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
+      fill_uniform_bf16(q, 31);
+      fill_uniform_bf16(k, 32);
+      fill_uniform_bf16(v, 33);
+      const AttentionBatch batch = AttentionBatch::prefill({n}, Device::CUDA);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const double flops = causal_attention_flops({n}, shape);
+      const double bytes = 2.0 * n * (2.0 * shape.q_dim() + 2.0 * shape.kv_dim());
+      Best b{d, n, 0, 0.0, 0.0};
+      for (int i = 0; i < configs.size; ++i) {
+        const FlashConfig& c = configs[i];
+        const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n) + " " + c.name + " (" +
+                                 std::to_string(flash_wgmma_blocks_per_sm(d, c)) + "/SM)";
+        BenchRow row{name, bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape, nullptr, c); }), bytes,
+                     flops};
+        const double tflops = flops / (row.result.median_ms * 1e-3) / 1e12;
+        if (i == 0) b.baseline = tflops;
+        if (tflops > b.tflops) b.tflops = tflops, b.config = i;
+        rows.push_back(row);
+      }
+      best.push_back(b);
+    }
+  }
+  print_bench_table(std::cout,
+                    "sweep: causal GQA attention prefill, 32 / 8 heads, every flash_configs() variant", rows,
+                    ceilings);
+  std::printf("sweep summary: the best variant per (head_dim, n), TFLOP/s, and x over the baseline (m128)\n");
+  for (const Best& b : best)
+    std::printf("  d=%-3lld n=%-6lld best %-14s %6.1f TFLOP/s  (baseline %6.1f, x%.2f)\n",
+                static_cast<long long>(b.d), static_cast<long long>(b.n), flash_configs(b.d)[b.config].name,
+                b.tflops, b.baseline, b.tflops / b.baseline);
+  // The defaults this suggests: consecutive lengths with the same winner become one range.
+  for (int64_t d : {64, 128}) {
+    std::string table;
+    for (size_t i = 0; i < best.size(); ++i) {
+      if (best[i].d != d) continue;
+      const bool last = i + 1 == best.size() || best[i + 1].d != d;
+      if (!last && best[i + 1].config == best[i].config) continue;
+      table += "{" + (last ? std::string("INT64_MAX") : std::to_string(best[i].n)) + ", " +
+               std::to_string(best[i].config) + "}" + (last ? "" : ", ");
+    }
+    std::printf("suggested: inline constexpr FlashDefault kFlashDefaults%lld[] = {%s};\n",
+                static_cast<long long>(d), table.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   LessonCli cli("lesson15_hopper",
                 "Hopper's tensor cores: TMA, mbarriers, wgmma, clusters and a warp-specialised wgmma GEMM");
+  bool sweep = false;
+  cli.app().add_flag(
+      "--sweep", sweep,
+      "(CUDA) time every flash attention variant (flash_configs) at n = 512 .. 16k, head_dim 64 "
+      "and 128, and name the best per length");
   return cli.run(argc, argv, [&](const LessonOptions& opt) {
     if (opt.device == Device::CPU) return check_cpu();
     if (!hopper_available()) {
@@ -238,6 +317,7 @@ int main(int argc, char** argv) {
       run_bench(opt.bench_tokens_given ? opt.bench_tokens : 4096);
       run_attention_bench();
     }
+    if (sweep) run_attention_sweep();
     return rc;
   });
 }
