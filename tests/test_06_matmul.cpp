@@ -333,5 +333,30 @@ TEST(Matmul06Cpu, Bf16ToleranceAcceptsInputRoundingAndRejectsADroppedTerm) {
   EXPECT_FALSE(bad.pass());
 }
 
+// The large-GEMM seam (matmul.h): installing and removing it, a bad threshold, and CPU views never reaching it.
+int g_large_gemm_calls = 0;
+bool counting_large_gemm(const TensorView&, const TensorView&, const TensorView&, cudaStream_t) {
+  ++g_large_gemm_calls;
+  return true;
+}
+
+TEST(Matmul06Cpu, TheLargeGemmSeamIsForGpuStepsOnly) {
+  EXPECT_EQ(installed_large_gemm(), nullptr);
+  EXPECT_THROW(install_large_gemm(counting_large_gemm, 0), InputError);
+  EXPECT_EQ(installed_large_gemm(), nullptr);
+  install_large_gemm(counting_large_gemm, 1);
+  EXPECT_EQ(installed_large_gemm(), &counting_large_gemm);
+  EXPECT_EQ(installed_large_gemm_min_tokens(), 1);
+  Tensor x = Tensor::from_f32({1.f, 2.f, 3.f, 4.f}, {2, 2}, DType::F32, Device::CPU);
+  Tensor w = Tensor::from_f32({1.f, 0.f, 0.f, 1.f}, {2, 2}, DType::F32, Device::CPU);
+  Tensor y = Tensor::empty({2, 2}, DType::F32, Device::CPU);
+  linear(y, x, w);  // the CPU reference: the seam is for the GPU's default kernel only
+  EXPECT_EQ(g_large_gemm_calls, 0);
+  const std::vector<float> got = to_f32_vector(y);
+  EXPECT_EQ(got, (std::vector<float>{1.f, 2.f, 3.f, 4.f}));
+  install_large_gemm(nullptr, 1);
+  EXPECT_EQ(installed_large_gemm(), nullptr);
+}
+
 }  // namespace
 }  // namespace tvllm

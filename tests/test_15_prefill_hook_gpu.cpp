@@ -1,5 +1,5 @@
-// Lesson 15, GPU: flash_wgmma() as the engine's prefill attention (prefill_hook.h), on the bundled model (head_dim
-// 64). A counting wrapper stands in the seam, so each test also proves the kernel ran (a hook that declined every
+// Lesson 15, GPU: flash_wgmma() as the engine's prefill attention and gemm_wgmma_v2() as linear()'s GEMM for large
+// steps (prefill_hook.h). The attention on the bundled model (head_dim 64). A counting wrapper stands in the seam, so each test also proves the kernel ran (a hook that declined every
 // step would pass the comparisons with lesson 10/12's own kernels). The tolerances are the engine suites':
 //   - the Generator's teacher-forced logits with and without the hook: both bf16 pipelines that differ only in
 //     the attention kernel's summation order (lesson 07's tolerance per kernel call, about 2^-8 relative), carried
@@ -20,7 +20,9 @@
 #include "engine_check.h"
 #include "engine_paged.h"
 #include "generate.h"
+#include "common/cublas.h"
 #include "hopper.h"
+#include "matmul.h"
 #include "prefill_hook.h"
 #include "testing/engine_fixture.h"
 #include "testing/hopper_testing.h"
@@ -139,6 +141,80 @@ TEST(HopperPrefill15Gpu, PagedEngineAgreesWithEachRequestAlone) {
 TEST(HopperPrefill15Gpu, PagedEngineWithPrefixCachingAgreesWithEachRequestAlone) {
   TVLLM_REQUIRE_HOPPER();
   engine_case(true, 100);
+}
+
+// ---- the GEMM seam (lesson 06's install_large_gemm) ----------------------------------------------------------
+
+std::atomic<int64_t> g_gemm_ran{0}, g_gemm_declined{0};
+
+bool counting_gemm(const TensorView& y, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+  const bool ran = hopper_large_gemm(y, x, w, stream);
+  (ran ? g_gemm_ran : g_gemm_declined).fetch_add(1);
+  return ran;
+}
+
+struct CountingGemm {
+  explicit CountingGemm(int64_t min_tokens) {
+    g_gemm_ran = 0;
+    g_gemm_declined = 0;
+    install_large_gemm(counting_gemm, min_tokens);
+  }
+  ~CountingGemm() { install_large_gemm(nullptr, 1); }
+};
+
+std::vector<uint16_t> bits_of(const TensorView& t) {
+  std::vector<uint16_t> h(static_cast<size_t>(t.numel()));
+  TVLLM_CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// linear() with the default kernel takes gemm_wgmma_v2 from min_tokens rows (the same bits as calling it), keeps
+// cuBLAS below them, for shapes the kernel declines, and for the batch-invariant v8 (never asked).
+TEST(HopperGemm15Gpu, LinearTakesTheWgmmaGemmFromMinTokens) {
+  TVLLM_REQUIRE_HOPPER();
+  CublasHandle handle;
+  const auto make = [](int64_t rows, int64_t cols, uint64_t seed) {
+    Tensor t = Tensor::empty({rows, cols}, DType::BF16, Device::CUDA);
+    fill_uniform_bf16(t, seed);
+    return t;
+  };
+  const Tensor x = make(1024, 512, 1), w = make(776, 512, 2);  // N = 776: a multiple of 8, not of the tile
+  const Tensor want_v2 = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);
+  const Tensor want_cublas = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);
+  gemm_wgmma_v2(want_v2, x, w, handle.stream());
+  linear(want_cublas, x, w, MatmulKernel::V5Cublas, &handle);
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(handle.stream()));
+  ASSERT_NE(bits_of(want_v2), bits_of(want_cublas)) << "the two GEMMs round differently somewhere: the test tells them apart";
+
+  CountingGemm seam(1000);
+  const Tensor y = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);
+  linear(y, x, w, MatmulKernel::V5Cublas, &handle);
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(handle.stream()));
+  EXPECT_EQ(g_gemm_ran.load(), 1);
+  EXPECT_EQ(bits_of(y), bits_of(want_v2));
+
+  // 999 rows: below the threshold, cuBLAS (the seam is not even asked).
+  const TensorView x999 = TensorView::contiguous(x.data(), DType::BF16, Device::CUDA, {999, 512});
+  const Tensor y999 = Tensor::empty({999, 776}, DType::BF16, Device::CUDA);
+  const Tensor want999 = Tensor::empty({999, 776}, DType::BF16, Device::CUDA);
+  linear(y999, x999, w, MatmulKernel::V5Cublas, &handle);
+  EXPECT_EQ(g_gemm_ran.load() + g_gemm_declined.load(), 1);
+  install_large_gemm(nullptr, 1);
+  linear(want999, x999, w, MatmulKernel::V5Cublas, &handle);
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(handle.stream()));
+  EXPECT_EQ(bits_of(y999), bits_of(want999));
+
+  // K = 100 (not a multiple of 64): declined, cuBLAS runs; v8 (batch-invariant): never asked.
+  install_large_gemm(counting_gemm, 1000);
+  const Tensor xk = make(1024, 100, 3), wk = make(256, 100, 4);
+  const Tensor yk = Tensor::empty({1024, 256}, DType::BF16, Device::CUDA);
+  linear(yk, xk, wk, MatmulKernel::V5Cublas, &handle);
+  EXPECT_EQ(g_gemm_declined.load(), 1);
+  const Tensor y8 = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);
+  linear(y8, x, w, MatmulKernel::V8PinnedLt, &handle);
+  TVLLM_CUDA_CHECK(cudaStreamSynchronize(handle.stream()));
+  EXPECT_EQ(g_gemm_ran.load(), 1);
+  EXPECT_EQ(g_gemm_declined.load(), 1);
 }
 
 }  // namespace

@@ -81,6 +81,16 @@ const std::vector<MatmulKernel>& all_matmul_kernels();
 void linear(const TensorView& y, const TensorView& x, const TensorView& w,
             MatmulKernel kernel = kDefaultMatmulKernel, const CublasHandle* handle = nullptr);
 
+// ---- the seam for a faster GEMM on prefill-sized steps (lesson 15 fills it on Hopper) ----------------------
+// linear() with the default kernel (v5, cuBLAS) on the GPU asks the installed function first when x has at least
+// `min_tokens` rows. It returns false when it declines (dtype, K, alignment, another GPU): cuBLAS then runs.
+// Never asked for v1-v4 (the lesson's own steps) nor v7/v8 (their batch invariance is a promise about every T).
+// Lesson 06 cannot link lesson 15, hence a function pointer (lesson 07's install_fresh_prefill is the same idea).
+using LargeGemmFn = bool (*)(const TensorView& y, const TensorView& x, const TensorView& w, cudaStream_t stream);
+void install_large_gemm(LargeGemmFn fn, int64_t min_tokens);  // null uninstalls; published atomically
+LargeGemmFn installed_large_gemm();
+int64_t installed_large_gemm_min_tokens();
+
 // v7's split of K for a weight [out, in]: `splits` pieces of `split_len` columns (a multiple of v4's K slice,
 // 32; the last piece may be shorter). A function of (in, out) ONLY, never of the number of tokens: that is
 // what makes v7's summation order, and so its bits, the same for every T. Enough pieces that a decode step's

@@ -1,6 +1,7 @@
 // The front door, linear(): validate every argument, then dispatch on the device of the views.
 // And the CPU reference: the fp32 oracle every GPU kernel is checked against.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <exception>
@@ -136,10 +137,29 @@ void validate(const TensorView& y, const TensorView& x, const TensorView& w, Mat
 
 }  // namespace
 
+namespace {
+std::atomic<LargeGemmFn> g_large_gemm{nullptr};
+std::atomic<int64_t> g_large_gemm_min_tokens{0};
+}  // namespace
+
+void install_large_gemm(LargeGemmFn fn, int64_t min_tokens) {
+  TVLLM_REQUIRE(min_tokens >= 1, "install_large_gemm: min_tokens must be >= 1, got " + std::to_string(min_tokens));
+  g_large_gemm_min_tokens.store(min_tokens);
+  g_large_gemm.store(fn);
+}
+
+LargeGemmFn installed_large_gemm() { return g_large_gemm.load(); }
+
+int64_t installed_large_gemm_min_tokens() { return g_large_gemm_min_tokens.load(); }
+
 void linear(const TensorView& y, const TensorView& x, const TensorView& w, MatmulKernel kernel,
             const CublasHandle* handle) {
   validate(y, x, w, kernel, handle);
   if (x.shape[0] == 0) return;  // no tokens: nothing to compute (and a zero-sized grid is an error)
+  if (y.device == Device::CUDA && kernel == MatmulKernel::V5Cublas) {
+    const LargeGemmFn fn = installed_large_gemm();
+    if (fn != nullptr && x.shape[0] >= installed_large_gemm_min_tokens() && fn(y, x, w, handle->stream())) return;
+  }
   if (y.device == Device::CPU) {
     detail::linear_cpu(y, x, w);
   } else {

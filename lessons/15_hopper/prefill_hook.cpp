@@ -5,6 +5,7 @@
 
 #include "flash_wgmma.h"
 #include "hopper.h"
+#include "matmul.h"
 
 namespace tvllm {
 
@@ -30,6 +31,28 @@ bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const 
 bool install_hopper_prefill_attention() {
   if (!hopper_available()) return false;
   install_fresh_prefill(hopper_prefill_attention);
+  return true;
+}
+
+bool hopper_gemm_accepts(const TensorView& y, const TensorView& x, const TensorView& w) {
+  for (const TensorView* t : {&y, &x, &w})
+    if (t->device != Device::CUDA || t->dtype != DType::BF16 || t->rank() != 2 || !t->is_contiguous() ||
+        reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+      return false;
+  const int64_t k = x.dim(1), n = w.dim(0);
+  if (k < kGemmBlockK || k % kGemmBlockK != 0 || n % 8 != 0 || w.dim(1) != k || y.dim(1) != n) return false;
+  return hopper_available();
+}
+
+bool hopper_large_gemm(const TensorView& y, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+  if (!hopper_gemm_accepts(y, x, w)) return false;
+  gemm_wgmma_v2(y, x, w, stream);
+  return true;
+}
+
+bool install_hopper_large_gemm() {
+  if (!hopper_available()) return false;
+  install_large_gemm(hopper_large_gemm, kHopperGemmMinTokens);
   return true;
 }
 

@@ -27,4 +27,18 @@ bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const 
 // was built for sm_90a. Returns whether it did (false: nothing installed, the lessons' kernels keep running).
 bool install_hopper_prefill_attention();
 
+// ---- the GEMM: gemm_wgmma_v2() behind lesson 06's large-GEMM seam (matmul.h: install_large_gemm) ------------
+// linear() with the default kernel (cuBLAS) takes it for steps of at least kHopperGemmMinTokens rows: below that a
+// 128 x 256 tile grid leaves SMs idle (a 512-row o_proj is 4 x 8 = 32 tiles for 132 SMs) and cuBLAS picks smaller
+// tiles. The threshold is the H200's measurement (chapter section 11).
+inline constexpr int64_t kHopperGemmMinTokens = 1024;
+
+// Whether gemm_wgmma_v2() takes y = x W^T: bf16 contiguous CUDA matrices, K a multiple of 64, N a multiple of 8
+// (the TMA-store epilogue), 16-byte aligned starts, and a Hopper GPU.
+bool hopper_gemm_accepts(const TensorView& y, const TensorView& x, const TensorView& w);
+// The function behind the seam: gemm_wgmma_v2() when hopper_gemm_accepts(), else false (nothing launched).
+bool hopper_large_gemm(const TensorView& y, const TensorView& x, const TensorView& w, cudaStream_t stream);
+// Installs it (min_tokens kHopperGemmMinTokens) when this machine has a Hopper GPU; returns whether it did.
+bool install_hopper_large_gemm();
+
 }  // namespace tvllm

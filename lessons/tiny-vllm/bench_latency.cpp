@@ -1,6 +1,6 @@
 // tiny-vllm bench latency --model DIR [--batch-size 1 8 ...] [--context 128 4096] [--output-len 128]
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
-//                         [--no-pdl] [--no-fast-attention] [--no-hopper-attention] [--compare]
+//                         [--no-pdl] [--no-fast-attention] [--no-hopper] [--compare]
 //                         [--device auto|cpu|cuda] [--output table|json]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
@@ -8,7 +8,8 @@
 // decode), and prefill tok/s. --compare runs the lesson's progression in one process, so that every row is
 // measured on the same GPU in the same minute: lesson 10 as it is, then + CUDA graphs, + the fused GEMV forward,
 // + the fast sampler, + programmatic dependent launch, + the fast decode attention (the default fast path).
-// On Hopper each prefill row is measured twice: lesson 10's attention and lesson 15's (--no-hopper-attention: once).
+// On Hopper each prefill length is measured three times: lessons 10 + 06 (flash over the cache, cuBLAS), + lesson
+// 15's attention, + lesson 15's GEMM (--no-hopper: the first only).
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "model_dir.h"
 #include "model_weights.h"
 #ifdef TVLLM_CLI_HOPPER
+#include "matmul.h"
 #include "prefill_hook.h"
 #endif
 
@@ -37,8 +39,27 @@ struct BenchLatencyOptions {
   int64_t output_len = 128;
   int iters = 3;
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
-       no_hopper_attention = false, compare = false;
+       no_hopper = false, compare = false;
 };
+
+// Which prefill kernels a prefill row runs with (lesson 15's, on Hopper).
+struct PrefillKernels {
+  const char* name;
+  bool attention;  // lesson 15's attention through the fresh-prefill seam (AttentionBackend::set_fast_prefill)
+  bool gemm;       // lesson 15's GEMM v2 through lesson 06's large-GEMM seam
+};
+
+void use_hopper_gemm(bool on) {
+#ifdef TVLLM_CLI_HOPPER
+  if (on) {
+    install_hopper_large_gemm();
+  } else {
+    install_large_gemm(nullptr, 1);
+  }
+#else
+  (void)on;
+#endif
+}
 
 std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device, const ModelConfig& config) {
   FastPathOptions chosen;
@@ -82,10 +103,12 @@ void run(const BenchLatencyOptions& o) {
                   copy_gbs, decode_bytes_per_step(weights, 1, 0.0) / (1 << 20),
                   copy_gbs * 1e9 / decode_bytes_per_step(weights, 1, 0.0));
   }
-  std::vector<bool> prefill_kernels{false};
+  std::vector<PrefillKernels> prefill_kernels{{"lessons 10 + 06", false, false}};
 #ifdef TVLLM_CLI_HOPPER
-  if (device == Device::CUDA && !o.no_hopper_attention && install_hopper_prefill_attention())
-    prefill_kernels.push_back(true);
+  if (device == Device::CUDA && !o.no_hopper && install_hopper_prefill_attention()) {
+    prefill_kernels.push_back({"lesson 15 attention", true, false});
+    prefill_kernels.push_back({"lesson 15 attention+GEMM", true, true});
+  }
 #endif
   for (const LatencyVariant& v : variants(o, device, c)) {
     nlohmann::json run;
@@ -106,17 +129,18 @@ void run(const BenchLatencyOptions& o) {
           std::printf("  %6lld %8lld %10.3f %10.1f %10.1f %8.1f%% %7lld\n", (long long)d.batch, (long long)d.context,
                       d.ms_per_step, d.tok_s, d.gbs, d.pct_copy, (long long)d.graphs);
       }
-    // Prefill rows: lesson 10's flash kernel over the cache, and (on Hopper) lesson 15's over the step's rows,
-    // both in this process so that the two figures compare.
+    // Prefill rows: lessons 10 and 06 (flash over the cache, cuBLAS), and on Hopper + lesson 15's attention over
+    // the step's rows, + lesson 15's GEMM from kHopperGemmMinTokens rows: all in this process, so they compare.
     for (int64_t p : o.prefill_lens)
-      for (bool hopper : prefill_kernels) {
-        const PrefillLatency r = measure_prefill_latency(weights, v.fast, p, o.iters, hopper);
-        const char* attention = hopper ? "lesson 15" : "lesson 10";
-        run["prefill"].push_back({{"tokens", r.tokens}, {"attention", attention}, {"ms", r.ms}, {"tok_s", r.tok_s},
+      for (const PrefillKernels& k : prefill_kernels) {
+        use_hopper_gemm(k.gemm);
+        const PrefillLatency r = measure_prefill_latency(weights, v.fast, p, o.iters, k.attention);
+        use_hopper_gemm(false);
+        run["prefill"].push_back({{"tokens", r.tokens}, {"kernels", k.name}, {"ms", r.ms}, {"tok_s", r.tok_s},
                                   {"tflops", r.tflops}});
         if (o.output == "table")
-          std::printf("  prefill %6lld tokens, %s attention: %9.3f ms  %10.0f tok/s  %7.1f TFLOP/s\n",
-                      (long long)r.tokens, attention, r.ms, r.tok_s, r.tflops);
+          std::printf("  prefill %6lld tokens, %-24s %9.3f ms  %10.0f tok/s  %7.1f TFLOP/s\n", (long long)r.tokens,
+                      (std::string(k.name) + ":").c_str(), r.ms, r.tok_s, r.tflops);
       }
     out["runs"].push_back(run);
   }
@@ -145,8 +169,8 @@ void add_bench_latency_command(CLI::App& bench) {
   cmd->add_flag("--no-fast-attention", opt->no_fast_attention,
                 "lesson 10's decode attention kernel instead of lesson 14's");
 #ifdef TVLLM_CLI_HOPPER
-  cmd->add_flag("--no-hopper-attention", opt->no_hopper_attention,
-                "prefill rows: only lesson 10's attention (without it, on Hopper, lesson 15's too)");
+  cmd->add_flag("--no-hopper", opt->no_hopper,
+                "prefill rows: only lessons 10 + 06 (without it, on Hopper, lesson 15's attention and GEMM too)");
 #endif
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");

@@ -48,6 +48,8 @@ void FastPathFlags::add_to(CLI::App* cmd) {
 #ifdef TVLLM_CLI_HOPPER
   cmd->add_flag("--no-hopper-attention", no_hopper_attention,
                 "CUDA: lesson 07/12's prefill attention instead of lesson 15's wgmma kernel (Hopper only)");
+  cmd->add_flag("--no-hopper-gemm", no_hopper_gemm,
+                "CUDA: cuBLAS for every projection instead of lesson 15's wgmma GEMM on large steps (Hopper only)");
 #endif
   cmd->add_option("--max-graph-batch", max_graph_batch,
                   "CUDA: decode steps of more sequences run eagerly (default 0: none do; graphs of every size up "
@@ -93,6 +95,23 @@ void use_hopper_prefill(AttentionBackend& backend) {
 #endif
 }
 
+// Lesson 15's GEMM for the projections of large steps (lesson 06's default kernel only: batch invariance runs v8,
+// which never asks it).
+bool hopper_gemm_applies(bool no_hopper_gemm, Device device) {
+#ifdef TVLLM_CLI_HOPPER
+  return !no_hopper_gemm && device == Device::CUDA && hopper_available();
+#else
+  (void)no_hopper_gemm, (void)device;
+  return false;
+#endif
+}
+
+void use_hopper_gemm() {
+#ifdef TVLLM_CLI_HOPPER
+  install_hopper_large_gemm();
+#endif
+}
+
 }  // namespace
 
 void FastPathFlags::apply(Generator& gen) const {
@@ -103,6 +122,7 @@ void FastPathFlags::apply(Generator& gen) const {
   if (hopper_prefill_applies(no_hopper_attention, gen.weights().device,
                              gen.attention().decode_kind() == DecodeAttention::Flash))
     use_hopper_prefill(gen.attention());
+  if (hopper_gemm_applies(no_hopper_gemm, gen.weights().device)) use_hopper_gemm();
 }
 
 void FastPathFlags::apply(Engine& engine) const {
@@ -111,6 +131,7 @@ void FastPathFlags::apply(Engine& engine) const {
 #endif
   if (hopper_prefill_applies(no_hopper_attention, engine.weights().device, engine.config().batch_invariant))
     use_hopper_prefill(engine.kv().attention());
+  if (hopper_gemm_applies(no_hopper_gemm, engine.weights().device)) use_hopper_gemm();
 }
 
 int64_t FastPathFlags::warm_up(Engine& engine) const {
@@ -133,6 +154,10 @@ std::string FastPathFlags::describe(Device device, const ModelConfig* config, bo
     s += fits ? ", lesson 15 prefill attention (Hopper)"
               : ", lesson 12 prefill attention (lesson 15's takes head_dim 64 and 128)";
   }
+#ifdef TVLLM_CLI_HOPPER
+  if (hopper_gemm_applies(no_hopper_gemm, device) && !batch_invariant)
+    s += ", lesson 15 GEMM from " + std::to_string(kHopperGemmMinTokens) + " tokens";
+#endif
   return s;
 }
 

@@ -42,7 +42,8 @@ struct SamplingFlags {
 // by default.
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
-  bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill kernel off (sm_90 only)
+  bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill attention off (sm_90 only)
+  bool no_hopper_gemm = false;       // --no-hopper-gemm: lesson 15's GEMM off for large steps (sm_90 only)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
