@@ -123,16 +123,20 @@ TEST(GemvFp8Cpu14, ShapeOfOneByteWeightsFollowsTheirPacks) {
   EXPECT_EQ(gemv_v3_shape(2048, 8192, 1).threads, 256);
 }
 
-TEST(GemvFp8Cpu14, SupportedNeedsKMultipleOfSixteen) {
+TEST(GemvFp8Cpu14, SupportedNeedsKMultipleOfEight) {
+  // As for bf16: 16 codes per 16-byte load when K % 16 == 0, else 8 per 8-byte load (K = 600 in the bundled model).
   const Tensor q32 = codes(std::vector<uint8_t>(4 * 32, 0x38), {4, 32});
   const Tensor q24 = codes(std::vector<uint8_t>(4 * 24, 0x38), {4, 24});
+  const Tensor q20 = codes(std::vector<uint8_t>(4 * 20, 0x38), {4, 20});
   EXPECT_TRUE(gemv_shape_supported(q32, DType::BF16));
   EXPECT_TRUE(gemv_shape_supported(q32, DType::F32));
-  EXPECT_FALSE(gemv_shape_supported(q24, DType::BF16));  // K % 16 != 0: no 16-byte packs of codes
-  const Tensor x32 = zeros({1, 32}, DType::BF16);
-  EXPECT_TRUE(gemv_supported(x32, q32));
+  EXPECT_TRUE(gemv_shape_supported(q24, DType::BF16));
+  EXPECT_FALSE(gemv_shape_supported(q20, DType::BF16));  // K % 8 != 0: x's 16-byte loads do not fit
+  EXPECT_FALSE(gemv_shape_supported(q32, DType::F16));
   const Tensor x24 = zeros({1, 24}, DType::BF16);
-  EXPECT_FALSE(gemv_supported(x24, q24));
+  EXPECT_TRUE(gemv_supported(x24, q24));
+  const Tensor x20 = zeros({1, 20}, DType::BF16);
+  EXPECT_FALSE(gemv_supported(x20, q20));
 }
 
 TEST(GemvFp8Cpu14, BadScalesAreInputErrors) {

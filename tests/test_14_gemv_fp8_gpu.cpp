@@ -141,8 +141,10 @@ const int64_t kBatches[] = {1, 2, 3, 8, 16};
 
 TEST(GemvFp8Gpu14, GemvMatchesTheReferenceAtDecodeShapes) {
   TVLLM_REQUIRE_GPU();
-  // QKV (2048 -> 3072), o_proj (2048 -> 2048), gate|up (2048 -> 16384), down_proj (8192 -> 2048), odd (656 -> 77).
-  const std::pair<int64_t, int64_t> shapes[] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {656, 77}};
+  // QKV (2048 -> 3072), o_proj (2048 -> 2048), gate|up (2048 -> 16384), down_proj (8192 -> 2048), odd (656 -> 77),
+  // and the bundled model's down_proj (600 -> 336: K % 16 != 0, the 8-byte loads).
+  const std::pair<int64_t, int64_t> shapes[] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048},
+                                                {656, 77},    {600, 336}};
   for (const auto& [K, N] : shapes) {
     const Problem p(kGemvMaxRows, K, N, 10 + K + N);
     Tensor ref = host_f32({kGemvMaxRows, N});
@@ -165,7 +167,7 @@ TEST(GemvFp8Gpu14, GemvMatchesTheReferenceAtDecodeShapes) {
 TEST(GemvFp8Gpu14, RmsNormGemvMatchesTheReference) {
   TVLLM_REQUIRE_GPU();
   const float eps = 1e-5f;
-  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {656, 77}}) {
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {656, 77}, {600, 40}}) {
     const Problem p(kGemvMaxRows, K, N, 70 + K);
     for (int64_t M : kBatches) {
       SCOPED_TRACE(p.describe() + " M=" + std::to_string(M));
@@ -184,7 +186,7 @@ TEST(GemvFp8Gpu14, RmsNormGemvMatchesTheReference) {
 TEST(GemvFp8Gpu14, RmsNormGemvSiluMulMatchesTheReference) {
   TVLLM_REQUIRE_GPU();
   const float eps = 1e-5f;
-  for (const auto& [K, I] : {std::pair<int64_t, int64_t>{2048, 8192}, {656, 77}}) {
+  for (const auto& [K, I] : {std::pair<int64_t, int64_t>{2048, 8192}, {656, 77}, {600, 40}}) {
     const Problem p(kGemvMaxRows, K, 2 * I, 90 + K);
     Tensor gate_up = host_f32({kGemvMaxRows, 2 * I});
     rmsnorm_gemv_cpu(gate_up, p.xc(kGemvMaxRows), p.g_cpu, eps, p.q_cpu, p.s_cpu);
@@ -208,7 +210,7 @@ TEST(GemvFp8Gpu14, RmsNormGemvSiluMulMatchesTheReference) {
 
 TEST(GemvFp8Gpu14, GemvResidualMatchesTheReference) {
   TVLLM_REQUIRE_GPU();
-  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {656, 77}}) {
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {656, 77}, {600, 336}}) {
     const Problem p(kGemvMaxRows, K, N, 110 + K);
     const std::vector<float> h0 = bf16_exact(random_uniform(static_cast<size_t>(kGemvMaxRows * N), 7 + K));
     Tensor prod = host_f32({kGemvMaxRows, N});
@@ -232,7 +234,7 @@ TEST(GemvFp8Gpu14, GemvResidualMatchesTheReference) {
 TEST(GemvFp8Gpu14, RowsAreTheSameBitsWhateverTheBatch) {
   TVLLM_REQUIRE_GPU();
   const float eps = 1e-5f;
-  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {8192, 2048}, {656, 78}}) {
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {8192, 2048}, {656, 78}, {600, 336}}) {
     const Problem p(kGemvMaxRows, K, N, 130 + K);
     const std::vector<float> h0 = random_uniform(static_cast<size_t>(kGemvMaxRows * N), 3);
     auto check = [&](const std::string& name, auto run) {
@@ -275,8 +277,8 @@ TEST(GemvFp8Gpu14, OperandsTheKernelsCannotReadAreRefused) {
   TVLLM_REQUIRE_GPU();
   const Problem p(2, 2048, 64, 200);
   Tensor y = poisoned({2, 64}, DType::BF16);
-  // K % 16 != 0: no 16-byte packs of codes (and no byte-load fallback on this path).
-  const Problem odd(1, 648, 64, 201);
+  // K % 8 != 0: x's 16-byte loads do not fit (and there is no byte-load fallback on this path).
+  const Problem odd(1, 644, 64, 201);
   Tensor y1 = poisoned({1, 64}, DType::BF16);
   EXPECT_THROW(gemv(y1, odd.xd(1), odd.q_dev, odd.s_dev), InputError);
   EXPECT_THROW(gemv_residual(y1, odd.xd(1), odd.q_dev, odd.s_dev), InputError);

@@ -52,7 +52,8 @@ TEST(Cli16Gpu, Fp8CheckpointGeneratesOnTheGpu) {
     EXPECT_NE(last_json_line(got.output)["path"].get<std::string>().find(notice), std::string::npos) << got.output;
   }
   // Resident needs the fused path that reads it.
-  const auto refused = testing::run_command(bin + " generate --model " + fp8 + args + " --no-fused --fp8-weights resident");
+  const auto refused =
+      testing::run_command(bin + " generate --model " + fp8 + args + " --no-fused --fp8-weights resident");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("drop --no-fused"), std::string::npos) << refused.output;
   // bench latency reports how the weights were loaded.

@@ -41,7 +41,8 @@ struct Fp8Models {
   ModelDir dequantized_dir, resident_dir;
   ModelWeights dequantized, resident;
   static ModelDir quantized(const testing::TempDir& t, Fp8Load how) {
-    if (!std::filesystem::exists(t / "fp8")) quantize_checkpoint(testing::tiny_model_dir(), t / "fp8", QuantizeOptions{});
+    if (!std::filesystem::exists(t / "fp8"))
+      quantize_checkpoint(testing::tiny_model_dir(), t / "fp8", QuantizeOptions{});
     return ModelDir::open(t / "fp8", how);
   }
   Fp8Models()
@@ -113,7 +114,8 @@ TEST(Fp8Engine16Gpu, TheDequantizerEqualsDequantizeAtLoadBitForBit) {
       Tensor got = Tensor::empty(want->shape, DType::BF16, Device::CUDA);
       dequantize_fp8_weight(got, *codes.first, *codes.second);
       const std::vector<float> a = to_f32_vector(got), b = to_f32_vector(*want);
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "layer " << l << " " << want->describe();
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+          << "layer " << l << " " << want->describe();
     }
   }
 }

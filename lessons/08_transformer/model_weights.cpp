@@ -302,7 +302,9 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
   TensorView scratch;
   if (scratch_elements > 0) slots.push_back({{}, Shape{scratch_elements}, &scratch, 0, Fill::Nothing});
 
-  const auto dtype_of = [](Fill f) { return f == Fill::Codes ? DType::F8_E4M3 : f == Fill::Scales ? DType::F32 : DType::BF16; };
+  const auto dtype_of = [](Fill f) {
+    return f == Fill::Codes ? DType::F8_E4M3 : f == Fill::Scales ? DType::F32 : DType::BF16;
+  };
   size_t total = 0;
   for (Slot& s : slots) {
     s.offset = total;
@@ -372,7 +374,8 @@ TensorView weight_for_gemm(const TensorView& w, const TensorView& scale, const T
   if (w.dtype != DType::F8_E4M3) return w;
   if (!g_fp8_dequantizer)
     throw InputError(kWhere + "an F8_E4M3 weight " + w.describe() + " reached a GEMM, but no FP8 dequantizer is "
-                     "installed (lesson 16's install_fp8_resident_weights, or open the model with Fp8Load::Dequantize)");
+                     "installed (lesson 16's install_fp8_resident_weights, or open the model with "
+                     "Fp8Load::Dequantize)");
   TVLLM_REQUIRE(scratch.data && scratch.dtype == DType::BF16 && scratch.numel() >= w.numel(),
                 "weight_for_gemm: the FP8 scratch " + scratch.describe() + " cannot hold " + w.describe());
   const TensorView dst = TensorView::contiguous(scratch.data, DType::BF16, w.device, w.shape);

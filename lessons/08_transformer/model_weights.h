@@ -123,8 +123,8 @@ std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& config);
 // too, each right after the weight it belongs to.
 // InputError naming the tensor for any tensor the model would NOT use (a bias the config does not promise, a
 // quantisation scale, a layer beyond num_hidden_layers) - except an FP8 Linear weight with its weight_scale in a
-// quantized checkpoint opened with Fp8Load::Resident, and the rotary inv_freq buffers old checkpoints carry, and lm_head.weight
-// beside tied embeddings (Hugging Face ignores it too). Also for a missing tensor, a wrong shape, or a dtype
+// quantized checkpoint opened with Fp8Load::Resident, the rotary inv_freq buffers old checkpoints carry, and
+// lm_head.weight beside tied embeddings (Hugging Face ignores it too). Also for a missing tensor, a wrong shape, or a dtype
 // the forward pass cannot compute with (only F32, F16 and BF16), which lesson 01's ModelDir::open already
 // refuses with its own message when it opens a model directory.
 void check_llama_weights(const ModelConfig& config, const WeightStore& weights);

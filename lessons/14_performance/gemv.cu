@@ -152,13 +152,28 @@ __device__ __forceinline__ Pack<8> load_weights(const void* p) {
 // A 16-byte pack of W is 8 bf16 weights, or 16 E4M3 codes (lesson 16) whose row's fp32 scale multiplies the
 // finished sum once: scale[n] * sum_k q[n,k] x[k] = sum_k (scale[n] q[n,k]) x[k]. Everything else of the kernel
 // (the tiles, the split of K, the prologue, the reductions, the epilogues) is the same code for both.
-enum class WeightType { Bf16, E4m3 };
+// E4m3x8: K % 16 != 0 (the bundled model's down_proj has K = 600): 8 codes per 8-byte load, the same code else.
+enum class WeightType { Bf16, E4m3, E4m3x8 };
 
 template <WeightType kW>
 struct WeightPack {
-  static constexpr int kCols = kW == WeightType::Bf16 ? 8 : 16;  // weights (columns of K) per 16-byte pack
-  static constexpr int kBytes = kW == WeightType::Bf16 ? 2 : 1;  // bytes per weight
+  static constexpr int kCols = kW == WeightType::E4m3 ? 16 : 8;      // weights (columns of K) per load
+  static constexpr int kBytes = kW == WeightType::Bf16 ? 2 : 1;      // bytes per weight
+  static constexpr int kLoadBytes = kCols * kBytes;                  // 16, or 8 for E4m3x8
+  static constexpr bool kFp8 = kW != WeightType::Bf16;
 };
+
+// One pack of W: 16 bytes (word[0..3]) or 8 (word[0..1]), streamed past L1 (stream_load.cuh).
+template <WeightType kW>
+__device__ __forceinline__ Pack<8> load_weight_pack(const uint8_t* p) {
+  if constexpr (WeightPack<kW>::kLoadBytes == 16) {
+    return load_weights(p);
+  } else {
+    Pack<8> r{};
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.word[0]), "=r"(r.word[1]) : "l"(p));
+    return r;
+  }
+}
 
 // Two E4M3 codes (low byte first) as two floats, exactly: every E4M3 value is a half, so one
 // cvt.rn.f16x2.e4m3x2 (sm_89+; cuda_fp8.h emulates it on older GPUs) and two exact half -> float widenings.
@@ -175,7 +190,7 @@ __device__ __forceinline__ void widen_weights(const Pack<8>& p, float (&w)[Weigh
     for (int i = 0; i < 8; ++i) w[i] = p.get(i);
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // word j holds weights 4j .. 4j+3, little-endian
+    for (int j = 0; j < WeightPack<kW>::kCols / 4; ++j) {  // word j holds weights 4j .. 4j+3, little-endian
       const float2 lo = e4m3x2_to_float2(p.word[j]), hi = e4m3x2_to_float2(p.word[j] >> 16);
       w[4 * j] = lo.x, w[4 * j + 1] = lo.y, w[4 * j + 2] = hi.x, w[4 * j + 3] = hi.y;
     }
@@ -307,7 +322,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
       const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r)
-        wv[u][r] = p < packs && valid[r] ? load_weights(rows[r] + p * 16) : Pack<8>{};
+        wv[u][r] = p < packs && valid[r] ? load_weight_pack<kW>(rows[r] + p * WeightPack<kW>::kLoadBytes)
+                                         : Pack<8>{};
     }
   };
   load_tile(threadIdx.x);
@@ -315,8 +331,9 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   const int64_t first_group = static_cast<int64_t>(kUnroll) * blockDim.x;  // packs held in registers
 #pragma unroll
   for (int r = 0; r < kTileRows; ++r)
-    if (threadIdx.x == r && valid[r] && packs > first_group)
-      prefetch_l2(rows[r] + first_group * 16, static_cast<uint32_t>((packs - first_group) * 16));
+    if (WeightPack<kW>::kLoadBytes == 16 && threadIdx.x == r && valid[r] && packs > first_group)  // 16-byte units
+      prefetch_l2(rows[r] + first_group * WeightPack<kW>::kLoadBytes,
+                  static_cast<uint32_t>((packs - first_group) * WeightPack<kW>::kLoadBytes));
   pdl_wait_for_previous_kernel();  // from here on: reads of x / h, and every write
   pdl_let_next_kernel_start();
 
@@ -411,7 +428,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     const int64_t o = m * a.outputs + col;
     // E4M3: each row's scale multiplies its finished sum (fp32), before the epilogue's roundings.
     float gate_scale = 1.f, up_scale = 1.f;
-    if constexpr (kW == WeightType::E4m3) {
+    if constexpr (WeightPack<kW>::kFp8) {
       gate_scale = a.w_scale[col];
       if constexpr (kTile == Tile::GateUp) up_scale = a.w_scale[a.outputs + col];
     }
@@ -444,7 +461,8 @@ template <Prologue kPrologue, Tile kTile, WeightType kW = WeightType::Bf16>
 void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl) {
   // The shape depends on (N, K) only: never on M, so neither does any output's summation order.
   // GateUp: a tile of 4 (or 2) weight rows is 2 (or 1) outputs, each with its gate row and its up row.
-  const GemvV3Shape s = gemv_v3_shape(a.N, a.K, WeightPack<kW>::kBytes);
+  // One thread per load of a row, as for bf16: 16 / kCols "bytes per column" in 16-byte loads.
+  const GemvV3Shape s = gemv_v3_shape(a.N, a.K, 16 / WeightPack<kW>::kCols);
   const bool four = s.rows_per_block == 4;
   const int64_t outs_per_block = kTile == Tile::GateUp ? (four ? 2 : 1) : s.rows_per_block;
   const int64_t blocks = ceil_div(a.outputs, outs_per_block);
@@ -474,13 +492,15 @@ V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w, 
   return a;
 }
 
-// The weight's dtype picks the instantiation: BF16, or F8_E4M3 (checked by the callers).
+// The weight's dtype picks the instantiation: BF16, or F8_E4M3 (checked by the callers) in 16- or 8-byte loads.
 template <Prologue kPrologue, Tile kTile>
 void launch_v3_for(DType weight_dtype, const V3Args& a, cudaStream_t stream, bool pdl) {
-  if (weight_dtype == DType::F8_E4M3)
+  if (weight_dtype != DType::F8_E4M3)
+    launch_v3<kPrologue, kTile, WeightType::Bf16>(a, stream, pdl);
+  else if (a.K % 16 == 0)
     launch_v3<kPrologue, kTile, WeightType::E4m3>(a, stream, pdl);
   else
-    launch_v3<kPrologue, kTile, WeightType::Bf16>(a, stream, pdl);
+    launch_v3<kPrologue, kTile, WeightType::E4m3x8>(a, stream, pdl);
 }
 
 #include "gemv_v4.cuh"  // v4: tensor cores for 2..16 rows (inside this namespace: it uses the pieces above)
@@ -550,7 +570,7 @@ void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorVi
 
 void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
                    cudaStream_t stream) {
-  launch_v3<Prologue::None, Tile::Rows, WeightType::E4m3>(v3_args(out, x, w, w_scale), stream, false);
+  launch_v3_for<Prologue::None, Tile::Rows>(DType::F8_E4M3, v3_args(out, x, w, w_scale), stream, false);
 }
 
 }  // namespace detail

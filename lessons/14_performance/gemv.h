@@ -52,8 +52,9 @@
 //     out[m, n] = (sum_k x[m, k] * q[n, k]) * scale[n]
 // computed by v3's kernel with 16 weights per 16-byte load (half the bytes of bf16): each pair of codes is
 // widened exactly (cvt.rn.f16x2.e4m3x2, sm_89+), the fp32 sum is v3's, and the scale multiplies the finished
-// sum ONCE per row, in fp32, before the roundings above. K % 16 == 0 on the GPU. With BF16 weights w_scale
-// must be empty (TensorView{}); the overloads without it are the BF16 ones.
+// sum ONCE per row, in fp32, before the roundings above. K % 8 == 0 on the GPU, as for bf16 (K % 16 != 0, e.g.
+// the bundled model's K = 600: 8 codes per 8-byte load). With BF16 weights w_scale must be empty (TensorView{});
+// the overloads without it are the BF16 ones.
 //
 // The device of the views picks the path:
 //   CPU   the references: x, W, h, g BF16 or F32 (widened exactly), every sum in double, the roundings
@@ -142,7 +143,7 @@ struct GemvV3Shape {
                            // enough blocks to fill the GPU
   int64_t blocks = 0;
 };
-// weight_bytes: 2 (BF16) or 1 (F8_E4M3): the threads follow the row's 16-byte packs.
+// weight_bytes: 2 (BF16) or 1 (F8_E4M3 with K % 16 == 0, 16 codes per load): one thread per load of a row.
 GemvV3Shape gemv_v3_shape(int64_t N, int64_t K, int weight_bytes = 2);
 
 // The references on the host (what the functions above run for CPU views). w_scale: F8_E4M3 w only.
