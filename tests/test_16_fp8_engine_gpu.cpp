@@ -20,6 +20,10 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "engine.h"
+#include "engine_bench.h"
+#include "engine_check.h"
+#include "engine_paged.h"
 #include "fast_forward.h"
 #include "fast_path.h"
 #include "fp8_resident.h"
@@ -30,6 +34,8 @@
 #include "model_dir.h"
 #include "model_weights.h"
 #include "quantize.h"
+#include "graph_runner.h"
+#include "testing/engine_fixture.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -186,6 +192,29 @@ TEST(Fp8Engine16Gpu, GreedyIdsEqualTheDequantizedEngineUpToANearTie) {
     compared += clear;
   }
   EXPECT_GE(compared, 16) << "too few clear-margin steps: the test would check little";
+}
+
+// Lesson 11's engine with the fast path on resident weights: decode batches of up to 16 sequences take the fused
+// FP8 GEMVs (fast_forward_max_tokens), larger steps the composed forward through the dequantizing scratch, both
+// under CUDA graphs. Every request against the readable Generator alone on the same weights (whose composed
+// forward is the dequantized model's, bit for bit): lesson 11's rule, equal ids or a teacher-forced near-tie.
+TEST(Fp8Engine16Gpu, TheEngineOnResidentWeightsAgreesWithEachRequestAlone) {
+  TVLLM_REQUIRE_GPU();
+  const ModelWeights& w = models().resident;
+  const auto requests = make_check_requests(24, 2, 150, 1, 60, workload_id_high(w.config), 23, 0, {13});
+  const AloneResults alone = run_alone(w, requests, 512);
+  for (const bool paged : {false, true}) {
+    Engine engine(w, testing::engine_config(64, 16, 512), paged ? paged_kv() : contiguous_kv());
+    use_fast_path(engine);
+    const EngineRunResult run = run_requests(engine, requests);
+    EXPECT_TRUE(run.events_ok) << run.events_error;
+    const AloneCheck check = check_against_alone(w, requests, run, alone, 512);
+    EXPECT_TRUE(check.pass()) << (paged ? "paged: " : "contiguous: ") << check.summary();
+    EXPECT_EQ(engine.stats().kv.used_blocks(), 0);
+    auto* runner = dynamic_cast<const GraphRunner*>(engine.context().launcher());
+    ASSERT_NE(runner, nullptr);
+    EXPECT_GT(runner->stats().replays, 0);
+  }
 }
 
 }  // namespace
