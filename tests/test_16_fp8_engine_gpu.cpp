@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/errors.h"
 #include "engine.h"
 #include "engine_bench.h"
@@ -214,6 +215,37 @@ TEST(Fp8Engine16Gpu, TheEngineOnResidentWeightsAgreesWithEachRequestAlone) {
     auto* runner = dynamic_cast<const GraphRunner*>(engine.context().launcher());
     ASSERT_NE(runner, nullptr);
     EXPECT_GT(runner->stats().replays, 0);
+  }
+}
+
+// The dequantizer kernel on its own: 4 codes per thread (K % 4 == 0) and one (K = 13), per-row and one scale,
+// against its CPU loop bit for bit. Codes: every one of the 256 but the two NaNs, in turn.
+TEST(Fp8Engine16Gpu, TheDequantizerKernelEqualsItsCpuLoop) {
+  TVLLM_REQUIRE_GPU();
+  for (const auto& [R, K] : {std::pair<int64_t, int64_t>{7, 64}, {5, 13}, {1, 600}}) {
+    SCOPED_TRACE(std::to_string(R) + "x" + std::to_string(K));
+    std::vector<uint8_t> codes(static_cast<size_t>(R * K));
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const auto c = static_cast<uint8_t>(i % 254);
+      codes[i] = c >= 0x7f ? static_cast<uint8_t>(c + 1) : c;  // skip 0x7f; 0xff is never reached
+    }
+    std::vector<float> scales(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) scales[r] = bf16_to_f32(f32_to_bf16(0.0123f * static_cast<float>(r + 1)));
+    for (const bool per_row : {true, false}) {
+      Tensor q_cpu = Tensor::empty({R, K}, DType::F8_E4M3, Device::CPU);
+      std::memcpy(q_cpu.data(), codes.data(), codes.size());
+      const Tensor q_gpu = Tensor::copy_of(q_cpu.view(), Device::CUDA);
+      const std::vector<float> s(scales.begin(), scales.begin() + (per_row ? R : 1));
+      const Tensor s_cpu = Tensor::from_f32(s, {static_cast<int64_t>(s.size())}, DType::F32, Device::CPU);
+      const Tensor s_gpu = Tensor::copy_of(s_cpu.view(), Device::CUDA);
+      Tensor want = Tensor::empty({R, K}, DType::BF16, Device::CPU);
+      Tensor got = Tensor::empty({R, K}, DType::BF16, Device::CUDA);
+      dequantize_fp8_weight(want, q_cpu, s_cpu);
+      dequantize_fp8_weight(got, q_gpu, s_gpu);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const Tensor back = Tensor::copy_of(got.view(), Device::CPU);
+      EXPECT_EQ(0, std::memcmp(back.data(), want.data(), want.view().nbytes())) << (per_row ? "per row" : "one scale");
+    }
   }
 }
 
