@@ -268,7 +268,13 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
   // A Linear weight: as add(), or, resident FP8, its codes and its scales.
   auto add_linear = [&](std::vector<std::string> parts, TensorView* view, TensorView* scale) {
     add(parts, view);
-    if (!resident_fp8_linear(c, store, parts[0])) return;
+    size_t fp8_parts = 0;
+    for (const std::string& part : parts) fp8_parts += resident_fp8_linear(c, store, part) ? 1 : 0;
+    if (fp8_parts != 0 && fp8_parts != parts.size())  // one packed matrix holds one dtype
+      throw InputError(kWhere + "\"" + parts[0] + "\" and the weights packed with it are partly FP8 and partly not "
+                       "(a quantization_config that ignores some of q/k/v or gate/up): open the model with "
+                       "Fp8Load::Dequantize");
+    if (fp8_parts == 0) return;
     slots.back().fill = Fill::Codes;
     scratch_elements = std::max(scratch_elements, shape_numel(slots.back().shape));
     slots.push_back({parts, Shape{slots.back().shape[0]}, scale, 0, Fill::Scales});
