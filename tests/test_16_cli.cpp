@@ -92,5 +92,43 @@ TEST(Cli16, QuantizeRefusals) {
   EXPECT_TRUE(contains(r.output, "quantization_config.config_groups.group_0.weights.group_size is 128")) << r.output;
 }
 
+// --fp8-weights (lesson 16, "FP8 in the engine"): on the CPU an FP8 checkpoint is always dequantized at load; asking
+// for resident weights where they cannot be is a clear refusal (exit 2), never a silent fallback.
+TEST(Cli16, Fp8WeightsFlagOnTheCpuAndItsRefusals) {
+  TempDir tmp;
+  const std::string out = (tmp / "fp8").string();
+  ASSERT_EQ(run_command(tiny_vllm() + " quantize --model " + model() + " --out " + q(out)).exit_code, 0);
+  const std::string args = " --prompt hi --max-tokens 2 --device cpu --output json";
+  for (const std::string choice : {"", " --fp8-weights auto", " --fp8-weights dequantize"}) {
+    SCOPED_TRACE(choice);
+    const auto r = run_command(tiny_vllm() + " generate --model " + q(out) + args + choice);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(json_line(r.output)["path"].get<std::string>(), "FP8 weights dequantized to bf16 at load"))
+        << r.output;
+  }
+  // A bf16 checkpoint says nothing about FP8.
+  auto r = run_command(tiny_vllm() + " generate --model " + model() + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(contains(json_line(r.output)["path"].get<std::string>(), "FP8")) << r.output;
+  // resident on the CPU; resident for a bf16 checkpoint; an unknown choice.
+  r = run_command(tiny_vllm() + " generate --model " + q(out) + args + " --fp8-weights resident");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "FP8 weights stay resident only on CUDA")) << r.output;
+  r = run_command(tiny_vllm() + " generate --model " + model() + args + " --fp8-weights resident");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "not an FP8 checkpoint")) << r.output;
+  r = run_command(tiny_vllm() + " generate --model " + q(out) + args + " --fp8-weights sometimes");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--fp8-weights")) << r.output;
+  // The benches and the server take the same flag, with the same refusal.
+  r = run_command(tiny_vllm() + " bench latency --model " + q(out) +
+                  " --device cpu --context 4 --output-len 2 --prefill-len 4 --iters 1 --fp8-weights resident");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "FP8 weights stay resident only on CUDA")) << r.output;
+  r = run_command(tiny_vllm() + " serve --model " + q(out) + " --device cpu --port 0 --fp8-weights resident");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "FP8 weights stay resident only on CUDA")) << r.output;
+}
+
 }  // namespace
 }  // namespace tvllm

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "testing/testing.h"
 
@@ -37,12 +38,29 @@ TEST(Cli16Gpu, Fp8CheckpointGeneratesOnTheGpu) {
   const std::string args = " --prompt 'The capital of Portugal is' --max-tokens 8 --output json --device cuda";
   const auto want = testing::run_command(bin + " generate --model " + bf16 + args);
   ASSERT_EQ(want.exit_code, 0) << want.output;
-  for (const std::string extra : {"", " --no-fused --enforce-eager"}) {  // the fast path, then the plain one
+  // The fast path (FP8 weights resident: the decode GEMVs read the codes), the fast path on weights dequantized at
+  // load, and the plain path (dequantized: --no-fused).
+  const std::pair<std::string, std::string> runs[] = {
+      {"", "FP8 weights resident"},
+      {" --fp8-weights dequantize", "FP8 weights dequantized to bf16 at load"},
+      {" --no-fused --enforce-eager", "FP8 weights dequantized to bf16 at load"}};
+  for (const auto& [extra, notice] : runs) {
     SCOPED_TRACE(extra);
     const auto got = testing::run_command(bin + " generate --model " + fp8 + args + extra);
     ASSERT_EQ(got.exit_code, 0) << got.output;
     EXPECT_EQ(last_json_line(got.output)["text"], last_json_line(want.output)["text"]) << got.output;
+    EXPECT_NE(last_json_line(got.output)["path"].get<std::string>().find(notice), std::string::npos) << got.output;
   }
+  // Resident needs the fused path that reads it.
+  const auto refused =
+      testing::run_command(bin + " generate --model " + fp8 + args + " --no-fused --fp8-weights resident");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("drop --no-fused"), std::string::npos) << refused.output;
+  // bench latency reports how the weights were loaded.
+  const auto bench = testing::run_command(bin + " bench latency --model " + fp8 +
+                                          " --context 16 --output-len 4 --prefill-len 16 --iters 1 --output json");
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  EXPECT_EQ(last_json_line(bench.output)["fp8_weights"], "resident") << bench.output;
 }
 
 }  // namespace

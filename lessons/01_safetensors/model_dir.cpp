@@ -136,7 +136,7 @@ void dequantize_fp8_weights(WeightStore& w, const ModelConfig& c) {
 
 }  // namespace
 
-ModelDir ModelDir::open(const fs::path& path) {
+ModelDir ModelDir::open(const fs::path& path, Fp8Load fp8) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(path.string() + ": no such directory");
   if (!fs::is_directory(path, ec)) throw InputError(path.string() + ": not a directory (expected a model directory)");
@@ -145,8 +145,9 @@ ModelDir ModelDir::open(const fs::path& path) {
   ModelConfig config = load_model_config(path);
   WeightStore weights = WeightStore::open(path);
   check_weights_match_config(weights, config, path);
-  dequantize_fp8_weights(weights, config);
-  return ModelDir{path, std::move(config), std::move(weights)};
+  const bool resident = fp8 == Fp8Load::Resident && config.quantization.has_value();
+  if (!resident) dequantize_fp8_weights(weights, config);
+  return ModelDir{path, std::move(config), std::move(weights), resident};
 }
 
 ReferenceSet ReferenceSet::open(const fs::path& model_dir) {

@@ -41,13 +41,23 @@ class ReferenceSet {
   std::vector<int> captured_layers_;
 };
 
+// What ModelDir::open does with an FP8 checkpoint's Linear weights (lesson 16).
+//   Dequantize  bf16 in host memory, w = round_bf16(fp8 * scale), the scales consumed: every forward of
+//               lessons 08-14 runs the checkpoint unchanged (the default)
+//   Resident    left as stored, F8_E4M3 codes with their weight_scale beside them, for a GPU engine whose
+//               decode GEMVs read the codes (lesson 16, "FP8 in the engine"); ModelWeights::bind packs them
+//               on CUDA and refuses them on the CPU
+enum class Fp8Load { Dequantize, Resident };
+
 struct ModelDir {
   std::filesystem::path path;
   ModelConfig config;
   WeightStore weights;
+  bool fp8_resident = false;  // opened with Fp8Load::Resident and the checkpoint is FP8
   // Opens config.json and the weights (mapped, not yet uploaded), checks them against each other, and
-  // dequantizes an FP8 checkpoint's weights to bf16 in host memory (lesson 16). Throws InputError.
-  static ModelDir open(const std::filesystem::path& path);
+  // dequantizes an FP8 checkpoint's weights to bf16 in host memory unless `fp8` says Resident. Throws
+  // InputError.
+  static ModelDir open(const std::filesystem::path& path, Fp8Load fp8 = Fp8Load::Dequantize);
 };
 
 }  // namespace tvllm

@@ -24,6 +24,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// A Linear weight left as F8_E4M3 codes by ModelDir::open(Fp8Load::Resident): a quantized config, one of the
+// seven projections, its weight_scale beside it (lesson 01 checked the scale's shape and dtype).
+bool resident_fp8_linear(const ModelConfig& c, const WeightStore& weights, const std::string& name) {
+  const std::string suffix = "_proj.weight";
+  return c.quantization && ends_with(name, suffix) && weights.contains(name) &&
+         weights.entry(name).dtype == DType::F8_E4M3 && weights.contains(name + "_scale");
+}
+
 }  // namespace
 
 std::string family_extras(const ModelConfig& c) {
@@ -85,7 +93,7 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
     if (entry.shape != e.shape)
       throw InputError(kWhere + "tensor \"" + e.name + "\" has shape " + shape_str(entry.shape) +
                        ", expected " + shape_str(e.shape) + " from config.json");
-    if (!is_compute_dtype(entry.dtype))
+    if (!is_compute_dtype(entry.dtype) && !resident_fp8_linear(c, weights, e.name))
       throw InputError(kWhere + "tensor \"" + e.name + "\" is " + std::string(dtype_name(entry.dtype)) +
                        ": the forward pass computes with F32, F16 or BF16 weights");
   }
@@ -98,6 +106,10 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
     if (ends_with(name, ".rotary_emb.inv_freq")) continue;
     // Tied embeddings: Hugging Face uses embed_tokens for the output and ignores a stored lm_head copy.
     if (name == "lm_head.weight" && c.tie_word_embeddings) continue;
+    // FP8-resident: the scales of the codes the forward reads.
+    if (ends_with(name, ".weight_scale") && wanted.count(name.substr(0, name.size() - 6)) &&
+        resident_fp8_linear(c, weights, name.substr(0, name.size() - 6)))
+      continue;
     const SafetensorsEntry& entry = weights.entry(name);
     throw InputError(
         kWhere + "unexpected tensor \"" + name + "\" " + std::string(dtype_name(entry.dtype)) +
@@ -192,6 +204,11 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
   w.tied = c.tie_word_embeddings;
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
 
+  bool fp8 = false;
+  for (const ExpectedTensor& e : expected_llama_tensors(c)) fp8 = fp8 || resident_fp8_linear(c, store, e.name);
+  if (fp8 && device == Device::CPU)
+    throw InputError(kWhere + "FP8-resident weights (Fp8Load::Resident) are bound only on CUDA, where the decode "
+                     "GEMVs read them; open the model with Fp8Load::Dequantize for the CPU");
   if (device == Device::CPU) {
     // Views into the mapped files, as stored: nothing is copied.
     w.embed = store.host("model.embed_tokens.weight");
@@ -231,17 +248,36 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
 
   // CUDA: plan the one allocation (every tensor 256-byte aligned, as cudaMalloc aligns its own), then fill
   // it.
+  // FP8-resident (lesson 16): a Linear slot keeps its codes (1 byte each) and gets a scale slot beside it, F32
+  // [rows]; the scratch slot has no parts.
+  enum class Fill { Bf16, Codes, Scales, Nothing };
   struct Slot {
     std::vector<std::string> parts;  // source tensors whose rows are stacked, in order
     Shape shape;                     // of the packed result
     TensorView* view;                // where the bound view goes
     size_t offset = 0;
+    Fill fill = Fill::Bf16;
   };
   std::vector<Slot> slots;
+  int64_t scratch_elements = 0;  // the largest FP8 weight
   auto add = [&](std::vector<std::string> parts, TensorView* view) {
     Shape shape = store.entry(parts[0]).shape;
     for (size_t i = 1; i < parts.size(); ++i) shape[0] += store.entry(parts[i]).shape[0];
     slots.push_back({std::move(parts), std::move(shape), view});
+  };
+  // A Linear weight: as add(), or, resident FP8, its codes and its scales.
+  auto add_linear = [&](std::vector<std::string> parts, TensorView* view, TensorView* scale) {
+    add(parts, view);
+    size_t fp8_parts = 0;
+    for (const std::string& part : parts) fp8_parts += resident_fp8_linear(c, store, part) ? 1 : 0;
+    if (fp8_parts != 0 && fp8_parts != parts.size())  // one packed matrix holds one dtype
+      throw InputError(kWhere + "\"" + parts[0] + "\" and the weights packed with it are partly FP8 and partly not "
+                       "(a quantization_config that ignores some of q/k/v or gate/up): open the model with "
+                       "Fp8Load::Dequantize");
+    if (fp8_parts == 0) return;
+    slots.back().fill = Fill::Codes;
+    scratch_elements = std::max(scratch_elements, shape_numel(slots.back().shape));
+    slots.push_back({parts, Shape{slots.back().shape[0]}, scale, 0, Fill::Scales});
   };
   add({"model.embed_tokens.weight"}, &w.embed);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -249,11 +285,11 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
     LayerWeights& L = w.layers[static_cast<size_t>(l)];
     add({p + "input_layernorm.weight"}, &L.input_norm);
     add({p + "post_attention_layernorm.weight"}, &L.post_norm);
-    add({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
-        &L.wqkv);
-    add({p + "self_attn.o_proj.weight"}, &L.wo);
-    add({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.w_gate_up);
-    add({p + "mlp.down_proj.weight"}, &L.w_down);
+    add_linear({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+               &L.wqkv, &L.wqkv_scale);
+    add_linear({p + "self_attn.o_proj.weight"}, &L.wo, &L.wo_scale);
+    add_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.w_gate_up, &L.w_gate_up_scale);
+    add_linear({p + "mlp.down_proj.weight"}, &L.w_down, &L.w_down_scale);
     // The extras: biases packed like their weights (one add over q | k | v after the one GEMM).
     if (c.qkv_bias)
       add({p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"}, &L.bqkv);
@@ -269,25 +305,50 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
   }
   add({"model.norm.weight"}, &w.final_norm);
   if (!w.tied) add({"lm_head.weight"}, &w.lm_head);
+  TensorView scratch;
+  if (scratch_elements > 0) slots.push_back({{}, Shape{scratch_elements}, &scratch, 0, Fill::Nothing});
 
+  const auto dtype_of = [](Fill f) {
+    return f == Fill::Codes ? DType::F8_E4M3 : f == Fill::Scales ? DType::F32 : DType::BF16;
+  };
   size_t total = 0;
   for (Slot& s : slots) {
     s.offset = total;
-    total += (static_cast<size_t>(shape_numel(s.shape)) * 2 + 255) / 256 * 256;  // bf16
+    total += (static_cast<size_t>(shape_numel(s.shape)) * dtype_size(dtype_of(s.fill)) + 255) / 256 * 256;
   }
   w.storage_ = DeviceBuffer(total);
   w.device_bytes = total;
   for (Slot& s : slots) {
-    *s.view = TensorView::contiguous(static_cast<char*>(w.storage_.data()) + s.offset, DType::BF16,
+    *s.view = TensorView::contiguous(static_cast<char*>(w.storage_.data()) + s.offset, dtype_of(s.fill),
                                      Device::CUDA, s.shape);
     std::vector<TensorView> parts;
     for (const std::string& name : s.parts) parts.push_back(store.host(name));
-    pack_rows_bf16(*s.view, parts);
+    if (s.fill == Fill::Bf16) {
+      pack_rows_bf16(*s.view, parts);
+    } else if (s.fill == Fill::Codes) {  // the codes as stored, the parts' rows one after another
+      char* out = static_cast<char*>(s.view->data);
+      for (const TensorView& part : parts) {
+        TVLLM_CUDA_CHECK(cudaMemcpy(out, part.data, part.nbytes(), cudaMemcpyHostToDevice));
+        out += part.nbytes();
+      }
+    } else if (s.fill == Fill::Scales) {  // each row's scale as F32 (exact from BF16/F16); a tensor scale repeated
+      std::vector<float> scales;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const TensorView sc = store.host(s.parts[i] + "_scale");
+        const int64_t rows = parts[i].shape[0];
+        const bool per_row = sc.numel() == rows;
+        for (int64_t r = 0; r < rows; ++r)
+          scales.push_back(load_as_f32(sc.data, sc.dtype, static_cast<size_t>(per_row ? r : 0)));
+      }
+      TVLLM_CUDA_CHECK(cudaMemcpy(s.view->data, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
   }
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // load time: every upload done before the first step
 
   // The unpacked matrices are row ranges of the packed ones (no copy): wq | wk | wv and w_gate | w_up.
+  w.fp8_resident = scratch_elements > 0;
   for (LayerWeights& L : w.layers) {
+    L.fp8_scratch = scratch;
     L.wq = L.wqkv.rows(0, c.q_dim());
     L.wk = L.wqkv.rows(c.q_dim(), c.kv_dim());
     L.wv = L.wqkv.rows(c.q_dim() + c.kv_dim(), c.kv_dim());
@@ -305,6 +366,27 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
   }
   if (w.tied) w.lm_head = w.embed;
   return w;
+}
+
+namespace {
+Fp8WeightDequantizer g_fp8_dequantizer = nullptr;
+}  // namespace
+
+void install_fp8_weight_dequantizer(Fp8WeightDequantizer fn) { g_fp8_dequantizer = fn; }
+bool fp8_weight_dequantizer_installed() { return g_fp8_dequantizer != nullptr; }
+
+TensorView weight_for_gemm(const TensorView& w, const TensorView& scale, const TensorView& scratch,
+                           cudaStream_t stream) {
+  if (w.dtype != DType::F8_E4M3) return w;
+  if (!g_fp8_dequantizer)
+    throw InputError(kWhere + "an F8_E4M3 weight " + w.describe() + " reached a GEMM, but no FP8 dequantizer is "
+                     "installed (lesson 16's install_fp8_resident_weights, or open the model with "
+                     "Fp8Load::Dequantize)");
+  TVLLM_REQUIRE(scratch.data && scratch.dtype == DType::BF16 && scratch.numel() >= w.numel(),
+                "weight_for_gemm: the FP8 scratch " + scratch.describe() + " cannot hold " + w.describe());
+  const TensorView dst = TensorView::contiguous(scratch.data, DType::BF16, w.device, w.shape);
+  g_fp8_dequantizer(dst, w, scale, stream);
+  return dst;
 }
 
 }  // namespace tvllm

@@ -20,6 +20,8 @@
 // The views borrow memory: the CPU binding must not outlive the ModelDir it was made from.
 #pragma once
 
+#include <cuda_runtime.h>  // cudaStream_t
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,7 +58,16 @@ struct LayerWeights {
   TensorView b_down;      // [hidden]                       mlp.down_proj.bias           (mlp_bias)
   TensorView q_norm, k_norm;  // [head_dim] each            self_attn.{q,k}_norm.weight  (qk_norm, Qwen3)
 
+  // FP8-resident weights (lesson 16: a quantized checkpoint opened with Fp8Load::Resident, CUDA only): wqkv, wo,
+  // w_gate_up and w_down (and so their row slices) are F8_E4M3 codes, and these are their per-row scales, F32
+  // [rows] (q | k | v and gate | up packed like the rows). Empty views for BF16 weights. fp8_scratch: one BF16
+  // buffer as large as the largest of the four, shared by every layer, into which the composed forward
+  // dequantizes a weight just before its GEMM (weight_for_gemm); the fused decode GEMVs read the codes.
+  TensorView wqkv_scale, wo_scale, w_gate_up_scale, w_down_scale;
+  TensorView fp8_scratch;
+
   bool packed() const { return wqkv.data != nullptr; }
+  bool fp8() const { return wqkv.dtype == DType::F8_E4M3; }
   bool has_qkv_bias() const { return bq.data != nullptr; }
   bool has_qk_norm() const { return q_norm.data != nullptr; }
   // Whether this layer is plain Llama (no bias, no q/k norm): what a path that knows only Llama may run.
@@ -75,6 +86,7 @@ struct ModelWeights {
   TensorView lm_head;       // [vocab, hidden]   lm_head.weight, or embed itself when tie_word_embeddings
   bool tied = false;        // lm_head is embed_tokens
   size_t device_bytes = 0;  // CUDA: the size of the one allocation (0 on the CPU)
+  bool fp8_resident = false;  // the decoder layers' Linear weights are F8_E4M3 + scales (LayerWeights::fp8)
 
   // Checks the checkpoint against the config (check_llama_weights) and binds it for `device`.
   // CUDA: allocates and uploads (synchronously: this is load time, not a step). Throws InputError.
@@ -83,6 +95,18 @@ struct ModelWeights {
  private:
   DeviceBuffer storage_;  // CUDA: every tensor above, 256-byte aligned, packed ones included
 };
+
+// ---- FP8-resident weights in the composed forward (lesson 16 installs the kernel) -------------------------
+// dst (BF16, q's shape) = round_bf16(fp8(q) * scale[row]) on the GPU, queued on `stream`: the same values lesson
+// 01's dequantize-at-load computes on the host.
+using Fp8WeightDequantizer = void (*)(const TensorView& dst, const TensorView& q, const TensorView& scale,
+                                      cudaStream_t stream);
+void install_fp8_weight_dequantizer(Fp8WeightDequantizer fn);
+bool fp8_weight_dequantizer_installed();
+// The weight as lesson 06's GEMMs take it: w itself unless it is F8_E4M3; then w dequantized into the first rows
+// of `scratch` (its scale beside it), which is returned. InputError if no dequantizer is installed.
+TensorView weight_for_gemm(const TensorView& w, const TensorView& scale, const TensorView& scratch,
+                           cudaStream_t stream);
 
 // What the config adds to Llama's layer, for messages: e.g. "q/k/v biases, q/k norm"; "" for a plain Llama.
 std::string family_extras(const ModelConfig& config);
@@ -98,8 +122,9 @@ std::vector<ExpectedTensor> expected_llama_tensors(const ModelConfig& config);
 // With the config's extras (qkv_bias, o_bias, mlp_bias, qk_norm) their biases and norm weights are expected
 // too, each right after the weight it belongs to.
 // InputError naming the tensor for any tensor the model would NOT use (a bias the config does not promise, a
-// quantisation scale, a layer beyond num_hidden_layers) - except the rotary inv_freq buffers old checkpoints carry, and lm_head.weight
-// beside tied embeddings (Hugging Face ignores it too). Also for a missing tensor, a wrong shape, or a dtype
+// quantisation scale, a layer beyond num_hidden_layers) - except an FP8 Linear weight with its weight_scale in a
+// quantized checkpoint opened with Fp8Load::Resident, the rotary inv_freq buffers old checkpoints carry, and
+// lm_head.weight beside tied embeddings (Hugging Face ignores it too). Also for a missing tensor, a wrong shape, or a dtype
 // the forward pass cannot compute with (only F32, F16 and BF16), which lesson 01's ModelDir::open already
 // refuses with its own message when it opens a model directory.
 void check_llama_weights(const ModelConfig& config, const WeightStore& weights);

@@ -137,9 +137,12 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
 
 // One projection: y = x W^T, plus the bias b where the model has one (an empty view: none). The bias is its
 // own small step after the GEMM (family_ops.h), so every matmul version of lesson 06 serves every family.
+// FP8-resident weights (lesson 16): the GEMM reads the weight dequantized into the layers' scratch just before
+// it (weight_for_gemm); for BF16 weights scale and scratch are empty and the weight is used as it is.
 [[maybe_unused]] void project(ExecContext& ctx, const TensorView& y, const TensorView& x,
-                              const TensorView& weight, const TensorView& bias) {
-  linear(y, x, weight, ctx.matmul_kernel(), ctx.cublas());
+                              const TensorView& weight, const TensorView& bias, const TensorView& scale = {},
+                              const TensorView& scratch = {}) {
+  linear(y, x, weight_for_gemm(weight, scale, scratch, ctx.stream()), ctx.matmul_kernel(), ctx.cublas());
   if (bias.data) add_bias(y, bias, ctx.stream());
 }
 
@@ -153,7 +156,7 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   if (L.packed()) {
     const TensorView qkv = first(buf, {T, shape.qkv_dim()});
     TVLLM_REQUIRE(!L.has_qkv_bias() || L.bqkv.data, "forward: packed q/k/v weights need a packed q/k/v bias");
-    project(ctx, qkv, x, L.wqkv, L.bqkv);
+    project(ctx, qkv, x, L.wqkv, L.bqkv, L.wqkv_scale, L.fp8_scratch);
     return split_qkv(qkv, shape);
   }
   QkvViews out{at_element(buf, 0, {T, shape.q_dim()}),
@@ -174,7 +177,7 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   if (L.packed()) {
     const TensorView gate_up = first(buf, {T, 2 * I});
     TVLLM_REQUIRE(!L.b_gate.data || L.b_gate_up.data, "forward: packed gate/up weights need a packed bias");
-    project(ctx, gate_up, x, L.w_gate_up, L.b_gate_up);
+    project(ctx, gate_up, x, L.w_gate_up, L.b_gate_up, L.w_gate_up_scale, L.fp8_scratch);
     return {column_slice(gate_up, 0, I), column_slice(gate_up, I, I)};
   }
   const TensorView gate = at_element(buf, 0, {T, I}), up = at_element(buf, T * I, {T, I});
@@ -244,14 +247,14 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
   // 4. Causal attention over each sequence's context.
   backend.attend(layer, qkv.q, qkv.k, qkv.v, attn, step, stream);
   // 5. Back to the residual width: delta = attn Wo^T (+ bo: Llama attention_bias).
-  project(ctx, delta, attn, L.wo, L.bo);
+  project(ctx, delta, attn, L.wo, L.bo, L.wo_scale, L.fp8_scratch);
   // 6. h += delta; the MLP's input normed = rmsnorm(h) * w_post.
   add_rmsnorm(h, delta, L.post_norm, normed, eps, {}, stream);
   // 7. The gated MLP: act = silu(normed Wg^T) * (normed Wu^T).
   const auto [gate, up] = project_gate_up(ctx, L, normed);
   silu_mul(act, gate, up, stream);
   // 8. delta = act Wd^T (+ b_down: mlp_bias), added to h by the next layer's first norm (or the final norm).
-  project(ctx, delta, act, L.w_down, L.b_down);
+  project(ctx, delta, act, L.w_down, L.b_down, L.w_down_scale, L.fp8_scratch);
   // --- end of exercise 08.4 ---
 }
 

@@ -21,6 +21,11 @@ namespace tvllm {
 // fused path runs single-token steps, and larger decode batches keep cuBLAS (README sections 4 and 11).
 int64_t fast_forward_max_tokens() { return 1; }
 
+// FP8-resident weights (lesson 16) change the comparison: cuBLAS would first need each weight dequantized to a
+// bf16 scratch (1 byte read, 2 written, 2 read again per weight), while the FP8 GEMVs read 1 byte per weight at
+// any M. So with FP8 weights every step the GEMVs take (kGemvMaxRows tokens) runs fused.
+int64_t fast_forward_max_tokens(const ModelWeights& w) { return w.fp8_resident ? kGemvMaxRows : 1; }
+
 // The fused kernels have no bias in their epilogues: o_proj's and the MLP's biases (Llama's attention_bias and
 // mlp_bias) would need one in gemv_residual and rmsnorm_gemv_silu_mul, so those models stay declined. What the
 // layer adds before RoPE (the q/k/v biases, the q/k norm) runs as lesson 08's own kernels between the fused ones.
@@ -51,12 +56,15 @@ bool fused_computes_every_layer(const ModelWeights& w) {
 bool fast_forward_supported(const ModelWeights& w) {
   if (w.device != Device::CUDA || w.layers.empty() || !fused_computes_every_layer(w)) return false;
   // One token's views, for the shape checks: x [1, in] -> y [1, out] for every matrix.
-  const auto ok = [](const TensorView& weight, DType out_dtype) {
-    return weight.rank() == 2 && gemv_shape_supported(weight, out_dtype);
+  // FP8 weights (lesson 16): also their per-row scales, F32, one per row.
+  const auto ok = [](const TensorView& weight, DType out_dtype, const TensorView& scale = {}) {
+    const bool scale_ok = weight.dtype != DType::F8_E4M3 ||
+                          (scale.data && scale.dtype == DType::F32 && scale.numel() == weight.shape[0]);
+    return weight.rank() == 2 && gemv_shape_supported(weight, out_dtype) && scale_ok;
   };
   for (const LayerWeights& L : w.layers)
-    if (!L.packed() || !ok(L.wqkv, DType::BF16) || !ok(L.wo, DType::BF16) || !ok(L.w_gate_up, DType::BF16) ||
-        !ok(L.w_down, DType::BF16))
+    if (!L.packed() || !ok(L.wqkv, DType::BF16, L.wqkv_scale) || !ok(L.wo, DType::BF16, L.wo_scale) ||
+        !ok(L.w_gate_up, DType::BF16, L.w_gate_up_scale) || !ok(L.w_down, DType::BF16, L.w_down_scale))
       return false;
   return ok(w.lm_head, DType::F32);
 }
@@ -91,7 +99,7 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
                          bool pdl, const OpMark* after_op = nullptr) {
   const int64_t T = step.num_tokens(), R = step.num_logits_rows();
   // fused_computes_every_layer: also when installed by hand, past fast_forward_supported (a few pointer tests).
-  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens() || ctx.matmul_kernel() != kDefaultMatmulKernel ||
+  if (ctx.device() != Device::CUDA || T > fast_forward_max_tokens(w) || ctx.matmul_kernel() != kDefaultMatmulKernel ||
       !fused_computes_every_layer(w))
     return forward_composed(ctx, w, step, backend);
   check_forward_args(ctx, w, step);
@@ -125,7 +133,8 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   for (const LayerWeights& L : w.layers) {
     const int layer = static_cast<int>(&L - w.layers.data());
     // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
-    rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, stream, pdl);
+    // FP8-resident weights: the same calls with the scales (empty views for BF16 weights): gemv.h.
+    rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, L.wqkv_scale, stream, pdl);
     mark("rmsnorm_gemv (qkv)");
     // Qwen2: + the q/k/v biases on the bf16 product, rounded again, as lesson 08's project() adds them.
     if (L.bqkv.data) {
@@ -143,12 +152,12 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
     mark("rope");
     backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
     mark("kv write + decode attention");
-    gemv_residual(h, attn, L.wo, stream, pdl);
+    gemv_residual(h, attn, L.wo, L.wo_scale, stream, pdl);
     mark("gemv_residual (o)");
     // MLP: act = silu(rmsnorm(h) Wg^T) * (rmsnorm(h) Wu^T); h += act Wd^T.
-    rmsnorm_gemv_silu_mul(act, h, L.post_norm, eps, L.w_gate_up, stream, pdl);
+    rmsnorm_gemv_silu_mul(act, h, L.post_norm, eps, L.w_gate_up, L.w_gate_up_scale, stream, pdl);
     mark("rmsnorm_gemv_silu_mul (gate|up)");
-    gemv_residual(h, act, L.w_down, stream, pdl);
+    gemv_residual(h, act, L.w_down, L.w_down_scale, stream, pdl);
     mark("gemv_residual (down)");
   }
   // --- end of exercise 14.2 ---

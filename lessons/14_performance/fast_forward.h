@@ -35,6 +35,9 @@ namespace tvllm {
 
 // Tokens per step up to which fast_forward() runs the fused GEMV path: where it was measured to beat cuBLAS.
 int64_t fast_forward_max_tokens();
+// For these weights: the above for BF16 weights; kGemvMaxRows (16) for FP8-resident ones (lesson 16), whose
+// GEMVs read half the bytes and which cuBLAS could only multiply after dequantizing them.
+int64_t fast_forward_max_tokens(const ModelWeights& weights);
 
 // Whether fast_forward() can run the fused path for these weights at all (CUDA, packed, every matrix a shape
 // and alignment the GEMV kernels take, and no bias after o_proj or in the MLP). Checked once when the path is

@@ -16,6 +16,8 @@
 // Known cost at large M: a block reads all M rows of x (and with the fused norm, of h twice), so at M = 16
 // the L1 traffic is ~4x (8x fused) the weight bytes; batch 1, the target, is unaffected.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -142,7 +144,58 @@ __global__ void gemv_v2_kernel(void* out, Store store, const bf16* x, const bf16
 
 // Weights are read once per step: load_streaming (stream_load.cuh) reads them past L1, so L1 keeps x, which
 // every block reads.
-__device__ __forceinline__ Pack<8> load_weights(const bf16* p) { return load_streaming(p); }
+__device__ __forceinline__ Pack<8> load_weights(const void* p) {
+  return load_streaming(static_cast<const bf16*>(p));
+}
+
+// ---- the weight's element type: v3 and its fused variants read BF16 or FP8 weights -----------------------
+// A 16-byte pack of W is 8 bf16 weights, or 16 E4M3 codes (lesson 16) whose row's fp32 scale multiplies the
+// finished sum once: scale[n] * sum_k q[n,k] x[k] = sum_k (scale[n] q[n,k]) x[k]. Everything else of the kernel
+// (the tiles, the split of K, the prologue, the reductions, the epilogues) is the same code for both.
+// E4m3x8: K % 16 != 0 (the bundled model's down_proj has K = 600): 8 codes per 8-byte load, the same code else.
+enum class WeightType { Bf16, E4m3, E4m3x8 };
+
+template <WeightType kW>
+struct WeightPack {
+  static constexpr int kCols = kW == WeightType::E4m3 ? 16 : 8;      // weights (columns of K) per load
+  static constexpr int kBytes = kW == WeightType::Bf16 ? 2 : 1;      // bytes per weight
+  static constexpr int kLoadBytes = kCols * kBytes;                  // 16, or 8 for E4m3x8
+  static constexpr bool kFp8 = kW != WeightType::Bf16;
+};
+
+// One pack of W: 16 bytes (word[0..3]) or 8 (word[0..1]), streamed past L1 (stream_load.cuh).
+template <WeightType kW>
+__device__ __forceinline__ Pack<8> load_weight_pack(const uint8_t* p) {
+  if constexpr (WeightPack<kW>::kLoadBytes == 16) {
+    return load_weights(p);
+  } else {
+    Pack<8> r{};
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.word[0]), "=r"(r.word[1]) : "l"(p));
+    return r;
+  }
+}
+
+// Two E4M3 codes (low byte first) as two floats, exactly: every E4M3 value is a half, so one
+// cvt.rn.f16x2.e4m3x2 (sm_89+; cuda_fp8.h emulates it on older GPUs) and two exact half -> float widenings.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// The pack's kCols weights as fp32 (exact for both types; the E4M3 ones still without their row's scale).
+template <WeightType kW>
+__device__ __forceinline__ void widen_weights(const Pack<8>& p, float (&w)[WeightPack<kW>::kCols]) {
+  if constexpr (kW == WeightType::Bf16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = p.get(i);
+  } else {
+#pragma unroll
+    for (int j = 0; j < WeightPack<kW>::kCols / 4; ++j) {  // word j holds weights 4j .. 4j+3, little-endian
+      const float2 lo = e4m3x2_to_float2(p.word[j]), hi = e4m3x2_to_float2(p.word[j] >> 16);
+      w[4 * j] = lo.x, w[4 * j + 1] = lo.y, w[4 * j + 2] = hi.x, w[4 * j + 3] = hi.y;
+    }
+  }
+}
 
 // Asks the memory system to bring [p, p + bytes) into L2 without waiting for it (Hopper's bulk prefetch: one
 // instruction for a whole row; p and bytes multiples of 16). A hint: no register, no completion to wait for.
@@ -199,7 +252,8 @@ __device__ __forceinline__ void warp_sums_to(float (&v)[V], float* slots, int la
 
 struct V3Args {
   const bf16* x;      // [M, K]: the input, or h (the norm's input) with Prologue::RmsNorm
-  const bf16* w;      // [N, K]
+  const void* w;      // [N, K]: BF16, or E4M3 codes (WeightType)
+  const float* w_scale;  // [N]: E4M3 weights' per-row scales (nullptr for BF16)
   const bf16* g;      // [K]: the norm's weight (RmsNorm)
   void* out;          // [M, N] (or [M, I] for GateUp)
   Store store;        // Rows only
@@ -233,26 +287,27 @@ __device__ __forceinline__ void store_silu_mul(const V3Args& a, int64_t o, float
   static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
 }
 
-template <int kM, int kTileRows, Prologue kPrologue, Tile kTile>
+template <int kM, int kTileRows, Prologue kPrologue, Tile kTile, WeightType kW>
 __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
+  constexpr int kCols = WeightPack<kW>::kCols;  // columns of K per 16-byte pack of W: 8 (BF16) or 16 (E4M3)
   // Tile r (0..kTileRows-1) -> a weight row. Rows: n0 + r. GateUp: kTileRows / 2 outputs j0 + i, whose
   // gate rows are j0 + i and up rows I + j0 + i.
   constexpr int kOuts = kTile == Tile::GateUp ? kTileRows / 2 : kTileRows;
   constexpr int kUnroll = kTileRows >= 4 ? 2 : 8;  // 8 loads of W in flight per thread either way
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kOuts;  // this block's first output column
-  const int64_t packs = a.K / 8;
+  const int64_t packs = a.K / kCols;
   __shared__ float partial[kMaxThreads / kWarp][kTileRows * kM];
   __shared__ float inv_rms[kM];
 
-  const bf16* rows[kTileRows];
+  const uint8_t* rows[kTileRows];  // byte addresses: a row is K * kBytes bytes
   bool valid[kTileRows];
 #pragma unroll
   for (int r = 0; r < kTileRows; ++r) {
     const int64_t col = first + r % kOuts;
     valid[r] = col < a.outputs;
     const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
-    rows[r] = a.w + (valid[r] ? n : 0) * a.K;
+    rows[r] = static_cast<const uint8_t*>(a.w) + (valid[r] ? n : 0) * a.K * WeightPack<kW>::kBytes;
   }
 
   // The first kUnroll packs of each tile row this thread will use (with 256 threads and K = 2048: the whole
@@ -267,7 +322,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
       const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
 #pragma unroll
       for (int r = 0; r < kTileRows; ++r)
-        wv[u][r] = p < packs && valid[r] ? load_weights(rows[r] + p * 8) : Pack<8>{};
+        wv[u][r] = p < packs && valid[r] ? load_weight_pack<kW>(rows[r] + p * WeightPack<kW>::kLoadBytes)
+                                         : Pack<8>{};
     }
   };
   load_tile(threadIdx.x);
@@ -275,8 +331,9 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   const int64_t first_group = static_cast<int64_t>(kUnroll) * blockDim.x;  // packs held in registers
 #pragma unroll
   for (int r = 0; r < kTileRows; ++r)
-    if (threadIdx.x == r && valid[r] && packs > first_group)
-      prefetch_l2(rows[r] + first_group * 8, static_cast<uint32_t>((packs - first_group) * 16));
+    if (WeightPack<kW>::kLoadBytes == 16 && threadIdx.x == r && valid[r] && packs > first_group)  // 16-byte units
+      prefetch_l2(rows[r] + first_group * WeightPack<kW>::kLoadBytes,
+                  static_cast<uint32_t>((packs - first_group) * WeightPack<kW>::kLoadBytes));
   pdl_wait_for_previous_kernel();  // from here on: reads of x / h, and every write
   pdl_let_next_kernel_start();
 
@@ -288,7 +345,7 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     for (int m = 0; m < kM; ++m) {
       sum_sq[m] = 0.f;
       if (m < a.M)
-        for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+        for (int64_t p = threadIdx.x; p < a.K / 8; p += blockDim.x) {  // 8 bf16 of h per load, whatever W is
           const Pack<8> hv = load_pack<8>(a.x + m * a.K + p * 8);
 #pragma unroll
           for (int i = 0; i < 8; ++i) sum_sq[m] = __fmaf_rn(hv.get(i), hv.get(i), sum_sq[m]);
@@ -313,27 +370,36 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
       if (p >= packs) break;
-      Pack<8> gv{};
-      if constexpr (kPrologue == Prologue::RmsNorm) gv = load_pack<8>(a.g + p * 8);
+      // The pack's weights widened once, used for every input row (E4M3: 8 cvt for 16 weights).
+      float wf[kTileRows][kCols];
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        if (m >= a.M) break;
-        const Pack<8> raw = load_pack<8>(a.x + m * a.K + p * 8);
-        float xv[8];
+      for (int r = 0; r < kTileRows; ++r) widen_weights<kW>(wv[u][r], wf[r]);
+      // x's columns p * kCols .. + kCols - 1: one or two 16-byte loads of 8 bf16 (h and g likewise).
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          if constexpr (kPrologue == Prologue::RmsNorm) {
-            // Lesson 04's rounding: bf16(h * inv_rms), times the weight, rounded to bf16 again.
-            const float normed = bf16_bits_to_f32(f32_to_bf16_bits(raw.get(i) * inv_rms[m]));
-            xv[i] = bf16_bits_to_f32(f32_to_bf16_bits(normed * gv.get(i)));
-          } else {
-            xv[i] = raw.get(i);
+      for (int half = 0; half < kCols / 8; ++half) {
+        const int64_t col = p * kCols + 8 * half;
+        Pack<8> gv{};
+        if constexpr (kPrologue == Prologue::RmsNorm) gv = load_pack<8>(a.g + col);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          if (m >= a.M) break;
+          const Pack<8> raw = load_pack<8>(a.x + m * a.K + col);
+          float xv[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            if constexpr (kPrologue == Prologue::RmsNorm) {
+              // Lesson 04's rounding: bf16(h * inv_rms), times the weight, rounded to bf16 again.
+              const float normed = bf16_bits_to_f32(f32_to_bf16_bits(raw.get(i) * inv_rms[m]));
+              xv[i] = bf16_bits_to_f32(f32_to_bf16_bits(normed * gv.get(i)));
+            } else {
+              xv[i] = raw.get(i);
+            }
           }
+#pragma unroll
+          for (int r = 0; r < kTileRows; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[r][m] = __fmaf_rn(xv[i], wf[r][8 * half + i], acc[r][m]);
         }
-#pragma unroll
-        for (int r = 0; r < kTileRows; ++r)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[r][m] = __fmaf_rn(xv[i], wv[u][r].get(i), acc[r][m]);
       }
     }
   }
@@ -360,10 +426,16 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     const int64_t col = first + c;
     if (m >= a.M || col >= a.outputs) continue;
     const int64_t o = m * a.outputs + col;
+    // E4M3: each row's scale multiplies its finished sum (fp32), before the epilogue's roundings.
+    float gate_scale = 1.f, up_scale = 1.f;
+    if constexpr (WeightPack<kW>::kFp8) {
+      gate_scale = a.w_scale[col];
+      if constexpr (kTile == Tile::GateUp) up_scale = a.w_scale[a.outputs + col];
+    }
     if constexpr (kTile == Tile::GateUp)
-      store_silu_mul(a, o, total[c * kM + m], total[(kOuts + c) * kM + m]);
+      store_silu_mul(a, o, total[c * kM + m] * gate_scale, total[(kOuts + c) * kM + m] * up_scale);
     else
-      store_output(a, o, total[c * kM + m]);
+      store_output(a, o, total[c * kM + m] * gate_scale);
   }
 }
 
@@ -385,11 +457,12 @@ void with_rows(int M, F&& f) {
 }
 
 // pdl: launch as a programmatic dependent of the stream's previous kernel (pdl.cuh); the kernel is the same.
-template <Prologue kPrologue, Tile kTile>
+template <Prologue kPrologue, Tile kTile, WeightType kW = WeightType::Bf16>
 void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl) {
   // The shape depends on (N, K) only: never on M, so neither does any output's summation order.
   // GateUp: a tile of 4 (or 2) weight rows is 2 (or 1) outputs, each with its gate row and its up row.
-  const GemvV3Shape s = gemv_v3_shape(a.N, a.K);
+  // One thread per load of a row, as for bf16: 16 / kCols "bytes per column" in 16-byte loads.
+  const GemvV3Shape s = gemv_v3_shape(a.N, a.K, 16 / WeightPack<kW>::kCols);
   const bool four = s.rows_per_block == 4;
   const int64_t outs_per_block = kTile == Tile::GateUp ? (four ? 2 : 1) : s.rows_per_block;
   const int64_t blocks = ceil_div(a.outputs, outs_per_block);
@@ -399,16 +472,17 @@ void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl) {
     constexpr int kM = decltype(rows)::value;
     constexpr int kSmallTile = kTile == Tile::GateUp ? 2 : 1;
     if (four)
-      launch_kernel(gemv_v3_kernel<kM, 4, kPrologue, kTile>, grid, s.threads, stream, pdl, a);
+      launch_kernel(gemv_v3_kernel<kM, 4, kPrologue, kTile, kW>, grid, s.threads, stream, pdl, a);
     else
-      launch_kernel(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile>, grid, s.threads, stream, pdl, a);
+      launch_kernel(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile, kW>, grid, s.threads, stream, pdl, a);
   });
 }
 
-V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w) {
+V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale = {}) {
   V3Args a{};
   a.x = x.ptr<const bf16>();
-  a.w = w.ptr<const bf16>();
+  a.w = w.data;
+  a.w_scale = w_scale.ptr<const float>();
   a.out = out.data;
   a.store = out.dtype == DType::F32 ? Store::F32 : Store::Bf16;
   a.M = static_cast<int>(x.shape[0]);
@@ -416,6 +490,17 @@ V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w) 
   a.K = x.shape[1];
   a.outputs = out.shape[1];
   return a;
+}
+
+// The weight's dtype picks the instantiation: BF16, or F8_E4M3 (checked by the callers) in 16- or 8-byte loads.
+template <Prologue kPrologue, Tile kTile>
+void launch_v3_for(DType weight_dtype, const V3Args& a, cudaStream_t stream, bool pdl) {
+  if (weight_dtype != DType::F8_E4M3)
+    launch_v3<kPrologue, kTile, WeightType::Bf16>(a, stream, pdl);
+  else if (a.K % 16 == 0)
+    launch_v3<kPrologue, kTile, WeightType::E4m3>(a, stream, pdl);
+  else
+    launch_v3<kPrologue, kTile, WeightType::E4m3x8>(a, stream, pdl);
 }
 
 #include "gemv_v4.cuh"  // v4: tensor cores for 2..16 rows (inside this namespace: it uses the pieces above)
@@ -428,6 +513,7 @@ namespace detail {
 void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
                cudaStream_t stream) {
   const V3Args a = v3_args(out, x, w);
+  const bf16* wb = static_cast<const bf16*>(a.w);  // v1, v2: BF16 weights only
   if (kernel != GemvKernel::V1Warp && !gemv_supported(x, w)) kernel = GemvKernel::V1Warp;
   constexpr int kThreads = 128;  // v1, v2: 4 warps per block
   const int warps = kThreads / kWarp;
@@ -436,10 +522,10 @@ void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, 
     TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many outputs for one launch");
     const bool pair = a.K % 2 == 0 && pointer_alignment(a.x) >= 4 && pointer_alignment(a.w) >= 4;
     if (pair)
-      gemv_v1_kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, a.w, a.M,
+      gemv_v1_kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, wb, a.M,
                                                                                   a.N, a.K);
     else
-      gemv_v1_kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, a.w,
+      gemv_v1_kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, wb,
                                                                                    a.M, a.N, a.K);
     TVLLM_CHECK_LAUNCH();
   } else if (kernel == GemvKernel::V2Vector) {
@@ -447,7 +533,7 @@ void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, 
     TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many rows for one launch");
     with_rows(a.M, [&](auto rows) {
       constexpr int kM = decltype(rows)::value;
-      gemv_v2_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, a.w, a.M,
+      gemv_v2_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a.out, a.store, a.x, wb, a.M,
                                                                                  a.N, a.K);
     });
     TVLLM_CHECK_LAUNCH();
@@ -459,26 +545,32 @@ void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, 
 }
 
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, cudaStream_t stream, bool pdl) {
-  V3Args a = v3_args(out, h, w);
+                       const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl) {
+  V3Args a = v3_args(out, h, w, w_scale);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_v3<Prologue::RmsNorm, Tile::Rows>(a, stream, pdl);
+  launch_v3_for<Prologue::RmsNorm, Tile::Rows>(w.dtype, a, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                                float eps, const TensorView& w_gate_up, cudaStream_t stream, bool pdl) {
-  V3Args a = v3_args(act, h, w_gate_up);
+                                float eps, const TensorView& w_gate_up, const TensorView& w_scale,
+                                cudaStream_t stream, bool pdl) {
+  V3Args a = v3_args(act, h, w_gate_up, w_scale);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_v3<Prologue::RmsNorm, Tile::GateUp>(a, stream, pdl);
+  launch_v3_for<Prologue::RmsNorm, Tile::GateUp>(w_gate_up.dtype, a, stream, pdl);
 }
 
-void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream,
-                        bool pdl) {
-  V3Args a = v3_args(h, x, w);
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                        cudaStream_t stream, bool pdl) {
+  V3Args a = v3_args(h, x, w, w_scale);
   a.store = Store::AddResidual;
-  launch_v3<Prologue::None, Tile::Rows>(a, stream, pdl);
+  launch_v3_for<Prologue::None, Tile::Rows>(w.dtype, a, stream, pdl);
+}
+
+void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                   cudaStream_t stream) {
+  launch_v3_for<Prologue::None, Tile::Rows>(DType::F8_E4M3, v3_args(out, x, w, w_scale), stream, false);
 }
 
 }  // namespace detail

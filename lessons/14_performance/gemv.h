@@ -46,6 +46,16 @@
 // columns, in which order, and how the partial sums meet), never by M: row m of out is the same bits
 // whether it is computed alone or among 16 rows, and from run to run. No atomics anywhere.
 //
+// FP8 weights (lesson 16 keeps a quantized checkpoint's weights resident): every entry point also has an
+// overload taking w_scale after w. w is then F8_E4M3 [N, K] (E4M3 codes, 1 byte each) and w_scale F32 [N] (or
+// [N, 1]), one scale per weight row, and the product is
+//     out[m, n] = (sum_k x[m, k] * q[n, k]) * scale[n]
+// computed by v3's kernel with 16 weights per 16-byte load (half the bytes of bf16): each pair of codes is
+// widened exactly (cvt.rn.f16x2.e4m3x2, sm_89+), the fp32 sum is v3's, and the scale multiplies the finished
+// sum ONCE per row, in fp32, before the roundings above. K % 8 == 0 on the GPU, as for bf16 (K % 16 != 0, e.g.
+// the bundled model's K = 600: 8 codes per 8-byte load). With BF16 weights w_scale must be empty (TensorView{});
+// the overloads without it are the BF16 ones.
+//
 // The device of the views picks the path:
 //   CPU   the references: x, W, h, g BF16 or F32 (widened exactly), every sum in double, the roundings
 //         above applied with the host's bf16 rounding (common/dtype.h); out BF16 or F32 (the fused ops'
@@ -89,6 +99,9 @@ bool gemv_shape_supported(const TensorView& w, DType out_dtype);
 // out[M, N] = x[M, K] · w[N, K]^T. GPU: v2/v3 fall back to v1 when gemv_supported(x, w) is false.
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
           GemvKernel kernel = kDefaultGemvKernel, cudaStream_t stream = nullptr);
+// The same for BF16 or F8_E4M3 w (with its w_scale): v3 on the GPU (16-byte loads only: gemv_supported).
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+          cudaStream_t stream = nullptr);
 
 // The fused ops below take `pdl`: true launches the kernel as a programmatic dependent of the stream's
 // previous kernel (pdl.h: it starts loading its weights while that kernel finishes, and waits for it before
@@ -98,20 +111,30 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
 // F32 (the final norm fused into the lm_head writes F32 logits).
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
                   const TensorView& w, cudaStream_t stream = nullptr, bool pdl = false);
+void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                  const TensorView& w, const TensorView& w_scale, cudaStream_t stream = nullptr, bool pdl = false);
 
 // act[M, I] = silu(gate) * up, [gate | up] = (rmsnorm(h) * norm_weight) · w_gate_up^T.
 // h [M, K], norm_weight [K], w_gate_up [2I, K] (rows 0..I-1 gate, I..2I-1 up), act [M, I].
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
                            float eps, const TensorView& w_gate_up, cudaStream_t stream = nullptr,
                            bool pdl = false);
+// FP8: w_scale [2I] holds the gate rows' scales, then the up rows'.
+void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
+                           float eps, const TensorView& w_gate_up, const TensorView& w_scale,
+                           cudaStream_t stream = nullptr, bool pdl = false);
 
 // h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
+                   cudaStream_t stream = nullptr, bool pdl = false);
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
                    cudaStream_t stream = nullptr, bool pdl = false);
 
 // For benchmarks: the bytes one gemv() must move at least, W + x + out, so bytes / seconds is the bandwidth
 // reached. (gemv_residual also reads h, M*N*2 more; the fused norms read g, K*2 more: W dominates all.)
 int64_t gemv_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype);
+// The same with F8_E4M3 weights: N*K codes + 4N bytes of scales + x + out.
+int64_t gemv_fp8_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype);
 
 // How v3 shapes a launch (exposed for the tests and the chapter): a function of N and K only, never of M.
 struct GemvV3Shape {
@@ -120,15 +143,17 @@ struct GemvV3Shape {
                            // enough blocks to fill the GPU
   int64_t blocks = 0;
 };
-GemvV3Shape gemv_v3_shape(int64_t N, int64_t K);
+// weight_bytes: 2 (BF16) or 1 (F8_E4M3 with K % 16 == 0, 16 codes per load): one thread per load of a row.
+GemvV3Shape gemv_v3_shape(int64_t N, int64_t K, int weight_bytes = 2);
 
-// The references on the host (what the functions above run for CPU views).
-void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w);
+// The references on the host (what the functions above run for CPU views). w_scale: F8_E4M3 w only.
+void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale = {});
 void rmsnorm_gemv_cpu(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                      const TensorView& w);
+                      const TensorView& w, const TensorView& w_scale = {});
 void rmsnorm_gemv_silu_mul_cpu(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                               float eps, const TensorView& w_gate_up);
-void gemv_residual_cpu(const TensorView& h, const TensorView& x, const TensorView& w);
+                               float eps, const TensorView& w_gate_up, const TensorView& w_scale = {});
+void gemv_residual_cpu(const TensorView& h, const TensorView& x, const TensorView& w,
+                       const TensorView& w_scale = {});
 
 // Argument checks shared by both paths (InputError naming the problem). Returns {M, N, K}.
 struct GemvDims {
@@ -142,12 +167,16 @@ namespace detail {
 // The GPU paths, called after the checks.
 void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
                cudaStream_t stream);
+// w_scale: empty for BF16 w; F32 [N] for F8_E4M3 w (the weight's dtype picks the kernel).
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, cudaStream_t stream, bool pdl);
+                       const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl);
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                                float eps, const TensorView& w_gate_up, cudaStream_t stream, bool pdl);
-void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream,
-                        bool pdl);
+                                float eps, const TensorView& w_gate_up, const TensorView& w_scale,
+                                cudaStream_t stream, bool pdl);
+void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                        cudaStream_t stream, bool pdl);
+void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                   cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace tvllm

@@ -29,10 +29,27 @@ bool activation_dtype_ok(const TensorView& t) {
   return t.device == Device::CPU ? (t.dtype == DType::BF16 || t.dtype == DType::F32) : t.dtype == DType::BF16;
 }
 
+// w_scale beside w: F32 [N] (or [N, 1], as checkpoints store it) on w's device when w is F8_E4M3, else empty.
+void check_weight_scale(const std::string& what, const TensorView& w, const TensorView& w_scale) {
+  if (w.dtype != DType::F8_E4M3) {
+    TVLLM_REQUIRE(w_scale.data == nullptr,
+                  what + ": w_scale " + w_scale.describe() + " given for " + w.describe() +
+                      " weights (scales belong to F8_E4M3 weights only)");
+    return;
+  }
+  const int64_t N = w.shape[0];
+  const bool shape_ok = (w_scale.rank() == 1 && w_scale.shape[0] == N) ||
+                        (w_scale.rank() == 2 && w_scale.shape[0] == N && w_scale.shape[1] == 1);
+  TVLLM_REQUIRE(shape_ok && w_scale.dtype == DType::F32 && w_scale.is_contiguous() && w_scale.device == w.device &&
+                    w_scale.data != nullptr,
+                what + ": F8_E4M3 weights " + w.describe() + " need w_scale F32 [" + std::to_string(N) +
+                    "] (one scale per row) on their device, got " + w_scale.describe());
+}
+
 // The checks every entry point shares. halve_n: out has I = N / 2 columns (the gate|up product), else N.
 // out_f32_ok: whether out may be F32 on the GPU (gemv, rmsnorm_gemv: the logits).
 GemvDims check_operands(const std::string& what, const TensorView& out, const TensorView& x,
-                        const TensorView& w, bool halve_n, bool out_f32_ok) {
+                        const TensorView& w, bool halve_n, bool out_f32_ok, const TensorView& w_scale = {}) {
   TVLLM_REQUIRE(x.rank() == 2, what + ": x must be [M, K], got " + x.describe());
   TVLLM_REQUIRE(w.rank() == 2, what + ": w must be [N, K], got " + w.describe());
   const int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0];
@@ -51,9 +68,11 @@ GemvDims check_operands(const std::string& what, const TensorView& out, const Te
                 what + ": x " + x.describe() + ", w " + w.describe() + " and out " + out.describe() +
                     " must be on one device");
   const bool gpu = w.device != Device::CPU;
-  TVLLM_REQUIRE(activation_dtype_ok(x) && activation_dtype_ok(w),
-                what + (gpu ? ": the GPU kernels take BF16 x and w, got x " : ": x and w must be BF16 or F32, got x ") +
+  TVLLM_REQUIRE(activation_dtype_ok(x) && (activation_dtype_ok(w) || w.dtype == DType::F8_E4M3),
+                what + (gpu ? ": the GPU kernels take BF16 x and BF16 or F8_E4M3 w, got x "
+                            : ": x must be BF16 or F32 and w BF16, F32 or F8_E4M3, got x ") +
                     x.describe() + ", w " + w.describe());
+  check_weight_scale(what, w, w_scale);
   const bool out_ok = out.dtype == DType::BF16 || (out.dtype == DType::F32 && (out_f32_ok || !gpu));
   TVLLM_REQUIRE(out_ok, what + ": out must be BF16" + std::string(out_f32_ok || !gpu ? " or F32" : "") +
                             ", got " + out.describe());
@@ -91,6 +110,13 @@ std::vector<std::vector<double>> products(const std::vector<std::vector<float>>&
     for (size_t m = 0; m < x_rows.size(); ++m) sums[m][static_cast<size_t>(n)] = dot(x_rows[m], wr);
   }
   return sums;
+}
+
+// FP8 weights: each row's sums times its scale, in double (the sums are of the E4M3 values themselves).
+void apply_scales(std::vector<std::vector<double>>& sums, const TensorView& w_scale) {
+  if (w_scale.data == nullptr) return;
+  for (auto& row : sums)
+    for (size_t n = 0; n < row.size(); ++n) row[n] *= static_cast<double>(w_scale.ptr<const float>()[n]);
 }
 
 std::vector<std::vector<float>> rows_of(const TensorView& x) {
@@ -148,6 +174,7 @@ const std::vector<GemvKernel>& all_gemv_kernels() {
 
 bool gemv_supported(const TensorView& x, const TensorView& w) {
   auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // 8 columns per load: 16 bytes of bf16, or 8 (K % 16 != 0) or 16 codes of F8_E4M3; x's loads are 16 bytes.
   return x.rank() == 2 && x.shape[1] % 8 == 0 && aligned16(x.data) && aligned16(w.data);
 }
 
@@ -155,11 +182,15 @@ int64_t gemv_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype) {
   return 2 * N * K + 2 * M * K + M * N * static_cast<int64_t>(dtype_size(out_dtype));
 }
 
-GemvV3Shape gemv_v3_shape(int64_t N, int64_t K) {
-  // Threads: one 16-byte pack (8 columns) of K each, in whole warps, at most 256 (8 warps): K = 2048 is
-  // exactly 256 packs; K = 8192 gives each thread 4 packs of every row.
+int64_t gemv_fp8_bytes_moved(int64_t M, int64_t N, int64_t K, DType out_dtype) {
+  return N * K + 4 * N + 2 * M * K + M * N * static_cast<int64_t>(dtype_size(out_dtype));
+}
+
+GemvV3Shape gemv_v3_shape(int64_t N, int64_t K, int weight_bytes) {
+  // Threads: one 16-byte pack (8 bf16 or 16 E4M3 columns) of K each, in whole warps, at most 256 (8 warps):
+  // K = 2048 bf16 is exactly 256 packs; K = 8192 gives each thread 4 packs of every row.
   constexpr int64_t kMaxThreads = 256, kWarp = 32;
-  const int64_t packs = (K + 7) / 8;
+  const int64_t packs = (K * weight_bytes + 15) / 16;
   GemvV3Shape s;
   s.threads = static_cast<int>(std::min(kMaxThreads, std::max<int64_t>(kWarp, (packs + kWarp - 1) / kWarp * kWarp)));
   // Rows: 4 per block (each x value loaded is used 4 times; 4 rows' loads in flight) as long as that still
@@ -175,8 +206,9 @@ GemvDims check_gemv_args(const char* what, const TensorView& out, const TensorVi
 }
 
 bool gemv_shape_supported(const TensorView& w, DType out_dtype) {
-  return w.rank() == 2 && w.dtype == DType::BF16 && w.is_contiguous() && w.shape[0] >= 1 && w.shape[1] >= 1 &&
-         w.shape[1] % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  return w.rank() == 2 && (w.dtype == DType::BF16 || fp8) && w.is_contiguous() && w.shape[0] >= 1 &&
+         w.shape[1] >= 1 && w.shape[1] % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
          (out_dtype == DType::BF16 || out_dtype == DType::F32);
 }
 
@@ -192,33 +224,37 @@ void check_norm_args(const char* what, const TensorView& h, const TensorView& no
 }
 
 // ---- the references ------------------------------------------------------------------------------------
+// w BF16 or F32, or F8_E4M3 with w_scale: the sums are of the decoded E4M3 values, times the row's scale.
 
-void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w) {
-  const GemvDims d = check_gemv_args("gemv", out, x, w);
-  const auto sums = products(rows_of(x), w);
+void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale) {
+  const GemvDims d = check_operands("gemv", out, x, w, false, true, w_scale);
+  auto sums = products(rows_of(x), w);
+  apply_scales(sums, w_scale);
   for (int64_t m = 0; m < d.M; ++m)
     for (int64_t n = 0; n < d.N; ++n) store(out, m, n, static_cast<float>(sums[m][n]));
 }
 
 void rmsnorm_gemv_cpu(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                      const TensorView& w) {
-  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
+                      const TensorView& w, const TensorView& w_scale) {
+  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true, w_scale);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   std::vector<std::vector<float>> x_rows;
   for (int64_t m = 0; m < d.M; ++m) x_rows.push_back(normalised_row(h, norm_weight, eps, m));
-  const auto sums = products(x_rows, w);
+  auto sums = products(x_rows, w);
+  apply_scales(sums, w_scale);
   for (int64_t m = 0; m < d.M; ++m)
     for (int64_t n = 0; n < d.N; ++n) store(out, m, n, static_cast<float>(sums[m][n]));
 }
 
 void rmsnorm_gemv_silu_mul_cpu(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
-                               float eps, const TensorView& w_gate_up) {
-  const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false);
+                               float eps, const TensorView& w_gate_up, const TensorView& w_scale) {
+  const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false, w_scale);
   check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
   const int64_t I = d.N / 2;
   std::vector<std::vector<float>> x_rows;
   for (int64_t m = 0; m < d.M; ++m) x_rows.push_back(normalised_row(h, norm_weight, eps, m));
-  const auto sums = products(x_rows, w_gate_up);
+  auto sums = products(x_rows, w_gate_up);
+  apply_scales(sums, w_scale);
   for (int64_t m = 0; m < d.M; ++m)
     for (int64_t j = 0; j < I; ++j) {
       // Lesson 08's bf16 rule: gate and up are bf16 tensors, act_fn(gate) is one more, then the product.
@@ -229,9 +265,10 @@ void rmsnorm_gemv_silu_mul_cpu(const TensorView& act, const TensorView& h, const
     }
 }
 
-void gemv_residual_cpu(const TensorView& h, const TensorView& x, const TensorView& w) {
-  const GemvDims d = check_operands("gemv_residual", h, x, w, false, false);
-  const auto sums = products(rows_of(x), w);
+void gemv_residual_cpu(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale) {
+  const GemvDims d = check_operands("gemv_residual", h, x, w, false, false, w_scale);
+  auto sums = products(rows_of(x), w);
+  apply_scales(sums, w_scale);
   for (int64_t m = 0; m < d.M; ++m)
     for (int64_t n = 0; n < d.N; ++n) {
       // The product is a bf16 tensor first (linear()'s output), then added in fp32 and stored.
@@ -261,41 +298,70 @@ void require_vector_path(const std::string& what, const TensorView& x, const Ten
 }
 }  // namespace
 
+void gemv(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+          cudaStream_t stream) {
+  const GemvDims d = check_operands("gemv", out, x, w, false, true, w_scale);
+  if (d.M == 0) return;
+  if (w.device == Device::CPU) {
+    gemv_cpu(out, x, w, w_scale);
+  } else if (w.dtype == DType::F8_E4M3) {
+    require_vector_path("gemv", x, w, x);
+    detail::gemv_fp8_cuda(out, x, w, w_scale, stream);
+  } else {
+    detail::gemv_cuda(out, x, w, kDefaultGemvKernel, stream);
+  }
+}
+
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, cudaStream_t stream, bool pdl) {
-  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true);
+                  const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl) {
+  const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true, w_scale);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
-    rmsnorm_gemv_cpu(out, h, norm_weight, eps, w);
+    rmsnorm_gemv_cpu(out, h, norm_weight, eps, w, w_scale);
     return;
   }
   require_vector_path("rmsnorm_gemv", h, w, norm_weight);
-  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, stream, pdl);
+  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, w_scale, stream, pdl);
+}
+
+void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
+                  const TensorView& w, cudaStream_t stream, bool pdl) {
+  rmsnorm_gemv(out, h, norm_weight, eps, w, TensorView{}, stream, pdl);
+}
+
+void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
+                           const TensorView& w_gate_up, const TensorView& w_scale, cudaStream_t stream, bool pdl) {
+  const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false, w_scale);
+  check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
+  if (d.M == 0) return;
+  if (w_gate_up.device == Device::CPU) {
+    rmsnorm_gemv_silu_mul_cpu(act, h, norm_weight, eps, w_gate_up, w_scale);
+    return;
+  }
+  require_vector_path("rmsnorm_gemv_silu_mul", h, w_gate_up, norm_weight);
+  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, w_scale, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
                            const TensorView& w_gate_up, cudaStream_t stream, bool pdl) {
-  const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false);
-  check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
-  if (d.M == 0) return;
-  if (w_gate_up.device == Device::CPU) {
-    rmsnorm_gemv_silu_mul_cpu(act, h, norm_weight, eps, w_gate_up);
-    return;
-  }
-  require_vector_path("rmsnorm_gemv_silu_mul", h, w_gate_up, norm_weight);
-  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, stream, pdl);
+  rmsnorm_gemv_silu_mul(act, h, norm_weight, eps, w_gate_up, TensorView{}, stream, pdl);
 }
 
-void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream, bool pdl) {
-  const GemvDims d = check_operands("gemv_residual", h, x, w, false, false);
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
+                   cudaStream_t stream, bool pdl) {
+  const GemvDims d = check_operands("gemv_residual", h, x, w, false, false, w_scale);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
-    gemv_residual_cpu(h, x, w);
+    gemv_residual_cpu(h, x, w, w_scale);
     return;
   }
   require_vector_path("gemv_residual", x, w, x);
-  detail::gemv_residual_cuda(h, x, w, stream, pdl);
+  detail::gemv_residual_cuda(h, x, w, w_scale, stream, pdl);
+}
+
+void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream, bool pdl) {
+  gemv_residual(h, x, w, TensorView{}, stream, pdl);
 }
 
 }  // namespace tvllm

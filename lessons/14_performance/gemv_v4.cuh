@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kV4MaxWarps * kWarp) gemv_v4_kernel(V3Args a, 
     ok_lo = row_lo < a.N;
     ok_hi = row_hi < a.N;
   }
-  const bf16* w_lo = a.w + (ok_lo ? row_lo : 0) * a.K;
-  const bf16* w_hi = a.w + (ok_hi ? row_hi : 0) * a.K;
+  const bf16* w_lo = static_cast<const bf16*>(a.w) + (ok_lo ? row_lo : 0) * a.K;
+  const bf16* w_hi = static_cast<const bf16*>(a.w) + (ok_hi ? row_hi : 0) * a.K;
   const int64_t steps = ceil_div(a.K, kV4Step);
   const int64_t s_begin = warp * steps_per_warp;
   const int64_t s_end = s_begin + steps_per_warp < steps ? s_begin + steps_per_warp : steps;

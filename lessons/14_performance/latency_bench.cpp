@@ -48,7 +48,9 @@ double weight_bytes(const ModelWeights& w) {
     bytes += L.packed() ? static_cast<double>(L.wqkv.nbytes() + L.w_gate_up.nbytes())
                         : static_cast<double>(L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.w_gate.nbytes() +
                                               L.w_up.nbytes());
-    for (const TensorView* extra : {&L.bq, &L.bk, &L.bv, &L.bo, &L.b_gate, &L.b_up, &L.b_down, &L.q_norm, &L.k_norm})
+    // FP8-resident weights (lesson 16): the codes above are 1 byte each, plus their per-row F32 scales.
+    for (const TensorView* extra : {&L.bq, &L.bk, &L.bv, &L.bo, &L.b_gate, &L.b_up, &L.b_down, &L.q_norm, &L.k_norm,
+                                    &L.wqkv_scale, &L.wo_scale, &L.w_gate_up_scale, &L.w_down_scale})
       if (extra->data) bytes += static_cast<double>(extra->nbytes());  // the families' biases and q/k norms
   }
   return bytes;

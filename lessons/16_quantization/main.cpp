@@ -227,33 +227,42 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
                    std::to_string(100.0 * increase) + "%");
 }
 
-// The decode GEMV at Llama-3.2-1B's shapes, batch 1: lesson 14's bf16 v3 against the FP8 one. Both read
-// every weight once; the FP8 one reads half the bytes.
+// The decode GEMV at Llama-3.2-1B's shapes: lesson 14's bf16 v3, this lesson's first FP8 kernel (fp8_gemv.cu),
+// and lesson 14's v3 reading the E4M3 codes (gemv.h's FP8 overloads: what the engine's decode steps run with
+// resident FP8 weights), at batch 1 and 8. All read every weight once; the FP8 ones read half the bytes.
 void bench_gemv(const Ceilings& ceilings) {
-  std::vector<BenchRow> rows;
-  Rng rng(5);
-  for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {16384, 2048}, {2048, 8192}}) {
-    std::vector<float> w(static_cast<size_t>(N * K)), xs(static_cast<size_t>(K));
-    for (float& v : w) v = static_cast<float>(rng.normal() * 0.02);
-    for (float& v : xs) v = static_cast<float>(rng.normal());
-    Tensor wb = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA);
-    Tensor x = Tensor::from_f32(xs, {1, K}, DType::BF16, Device::CUDA);
-    Tensor out = Tensor::empty({1, N}, DType::BF16, Device::CUDA);
-    std::vector<uint16_t> host_w(w.size());
-    for (size_t i = 0; i < w.size(); ++i) host_w[i] = f32_to_bf16(w[i]);
-    const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(host_w.data(), DType::BF16, Device::CPU, {N, K}),
-                                             Fp8Quantization::Strategy::Channel, DType::F32);
-    Tensor q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
-    Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA);
-    TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
-    const std::string shape = std::to_string(N) + "x" + std::to_string(K);
-    rows.push_back({"bf16 gemv v3 " + shape, bench_gpu([&] { gemv(out.view(), x.view(), wb.view()); }),
-                    static_cast<double>(gemv_bytes_moved(1, N, K, DType::BF16)), 2.0 * N * K});
-    rows.push_back({"fp8 gemv     " + shape, bench_gpu([&] { fp8_gemv(out.view(), x.view(), q.view(), s.view()); }),
-                    static_cast<double>(fp8_gemv_bytes_moved(1, N, K, DType::BF16)), 2.0 * N * K});
+  for (int64_t M : {1, 8}) {
+    std::vector<BenchRow> rows;
+    Rng rng(5);
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {16384, 2048}, {2048, 8192}}) {
+      std::vector<float> w(static_cast<size_t>(N * K)), xs(static_cast<size_t>(M * K));
+      for (float& v : w) v = static_cast<float>(rng.normal() * 0.02);
+      for (float& v : xs) v = static_cast<float>(rng.normal());
+      Tensor wb = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA);
+      Tensor x = Tensor::from_f32(xs, {M, K}, DType::BF16, Device::CUDA);
+      Tensor out = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
+      std::vector<uint16_t> host_w(w.size());
+      for (size_t i = 0; i < w.size(); ++i) host_w[i] = f32_to_bf16(w[i]);
+      const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(host_w.data(), DType::BF16, Device::CPU, {N, K}),
+                                               Fp8Quantization::Strategy::Channel, DType::F32);
+      Tensor q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
+      Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA);
+      TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+      const std::string shape = std::to_string(N) + "x" + std::to_string(K);
+      const double flops = 2.0 * M * N * K;
+      rows.push_back({"bf16 gemv v3   " + shape, bench_gpu([&] { gemv(out.view(), x.view(), wb.view()); }),
+                      static_cast<double>(gemv_bytes_moved(M, N, K, DType::BF16)), flops});
+      rows.push_back({"fp8 gemv (16)  " + shape, bench_gpu([&] { fp8_gemv(out.view(), x.view(), q.view(), s.view()); }),
+                      static_cast<double>(fp8_gemv_bytes_moved(M, N, K, DType::BF16)), flops});
+      rows.push_back({"fp8 gemv v3    " + shape, bench_gpu([&] { gemv(out.view(), x.view(), q.view(), s.view()); }),
+                      static_cast<double>(gemv_fp8_bytes_moved(M, N, K, DType::BF16)), flops});
+    }
+    print_bench_table(std::cout,
+                      "decode GEMV, batch " + std::to_string(M) +
+                          ": bf16 v3, FP8 (this lesson's first kernel), FP8 through lesson 14's v3 (bytes = weights "
+                          "+ scales + x + out)",
+                      rows, ceilings);
   }
-  print_bench_table(std::cout, "decode GEMV, batch 1: bf16 weights vs FP8 weights (bytes = weights + x + out)", rows,
-                    ceilings);
 }
 
 void run_bench(const LessonOptions& opt) {

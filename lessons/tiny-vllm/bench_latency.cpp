@@ -1,7 +1,7 @@
 // tiny-vllm bench latency --model DIR [--batch-size 1 8 ...] [--context 128 4096] [--output-len 128]
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
 //                         [--no-pdl] [--no-fast-attention] [--no-hopper] [--compare]
-//                         [--device auto|cpu|cuda] [--output table|json]
+//                         [--device auto|cpu|cuda] [--output table|json] [--fp8-weights auto|resident|dequantize]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "session.h"  // --fp8-weights
 #include "common/bench.h"
 #include "common/device.h"
 #include "common/input_error.h"
@@ -38,6 +39,7 @@ struct BenchLatencyOptions {
   std::vector<int64_t> batch_sizes{1}, contexts{128, 4096}, prefill_lens{512, 4096};
   int64_t output_len = 128;
   int iters = 3;
+  std::string fp8_weights = "auto";  // lesson 16: how an FP8 checkpoint loads
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
        no_hopper = false, compare = false;
 };
@@ -76,8 +78,9 @@ void run(const BenchLatencyOptions& o) {
   TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
   const Device device = resolve_device(o.device);
   TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
-  const ModelDir model = ModelDir::open(o.model);
+  const ModelDir model = ModelDir::open(o.model, resolve_fp8_weights(o.fp8_weights, o.model, device, !o.no_fused));
   const ModelConfig& c = model.config;
+  const std::string fp8_note = describe_fp8_load(c, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
   for (int64_t ctx : o.contexts)
     TVLLM_REQUIRE(ctx + o.output_len <= c.max_position_embeddings,
                   "--context " + std::to_string(ctx) + " + --output-len " + std::to_string(o.output_len) +
@@ -93,10 +96,13 @@ void run(const BenchLatencyOptions& o) {
   out["device"] = std::string(device_name(device));
   out["copy_gbs"] = copy_gbs;
   out["weight_bytes"] = decode_bytes_per_step(weights, 1, 0.0);
+  out["fp8_weights"] = !c.quantization ? "none" : model.fp8_resident ? "resident" : "dequantize";
   out["runs"] = nlohmann::json::array();
   if (o.output == "table") {
-    std::printf("tiny-vllm bench latency: %s on %s; %d timed runs per row (median), %lld new tokens per decode run\n",
-                o.model.c_str(), std::string(device_name(device)).c_str(), o.iters, (long long)o.output_len);
+    std::printf("tiny-vllm bench latency: %s on %s%s%s; %d timed runs per row (median), %lld new tokens per decode "
+                "run\n",
+                o.model.c_str(), std::string(device_name(device)).c_str(), fp8_note.empty() ? "" : ", ",
+                fp8_note.c_str(), o.iters, (long long)o.output_len);
     if (copy_gbs > 0)
       std::printf("ceiling: copy bandwidth %.0f GB/s measured; weights %.1f MiB read per step -> batch 1 at most "
                   "%.0f tok/s\n",
@@ -172,6 +178,7 @@ void add_bench_latency_command(CLI::App& bench) {
   cmd->add_flag("--no-hopper", opt->no_hopper,
                 "prefill rows: only lessons 10 + 06 (without it, on Hopper, lesson 15's attention and GEMM too)");
 #endif
+  add_fp8_weights_option(cmd, opt->fp8_weights);
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
   cmd->add_option("--output", opt->output, "table (default) or json");

@@ -51,8 +51,9 @@ void run(const BenchThroughputOptions& o) {
   TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
   const Device device = resolve_device(o.device);
   TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
-  const ModelDir model = ModelDir::open(o.model);
+  const ModelDir model = ModelDir::open(o.model, o.fast.fp8_load(o.model, device));  // --fp8-weights (lesson 16)
   const ModelConfig& mc = model.config;
+  const std::string fp8_note = describe_fp8_load(mc, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
   // Every request fits: prompt <= max_len, output <= max_len.
   TVLLM_REQUIRE(2 * o.max_len <= mc.max_position_embeddings,
                 "--max-len " + std::to_string(o.max_len) + ": a prompt and an output of that length need " +
@@ -84,8 +85,9 @@ void run(const BenchThroughputOptions& o) {
   o.fast.warm_up(engine);  // + the decode graphs of batch sizes 1, 2, 4, ..., before the timed run
   const double warm_up_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count();
-  std::fprintf(stderr, "bench throughput: %s on %s, %s; %lld requests, lengths [%lld, %lld], seed %llu\n",
+  std::fprintf(stderr, "bench throughput: %s on %s, %s%s%s; %lld requests, lengths [%lld, %lld], seed %llu\n",
                o.model.c_str(), std::string(device_name(device)).c_str(), engine.kv().describe().c_str(),
+               fp8_note.empty() ? "" : ", ", fp8_note.c_str(),
                static_cast<long long>(o.num_requests), static_cast<long long>(o.min_len),
                static_cast<long long>(o.max_len), static_cast<unsigned long long>(o.seed));
 

@@ -64,7 +64,7 @@ std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOption
 
 void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, bool have_system) {
   const bool json = o.output == "json";
-  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device);
+  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device, &o.fast);
   const ModelConfig& c = m->model.config;
   const std::vector<int32_t> prompt = prompt_ids_of(*m, o, have_prompt, have_ids, have_system);
   const SamplingParams sampling = o.sampling.params();
@@ -125,7 +125,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
                    {"decode_tok_s", r.decode_steps > 0 ? nlohmann::ordered_json(decode_tok_s)
                                                        : nlohmann::ordered_json(nullptr)}};
     j["device"] = std::string(device_name(m->device));
-    j["path"] = o.fast.describe(m->device, &m->model.config, o.batch_invariant);
+    j["path"] = o.fast.describe(m->device, &m->model.config, m->fp8, o.batch_invariant);
     std::printf("%s\n", j.dump().c_str());
   } else {
     const std::string rest = stream ? stream->finish() : "";
@@ -139,7 +139,7 @@ void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, 
                  fixed(r.prefill_ms, 2).c_str(), fixed(prefill_tok_s).c_str(),
                  static_cast<long long>(r.decode_steps), fixed(r.decode_ms, 2).c_str(),
                  r.decode_steps > 0 ? fixed(decode_tok_s).c_str() : "-", finish,
-                 std::string(stop_reason_name(r.stop)).c_str(), o.fast.describe(m->device, &m->model.config, o.batch_invariant).c_str());
+                 std::string(stop_reason_name(r.stop)).c_str(), o.fast.describe(m->device, &m->model.config, m->fp8, o.batch_invariant).c_str());
   }
 }
 

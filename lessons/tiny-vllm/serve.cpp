@@ -71,7 +71,7 @@ void run_serve(const ServeCliOptions& o) {
   if (o.max_model_len < 2) throw InputError("--max-model-len must be >= 2");
   if (!(o.read_timeout_s > 0)) throw InputError("--read-timeout must be > 0 seconds");
   if (o.max_connections < 1) throw InputError("--max-connections must be >= 1");
-  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device);
+  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device, &o.fast);
   // Without tokenizer.json (random weights for a benchmark) the server takes token ids and returns token ids.
   const Tokenizer* tok = m->tokenizer ? &*m->tokenizer : nullptr;
   std::optional<ChatTemplate> chat;
@@ -140,7 +140,7 @@ void run_serve(const ServeCliOptions& o) {
               m->dir.string().c_str(), std::string(device_name(m->device)).c_str(),
               engine.kv().describe().c_str(), static_cast<long long>(engine.limits().max_context),
               static_cast<long long>(ec.max_sequences), static_cast<long long>(sc.max_waiting),
-              ec.batch_invariant ? "; batch-invariant" : "", o.fast.describe(m->device, &m->model.config, ec.batch_invariant).c_str());
+              ec.batch_invariant ? "; batch-invariant" : "", o.fast.describe(m->device, &m->model.config, m->fp8, ec.batch_invariant).c_str());
   std::printf("listening on http://%s:%d (model \"%s\"%s); Ctrl-C to stop\n", o.host.c_str(), port,
               sc.model_name.c_str(), o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);

@@ -14,6 +14,9 @@
 #include "hopper.h"
 #include "prefill_hook.h"
 #endif
+#ifdef TVLLM_CLI_QUANTIZE
+#include "fp8_resident.h"
+#endif
 
 namespace tvllm::cli {
 
@@ -37,8 +40,42 @@ SamplingParams SamplingFlags::params() const {
   return p;
 }
 
+Fp8Load resolve_fp8_weights(const std::string& choice, const fs::path& dir, Device device, bool fused) {
+  if (choice != "auto" && choice != "resident" && choice != "dequantize")
+    throw InputError("--fp8-weights: expected auto, resident or dequantize, got \"" + choice + "\"");
+  std::error_code ec;
+  if (!fs::exists(dir / "config.json", ec)) return Fp8Load::Dequantize;  // ModelDir::open says what is missing
+#ifdef TVLLM_CLI_QUANTIZE
+  const Fp8Load mode = fp8_weights_mode(choice, load_model_config(dir), device == Device::CUDA, fused);
+  if (mode == Fp8Load::Resident) install_fp8_resident_weights();  // the prefill GEMMs' dequantizer
+  return mode;
+#else
+  (void)device, (void)fused;
+  if (choice == "resident") throw InputError("--fp8-weights resident: needs lesson 16 (FP8), not built here");
+  return Fp8Load::Dequantize;
+#endif
+}
+
+std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode) {
+#ifdef TVLLM_CLI_QUANTIZE
+  return describe_fp8_weights(config, mode);
+#else
+  (void)mode;
+  return config.quantization ? "FP8 weights dequantized to bf16 at load" : "";
+#endif
+}
+
+void add_fp8_weights_option(CLI::App* cmd, std::string& choice) {
+  cmd->add_option("--fp8-weights", choice,
+                  "an FP8 checkpoint's weights: auto (resident on CUDA with the fused decode, else dequantized), "
+                  "resident (E4M3 codes on the GPU, read by the decode GEMVs), dequantize (bf16 at load)")
+      ->check(CLI::IsMember({"auto", "resident", "dequantize"}))
+      ->type_name("auto|resident|dequantize");
+}
+
 void FastPathFlags::add_to(CLI::App* cmd) {
 #ifdef TVLLM_CLI_FAST
+  add_fp8_weights_option(cmd, fp8_weights);
   cmd->add_flag("--enforce-eager", enforce_eager, "CUDA: launch every step eagerly, no CUDA graphs (vLLM's flag)");
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
@@ -143,7 +180,9 @@ int64_t FastPathFlags::warm_up(Engine& engine) const {
 #endif
 }
 
-std::string FastPathFlags::describe(Device device, const ModelConfig* config, bool batch_invariant) const {
+std::string FastPathFlags::describe(Device device, const ModelConfig* config, Fp8Load fp8,
+                                    bool batch_invariant) const {
+  const std::string weights = config ? describe_fp8_load(*config, fp8) : "";
 #ifdef TVLLM_CLI_FAST
   std::string s = describe_fast_path(options(), device, config);
 #else
@@ -158,16 +197,19 @@ std::string FastPathFlags::describe(Device device, const ModelConfig* config, bo
   if (hopper_gemm_applies(no_hopper_gemm, device) && !batch_invariant)
     s += ", lesson 15 GEMM from " + std::to_string(kHopperGemmMinTokens) + " tokens";
 #endif
-  return s;
+  return weights.empty() ? s : s + ", " + weights;
 }
 
-std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std::string& device_text) {
+std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std::string& device_text,
+                                               const FastPathFlags* fast) {
   if (device_text == "cuda" && !cuda_available())
     throw InputError("--device cuda: no CUDA GPU is available (use --device cpu)");
   const Device device = resolve_device(device_text);  // InputError for anything but auto|cpu|cuda
-  auto m = std::make_unique<LoadedModel>(ModelDir::open(dir));
+  const Fp8Load fp8 = fast ? fast->fp8_load(dir, device) : Fp8Load::Dequantize;
+  auto m = std::make_unique<LoadedModel>(ModelDir::open(dir, fp8));
   m->dir = dir;
   m->device = device;
+  m->fp8 = m->model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize;
   const fs::path tok = m->dir / "tokenizer.json";
   if (fs::exists(tok)) m->tokenizer.emplace(Tokenizer::from_file(tok));
   return m;

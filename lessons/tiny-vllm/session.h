@@ -40,11 +40,25 @@ struct SamplingFlags {
 
 // Lesson 14's fast path on CUDA (fused GEMV decode, CUDA graphs, the fast sampler, the fast decode attention), on
 // by default.
+// --fp8-weights auto|resident|dequantize (lesson 16): how an FP8 checkpoint's Linear weights are loaded. auto:
+// resident (the fused decode GEMVs read the E4M3 codes) where the fused path runs on CUDA, else dequantized to
+// bf16 at load. resident: required (InputError when the model is not FP8, the device not CUDA, --no-fused, or
+// lesson 16 is not built); installs lesson 16's dequantizer for the prefill GEMMs. For a model directory
+// without config.json: Dequantize (ModelDir::open then says what is wrong).
+Fp8Load resolve_fp8_weights(const std::string& choice, const std::filesystem::path& dir, Device device, bool fused);
+// The startup notice's words for it ("" for a checkpoint that is not FP8).
+std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode);
+void add_fp8_weights_option(CLI::App* cmd, std::string& choice);
+
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
   bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill attention off (sm_90 only)
   bool no_hopper_gemm = false;       // --no-hopper-gemm: lesson 15's GEMM off for large steps (sm_90 only)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
+  std::string fp8_weights = "auto";  // --fp8-weights (lesson 16)
+  Fp8Load fp8_load(const std::filesystem::path& dir, Device device) const {
+    return resolve_fp8_weights(fp8_weights, dir, device, !no_fused);
+  }
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
   void apply(Generator& gen) const;
@@ -52,8 +66,10 @@ struct FastPathFlags {
   // The engine's warm-up including the decode graphs of batch sizes 1, 2, 4, ... (Engine::warm_up). Returns its
   // steps.
   int64_t warm_up(Engine& engine) const;
-  // One line for the command's banner: what runs (with the config: whether the fused decode path declines it).
-  std::string describe(Device device, const ModelConfig* config = nullptr, bool batch_invariant = false) const;
+  // One line for the command's banner: what runs (with the config: whether the fused decode path declines it,
+  // and how an FP8 checkpoint's weights were loaded; with batch invariance: lesson 15's kernels stay off).
+  std::string describe(Device device, const ModelConfig* config = nullptr, Fp8Load fp8 = Fp8Load::Dequantize,
+                       bool batch_invariant = false) const;
 #ifdef TVLLM_CLI_FAST
   FastPathOptions options() const;
 #endif
@@ -69,10 +85,13 @@ struct LoadedModel {
   ModelDir model;
   std::optional<Tokenizer> tokenizer;
   std::optional<ModelWeights> weights;  // bind_weights()
+  Fp8Load fp8 = Fp8Load::Dequantize;     // how an FP8 checkpoint was opened (--fp8-weights)
 
   // Opens DIR (config.json, weights, tokenizer.json if present) without touching the device yet, so that
   // the request can be validated first. device_text: auto|cpu|cuda (cuda without a GPU: InputError).
-  static std::unique_ptr<LoadedModel> open(const std::string& dir, const std::string& device_text);
+  // fast: the command's fast-path flags, which decide how an FP8 checkpoint loads (nullptr: dequantized).
+  static std::unique_ptr<LoadedModel> open(const std::string& dir, const std::string& device_text,
+                                           const FastPathFlags* fast = nullptr);
   void bind_weights();
 
   // The tokenizer, or an InputError saying the directory has none and what to do instead.
