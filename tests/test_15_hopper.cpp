@@ -126,10 +126,20 @@ TEST(Hopper15Oracle, ClusterExchangeWrapsAroundInsideEachCluster) {
   EXPECT_EQ(to_f32_vector(out), want);
 }
 
-// A TMA box with no element inside the tensor faulted on the H200 (cudaErrorIllegalInstruction): refused first.
+// TMA's rules for a box corner, learnt on the H200: the first column on a 16-byte boundary (corners at columns -63
+// and 500 faulted with cudaErrorIllegalInstruction), and (our own rule) some overlap with the matrix.
+TEST(Hopper15Args, TmaBoxCornerOffA16ByteBoundaryIsRefused) {
+  for (const int64_t col0 : {int64_t{-63}, int64_t{-1}, int64_t{3}, int64_t{500}}) {
+    const std::string e = input_error_of([&] {
+      tma_tile_copy(fake_cuda(DType::BF16, {16, 64}), fake_cuda(DType::BF16, {64, 64}), 0, col0, TmaSwizzle::None);
+    });
+    EXPECT_NE(e.find("multiple of 8"), std::string::npos) << col0 << ": " << e;
+  }
+}
+
 TEST(Hopper15Args, TmaBoxThatMissesTheMatrixIsRefused) {
   for (const auto& [row0, col0] :
-       std::vector<std::pair<int64_t, int64_t>>{{500, 500}, {64, 0}, {0, 64}, {-16, 0}, {0, -64}}) {
+       std::vector<std::pair<int64_t, int64_t>>{{504, 504}, {64, 0}, {0, 64}, {-16, 0}, {0, -64}}) {
     const std::string e = input_error_of([&] {
       tma_tile_copy(fake_cuda(DType::BF16, {16, 64}), fake_cuda(DType::BF16, {64, 64}), row0, col0,
                     TmaSwizzle::None);

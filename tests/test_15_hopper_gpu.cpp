@@ -60,13 +60,13 @@ TEST(Hopper15Gpu, TmaTileWiderThanTheMatrixIsZeroFilled) {
   }
 }
 
-// A box with a single element inside the matrix (its bottom-right corner): that element, zeros elsewhere. (A box
-// with none inside is refused before launch: Hopper15Args.TmaBoxThatMissesTheMatrixIsRefused.)
-TEST(Hopper15Gpu, TmaTileWithOneElementInside) {
+// A box that barely overlaps the matrix: one row of 8 elements inside (its bottom-right corner), zeros elsewhere.
+// (A box with none inside, or a corner off a 16-byte boundary, is refused before launch: Hopper15Args.TmaBox*.)
+TEST(Hopper15Gpu, TmaTileThatBarelyOverlaps) {
   TVLLM_REQUIRE_HOPPER();
   for (TmaSwizzle sw : {TmaSwizzle::None, TmaSwizzle::B128}) {
     SCOPED_TRACE(tma_swizzle_name(sw));
-    EXPECT_PASSES(check_tma_tile(64, 64, -15, -63, 16, 64, sw, 13));
+    EXPECT_PASSES(check_tma_tile(64, 64, -15, -56, 16, 64, sw, 13));
   }
 }
 

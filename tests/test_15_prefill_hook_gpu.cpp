@@ -180,11 +180,8 @@ TEST(HopperGemm15Gpu, LinearTakesTheWgmmaGemmFromMinTokens) {
   };
   const Tensor x = make(1024, 512, 1), w = make(776, 512, 2);  // N = 776: a multiple of 8, not of the tile
   const Tensor want_v2 = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);
-  const Tensor want_cublas = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);
   gemm_wgmma_v2(want_v2, x, w, handle.stream());
-  linear(want_cublas, x, w, MatmulKernel::V5Cublas, &handle);
-  TVLLM_CUDA_CHECK(cudaStreamSynchronize(handle.stream()));
-  ASSERT_NE(bits_of(want_v2), bits_of(want_cublas)) << "the two GEMMs round differently somewhere: the test tells them apart";
+  // (cuBLAS gave these very bits too on the H200, K = 512: the counter, not the bits, says which GEMM ran.)
 
   CountingGemm seam(1000);
   const Tensor y = Tensor::empty({1024, 776}, DType::BF16, Device::CUDA);

@@ -190,9 +190,16 @@ TEST(Fp8Engine16Gpu, GreedyIdsEqualTheDequantizedEngineUpToANearTie) {
     const std::vector<int32_t> a(got.begin(), got.begin() + clear), b(want.begin(), want.begin() + clear);
     EXPECT_EQ(a, b) << g.name << ": first difference at " << first_difference(got, want) << ", clear up to "
                     << clear;
-    compared += clear;
+    // Past the first near-tie the two runs may follow different texts; every id the resident engine chose must
+    // still be the dequantized model's top-1 within 2e on the resident's own text (teacher-forced).
+    const Tensor on_got = probe.forced_logits(g.prompt_ids, got);
+    const ForcedAgreement r = forced_agreement(on_got.view(), got, 2 * e);
+    EXPECT_TRUE(r.pass()) << g.name << ": " << r.summary();
+    compared += static_cast<int64_t>(got.size());
   }
-  EXPECT_GE(compared, 16) << "too few clear-margin steps: the test would check little";
+  // (The bundled model's texts have near-ties early: on the H200 only 7 steps came before the first one. The
+  // teacher-forced check above covers every step.)
+  EXPECT_GE(compared, 48);
 }
 
 // Lesson 11's engine with the fast path on resident weights: decode batches of up to 16 sequences take the fused

@@ -143,13 +143,15 @@ inline constexpr FlashConfig kFlashConfigs128[] = {
 
 // THE DEFAULTS (what flash_wgmma() and attention_hopper() run without a config): per head_dim, the config
 // (an index into the table above) for sequences up to max_q_len; the last entry covers the rest.
-// TODO(coordinator): set from lesson15_hopper --sweep's summary on the H200.
+// Set from lesson15_hopper --sweep on the H200 (2026-12-03, chapter section 11): head_dim 64 takes m64x2 (two
+// 64-row blocks per SM) up to 1k queries and m192 above (x1.24-1.33 over the baseline from 2k); head_dim 128
+// takes m128-heads up to 8k (x1.04-1.30) and the baseline above (m128 was the fastest at 16k).
 struct FlashDefault {
   int64_t max_q_len;
   int config;
 };
-inline constexpr FlashDefault kFlashDefaults64[] = {{INT64_MAX, 0}};
-inline constexpr FlashDefault kFlashDefaults128[] = {{INT64_MAX, 0}};
+inline constexpr FlashDefault kFlashDefaults64[] = {{1024, 9}, {INT64_MAX, 6}};
+inline constexpr FlashDefault kFlashDefaults128[] = {{8192, 2}, {INT64_MAX, 0}};
 
 // The table for head_dim 64 or 128 (InputError otherwise), its size, and the default for a batch whose
 // longest query run is max_q_len.

@@ -28,9 +28,11 @@ bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const 
 bool install_hopper_prefill_attention();
 
 // ---- the GEMM: gemm_wgmma_v2() behind lesson 06's large-GEMM seam (matmul.h: install_large_gemm) ------------
-// linear() with the default kernel (cuBLAS) takes it for steps of at least kHopperGemmMinTokens rows: below that a
-// 128 x 256 tile grid leaves SMs idle (a 512-row o_proj is 4 x 8 = 32 tiles for 132 SMs) and cuBLAS picks smaller
-// tiles. The threshold is the H200's measurement (chapter section 11).
+// linear() with the default kernel (cuBLAS) takes it, once installed (tiny-vllm --hopper-gemm; off by default),
+// for steps of at least kHopperGemmMinTokens rows: below that a 128 x 256 tile grid leaves SMs idle (a 512-row
+// o_proj is 4 x 8 = 32 tiles for 132 SMs). Measured in the engine's prefill on the H200 (chapter section 11) it
+// was no faster than cuBLAS (1024 tokens: 18% slower; 4096: equal), hence opt-in: the lesson's GEMM, not the
+// engine's.
 inline constexpr int64_t kHopperGemmMinTokens = 1024;
 
 // Whether gemm_wgmma_v2() takes y = x W^T: bf16 contiguous CUDA matrices, K a multiple of 64, N a multiple of 8

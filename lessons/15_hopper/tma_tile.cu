@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kTmaThreads)
   // Hint: the byte count is the WHOLE box, also when part of it lies outside the matrix: TMA writes those
   //   zeros into shared memory and counts them.
   // Tests: Hopper15Gpu.TmaTileCopyMatchesTheOracle Hopper15Gpu.TmaTileOffTheEdgeIsZeroFilled
-  // Tests: Hopper15Gpu.TmaTileWiderThanTheMatrixIsZeroFilled Hopper15Gpu.TmaTileWithOneElementInside
+  // Tests: Hopper15Gpu.TmaTileWiderThanTheMatrixIsZeroFilled Hopper15Gpu.TmaTileThatBarelyOverlaps
   // Tests: Hopper15Gpu.TmaSwizzledTileIsReadBackThroughTheFormula
   // Stub: device
   // --- solution ---
@@ -90,9 +90,12 @@ void tma_tile_copy(const TensorView& dst, const TensorView& src, int64_t row0, i
                 what + "src's rows must be a multiple of 16 bytes (8 bf16) long, got " + src.describe());
   TVLLM_REQUIRE(row0 >= INT32_MIN && row0 <= INT32_MAX && col0 >= INT32_MIN && col0 <= INT32_MAX,
                 what + "the box's corner must fit in 32-bit coordinates");
-  // A box that misses the matrix entirely is refused: TMA zero-fills the part of a box outside the tensor, but a
-  // box with NO element inside faulted on the H200 (cudaErrorIllegalInstruction; the test is
-  // Hopper15Args.TmaBoxThatMissesTheMatrixIsRefused). The lesson's kernels never ask for one.
+  // The box's first column must sit on a 16-byte boundary of its row (col0 a multiple of 8 bf16), even when it is
+  // off the edge: on the H200 corners at columns -63 and 500 died with cudaErrorIllegalInstruction, every corner
+  // at a multiple of 8 (-24, 8, 96, 512, ...) copied correctly. A box that misses the matrix entirely is refused
+  // too: the lesson's kernels never need one, and we have not shown it safe. Tests: Hopper15Args.TmaBox*.
+  TVLLM_REQUIRE(col0 % 8 == 0, what + "the box's first column must be a multiple of 8 (16 bytes, TMA's rule), got " +
+                                   std::to_string(col0));
   TVLLM_REQUIRE(row0 < src.dim(0) && row0 + box_rows > 0 && col0 < src.dim(1) && col0 + box_cols > 0,
                 what + "the box (" + std::to_string(box_rows) + " x " + std::to_string(box_cols) + " at row " +
                     std::to_string(row0) + ", column " + std::to_string(col0) +

@@ -40,7 +40,9 @@ std::string trim_ascii(const std::string& s) {
 }
 
 void run_chat(const ChatCliOptions& o, bool have_system, bool have_thinking) {
-  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device, &o.fast);
+  FastPathFlags one = o.fast;
+  one.one_sequence = true;  // --fp8-weights auto may keep an FP8 checkpoint resident (session.h)
+  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device, &one);
   const Tokenizer& tok = m->require_tokenizer("chat needs one (generate --prompt-ids works without)");
   const ChatTemplate tmpl = m->require_chat_template();
   note_thinking_switch(tmpl, have_thinking, "chat");

@@ -64,7 +64,9 @@ std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOption
 
 void run_generate(const GenerateCliOptions& o, bool have_prompt, bool have_ids, bool have_system) {
   const bool json = o.output == "json";
-  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device, &o.fast);
+  FastPathFlags one = o.fast;
+  one.one_sequence = true;  // --fp8-weights auto may keep an FP8 checkpoint resident (session.h)
+  std::unique_ptr<LoadedModel> m = LoadedModel::open(o.model, o.device, &one);
   const ModelConfig& c = m->model.config;
   const std::vector<int32_t> prompt = prompt_ids_of(*m, o, have_prompt, have_ids, have_system);
   const SamplingParams sampling = o.sampling.params();

@@ -40,9 +40,11 @@ SamplingParams SamplingFlags::params() const {
   return p;
 }
 
-Fp8Load resolve_fp8_weights(const std::string& choice, const fs::path& dir, Device device, bool fused) {
+Fp8Load resolve_fp8_weights(const std::string& choice, const fs::path& dir, Device device, bool fused,
+                            bool one_sequence) {
   if (choice != "auto" && choice != "resident" && choice != "dequantize")
     throw InputError("--fp8-weights: expected auto, resident or dequantize, got \"" + choice + "\"");
+  if (choice == "auto" && !one_sequence) return Fp8Load::Dequantize;  // batches: bf16 is faster (session.h)
   std::error_code ec;
   if (!fs::exists(dir / "config.json", ec)) return Fp8Load::Dequantize;  // ModelDir::open says what is missing
 #ifdef TVLLM_CLI_QUANTIZE
@@ -67,7 +69,8 @@ std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode) {
 
 void add_fp8_weights_option(CLI::App* cmd, std::string& choice) {
   cmd->add_option("--fp8-weights", choice,
-                  "an FP8 checkpoint's weights: auto (resident on CUDA with the fused decode, else dequantized), "
+                  "an FP8 checkpoint's weights: auto (resident for generate/chat on CUDA with the fused decode, "
+                  "else dequantized), "
                   "resident (E4M3 codes on the GPU, read by the decode GEMVs), dequantize (bf16 at load)")
       ->check(CLI::IsMember({"auto", "resident", "dequantize"}))
       ->type_name("auto|resident|dequantize");
@@ -85,8 +88,9 @@ void FastPathFlags::add_to(CLI::App* cmd) {
 #ifdef TVLLM_CLI_HOPPER
   cmd->add_flag("--no-hopper-attention", no_hopper_attention,
                 "CUDA: lesson 07/12's prefill attention instead of lesson 15's wgmma kernel (Hopper only)");
-  cmd->add_flag("--no-hopper-gemm", no_hopper_gemm,
-                "CUDA: cuBLAS for every projection instead of lesson 15's wgmma GEMM on large steps (Hopper only)");
+  cmd->add_flag("--hopper-gemm", hopper_gemm,
+                "CUDA: lesson 15's wgmma GEMM instead of cuBLAS for steps of 1024+ tokens (Hopper only; off by "
+                "default: no faster than cuBLAS in the engine on the H200)");
 #endif
   cmd->add_option("--max-graph-batch", max_graph_batch,
                   "CUDA: decode steps of more sequences run eagerly (default 0: none do; graphs of every size up "
@@ -132,13 +136,14 @@ void use_hopper_prefill(AttentionBackend& backend) {
 #endif
 }
 
-// Lesson 15's GEMM for the projections of large steps (lesson 06's default kernel only: batch invariance runs v8,
-// which never asks it).
-bool hopper_gemm_applies(bool no_hopper_gemm, Device device) {
+// Lesson 15's GEMM for the projections of large steps, when asked for (--hopper-gemm): lesson 06's default kernel
+// only (batch invariance runs v8, which never asks it). Off by default: in the engine's prefill on the H200 it was
+// no faster than cuBLAS (chapter 15, section 11).
+bool hopper_gemm_applies(bool hopper_gemm, Device device) {
 #ifdef TVLLM_CLI_HOPPER
-  return !no_hopper_gemm && device == Device::CUDA && hopper_available();
+  return hopper_gemm && device == Device::CUDA && hopper_available();
 #else
-  (void)no_hopper_gemm, (void)device;
+  (void)hopper_gemm, (void)device;
   return false;
 #endif
 }
@@ -159,7 +164,7 @@ void FastPathFlags::apply(Generator& gen) const {
   if (hopper_prefill_applies(no_hopper_attention, gen.weights().device,
                              gen.attention().decode_kind() == DecodeAttention::Flash))
     use_hopper_prefill(gen.attention());
-  if (hopper_gemm_applies(no_hopper_gemm, gen.weights().device)) use_hopper_gemm();
+  if (hopper_gemm_applies(hopper_gemm, gen.weights().device)) use_hopper_gemm();
 }
 
 void FastPathFlags::apply(Engine& engine) const {
@@ -168,7 +173,7 @@ void FastPathFlags::apply(Engine& engine) const {
 #endif
   if (hopper_prefill_applies(no_hopper_attention, engine.weights().device, engine.config().batch_invariant))
     use_hopper_prefill(engine.kv().attention());
-  if (hopper_gemm_applies(no_hopper_gemm, engine.weights().device)) use_hopper_gemm();
+  if (hopper_gemm_applies(hopper_gemm, engine.weights().device)) use_hopper_gemm();
 }
 
 int64_t FastPathFlags::warm_up(Engine& engine) const {
@@ -194,7 +199,7 @@ std::string FastPathFlags::describe(Device device, const ModelConfig* config, Fp
               : ", lesson 12 prefill attention (lesson 15's takes head_dim 64 and 128)";
   }
 #ifdef TVLLM_CLI_HOPPER
-  if (hopper_gemm_applies(no_hopper_gemm, device) && !batch_invariant)
+  if (hopper_gemm_applies(hopper_gemm, device) && !batch_invariant)
     s += ", lesson 15 GEMM from " + std::to_string(kHopperGemmMinTokens) + " tokens";
 #endif
   return weights.empty() ? s : s + ", " + weights;
