@@ -27,10 +27,14 @@
 #include "common/random.h"
 #include "matmul.h"
 #include "matmul_check.h"
+#include "testing/gpu_buffers.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
+
+using testing::bytes_of;
+using testing::poisoned;
 
 // Random values that bf16 holds exactly.
 std::vector<float> bf16_exact(std::vector<float> v) {
@@ -61,13 +65,6 @@ struct Problem {
   }
 };
 
-// An output filled with 0xFF bytes: NaN in bf16 and in fp32, so any element left unwritten fails.
-Tensor poisoned(Shape shape, DType dtype) {
-  Tensor y = Tensor::empty(std::move(shape), dtype, Device::CUDA);
-  TVLLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.view().nbytes()));
-  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // done before a kernel on another stream may start
-  return y;
-}
 
 Tensor run(const Problem& p, MatmulKernel kernel, CublasHandle& handle, DType out_dtype = DType::BF16) {
   Tensor y = poisoned({p.tokens, p.out}, out_dtype);
@@ -76,12 +73,6 @@ Tensor run(const Problem& p, MatmulKernel kernel, CublasHandle& handle, DType ou
   return y;
 }
 
-// The raw bytes of a device tensor, for bit-for-bit comparisons.
-std::vector<unsigned char> bytes_of(const TensorView& t) {
-  std::vector<unsigned char> b(t.nbytes());
-  TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), t.data, b.size(), cudaMemcpyDeviceToHost));
-  return b;
-}
 
 std::string describe(const CompareResult& r) {
   std::string s = "bad " + std::to_string(r.bad) + " of " + std::to_string(r.count) + ", max_abs " +

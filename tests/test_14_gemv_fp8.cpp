@@ -14,6 +14,7 @@
 #include "common/errors.h"
 #include "common/random.h"
 #include "gemv.h"
+#include "testing/fp8_testing.h"
 
 namespace tvllm {
 namespace {
@@ -36,18 +37,6 @@ Tensor zeros(Shape shape, DType dtype) {
 
 float bf16r(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
-// Random E4M3 codes of magnitude 2^-3 .. 2^3 * 1.875 (exponent fields 4..10: never NaN, never subnormal).
-std::vector<uint8_t> random_codes(size_t n, uint64_t seed) {
-  const std::vector<float> u = random_uniform(n * 3, seed, 0.0f, 1.0f);
-  std::vector<uint8_t> q(n);
-  for (size_t i = 0; i < n; ++i) {
-    const int sign = u[3 * i] < 0.5f ? 0 : 1;
-    const int exponent = 4 + std::min(6, static_cast<int>(u[3 * i + 1] * 7));
-    const int mantissa = std::min(7, static_cast<int>(u[3 * i + 2] * 8));
-    q[i] = static_cast<uint8_t>(sign << 7 | exponent << 3 | mantissa);
-  }
-  return q;
-}
 
 TEST(GemvFp8Cpu14, KnownProductByHand) {
   // q = [[1, 2, -1], [0.5, 1, 2]] (E4M3 0x38, 0x40, 0xB8, 0x30), scales [2, 0.25], x = [[1, 2, 3]]:
@@ -63,7 +52,7 @@ TEST(GemvFp8Cpu14, KnownProductByHand) {
 // The FP8 references against the BF16/F32 ones on w = q * scale, exact with power-of-two scales.
 TEST(GemvFp8Cpu14, EveryReferenceEqualsTheDequantizedWeightsBitForBit) {
   const int64_t M = 3, K = 48, N = 10;  // N even: gate | up with I = 5
-  const std::vector<uint8_t> q = random_codes(static_cast<size_t>(N * K), 5);
+  const std::vector<uint8_t> q = testing::random_e4m3_codes(static_cast<size_t>(N * K), 5);
   std::vector<float> s(static_cast<size_t>(N)), w(static_cast<size_t>(N * K));
   for (int64_t n = 0; n < N; ++n) s[n] = std::ldexp(1.0f, static_cast<int>(-6 - n % 4));
   for (int64_t i = 0; i < N * K; ++i) w[i] = fp8_e4m3_to_f32(q[i]) * s[i / K];  // exact: a power of two

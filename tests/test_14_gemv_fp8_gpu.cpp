@@ -26,28 +26,21 @@
 #include "common/random.h"
 #include "gemv.h"
 #include "silu_mul.h"
+#include "testing/fp8_testing.h"
+#include "testing/gpu_buffers.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
+
+using testing::bytes_of;
+using testing::poisoned;
 
 constexpr double kAtol = 2e-3;
 constexpr double kRtolBf16 = 1.0 / 128;
 constexpr double kRtolF32 = 1.0 / 65536;
 constexpr double kFlip = 1.0 / 128;
 
-// Codes of magnitude 2^-3 .. 2^3 * 1.875 (exponent fields 4..10: no NaN, no subnormal), random signs.
-std::vector<uint8_t> random_codes(size_t n, uint64_t seed) {
-  const std::vector<float> u = random_uniform(n * 3, seed, 0.0f, 1.0f);
-  std::vector<uint8_t> q(n);
-  for (size_t i = 0; i < n; ++i) {
-    const int sign = u[3 * i] < 0.5f ? 0 : 1;
-    const int exponent = 4 + std::min(6, static_cast<int>(u[3 * i + 1] * 7));
-    const int mantissa = std::min(7, static_cast<int>(u[3 * i + 2] * 8));
-    q[i] = static_cast<uint8_t>(sign << 7 | exponent << 3 | mantissa);
-  }
-  return q;
-}
 
 Tensor code_tensor(const std::vector<uint8_t>& q, Shape shape, Device device) {
   Tensor t = Tensor::empty(std::move(shape), DType::F8_E4M3, device);
@@ -74,7 +67,7 @@ struct Problem {
     g = bf16_exact(random_uniform(static_cast<size_t>(K), seed + 2, 0.5f, 1.5f));
     scale = random_uniform(static_cast<size_t>(N), seed + 3, 0.5f, 1.5f);
     for (float& s : scale) s /= 8.0f * std::sqrt(static_cast<float>(K));
-    q = random_codes(static_cast<size_t>(N * K), seed + 1);
+    q = testing::random_e4m3_codes(static_cast<size_t>(N * K), seed + 1);
     x_dev = Tensor::from_f32(x, {M, K}, DType::BF16, Device::CUDA);
     g_dev = Tensor::from_f32(g, {K}, DType::BF16, Device::CUDA);
     s_dev = Tensor::from_f32(scale, {N}, DType::F32, Device::CUDA);
@@ -103,20 +96,9 @@ struct Problem {
   std::string describe() const { return "K=" + std::to_string(K) + " N=" + std::to_string(N); }
 };
 
-Tensor poisoned(Shape shape, DType dtype) {
-  Tensor y = Tensor::empty(std::move(shape), dtype, Device::CUDA);
-  TVLLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.view().nbytes()));
-  return y;
-}
 
 Tensor host_f32(Shape shape) { return Tensor::empty(std::move(shape), DType::F32, Device::CPU); }
 
-std::vector<unsigned char> bytes_of(const TensorView& t) {
-  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<unsigned char> b(t.nbytes());
-  TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), t.data, b.size(), cudaMemcpyDeviceToHost));
-  return b;
-}
 
 // |got - want| <= kAtol + rtol |want| + extra[i]; and, where `bound` is given, also <= bound[i] + rtol |want| +
 // extra[i] + 1e-6 (the derived (a) bound on its own, with a floor for outputs that are ~0).

@@ -29,10 +29,14 @@
 #include "common/random.h"
 #include "gemv.h"
 #include "silu_mul.h"
+#include "testing/gpu_buffers.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
+
+using testing::bytes_of;
+using testing::poisoned;
 
 constexpr double kAtol = 2e-3;
 constexpr double kRtolBf16 = 1.0 / 128;
@@ -69,21 +73,9 @@ struct Problem {
   }
 };
 
-// An output filled with 0xFF bytes: NaN in bf16 and fp32, so an element left unwritten fails.
-Tensor poisoned(Shape shape, DType dtype) {
-  Tensor y = Tensor::empty(std::move(shape), dtype, Device::CUDA);
-  TVLLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.view().nbytes()));
-  return y;
-}
 
 Tensor host_f32(Shape shape) { return Tensor::empty(std::move(shape), DType::F32, Device::CPU); }
 
-std::vector<unsigned char> bytes_of(const TensorView& t) {
-  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<unsigned char> b(t.nbytes());
-  TVLLM_CUDA_CHECK(cudaMemcpy(b.data(), t.data, b.size(), cudaMemcpyDeviceToHost));
-  return b;
-}
 
 // |got - want| <= kAtol + rtol |want| + extra[i] for every element; reports the first few failures.
 void expect_close(const TensorView& got_dev, const std::vector<float>& want, double rtol,

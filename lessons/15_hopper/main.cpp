@@ -176,6 +176,27 @@ void run_bench(int64_t tokens) {
       ceilings.bf16_tflops);
 }
 
+// One sequence of n tokens for the attention benchmarks: random bf16 q, k, v on the GPU, an output, the batch,
+// and what a run moves and computes (lesson 07's FLOP count: causal pairs x 4 D x heads).
+struct AttentionBenchCase {
+  AttentionBenchCase(const AttentionShape& shape, int64_t n)
+      : q(Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA)),
+        k(Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA)),
+        v(Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA)),
+        out(Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA)),
+        batch(AttentionBatch::prefill({n}, Device::CUDA)),
+        flops(causal_attention_flops({n}, shape)),
+        bytes(2.0 * n * (2.0 * shape.q_dim() + 2.0 * shape.kv_dim())) {  // q, k, v read, out written
+    fill_uniform_bf16(q, 31);
+    fill_uniform_bf16(k, 32);
+    fill_uniform_bf16(v, 33);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  Tensor q, k, v, out;
+  AttentionBatch batch;
+  double flops, bytes;
+};
+
 // Flash attention: causal GQA prefill of one sequence, 32 heads / 8 kv heads (Llama-3.2-1B's), head_dim 64
 // and 128, n = 512 .. 16k; ours beside lesson 07's v2; FLOPs as lesson 07 counts them (causal pairs, 4 D
 // each).
@@ -186,18 +207,10 @@ void run_attention_bench() {
   for (int64_t d : {64, 128}) {
     const AttentionShape shape{32, 8, d};
     for (int64_t n = 512; n <= 16384; n *= 2) {
-      Tensor q = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
-      Tensor k = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
-      Tensor v = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
-      Tensor out = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
-      fill_uniform_bf16(q, 31);
-      fill_uniform_bf16(k, 32);
-      fill_uniform_bf16(v, 33);
-      const AttentionBatch batch = AttentionBatch::prefill({n}, Device::CUDA);
-      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-      const double flops = causal_attention_flops({n}, shape);
-      const double bytes =
-          2.0 * n * (2.0 * shape.q_dim() + 2.0 * shape.kv_dim());  // q, k, v read, out written
+      const AttentionBenchCase in(shape, n);
+      const Tensor &q = in.q, &k = in.k, &v = in.v, &out = in.out;
+      const AttentionBatch& batch = in.batch;
+      const double flops = in.flops, bytes = in.bytes;
       const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n);
       const FlashConfig& def = flash_default_config(d, n);
       BenchRow ours{name + " wgmma " + def.name, bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape); }),
@@ -247,17 +260,10 @@ void run_attention_sweep() {
     const AttentionShape shape{32, 8, d};
     const FlashConfigList configs = flash_configs(d);
     for (int64_t n = 512; n <= 16384; n *= 2) {
-      Tensor q = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
-      Tensor k = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
-      Tensor v = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
-      Tensor out = Tensor::empty({n, shape.q_dim()}, DType::BF16, Device::CUDA);
-      fill_uniform_bf16(q, 31);
-      fill_uniform_bf16(k, 32);
-      fill_uniform_bf16(v, 33);
-      const AttentionBatch batch = AttentionBatch::prefill({n}, Device::CUDA);
-      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-      const double flops = causal_attention_flops({n}, shape);
-      const double bytes = 2.0 * n * (2.0 * shape.q_dim() + 2.0 * shape.kv_dim());
+      const AttentionBenchCase in(shape, n);
+      const Tensor &q = in.q, &k = in.k, &v = in.v, &out = in.out;
+      const AttentionBatch& batch = in.batch;
+      const double flops = in.flops, bytes = in.bytes;
       Best b{d, n, 0, 0.0, 0.0};
       for (int i = 0; i < configs.size; ++i) {
         const FlashConfig& c = configs[i];
