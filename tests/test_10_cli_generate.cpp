@@ -15,26 +15,22 @@
 #include "generate_check.h"
 #include "model_dir.h"
 #include "testing/family_models.h"
+#include "testing/cli.h"
 #include "testing/testing.h"
 #include "tokenizer.h"
 
 namespace tvllm {
 namespace {
 
+std::string tiny_vllm() { return testing::tiny_vllm_bin(); }
+const auto q = testing::shell_quote;
+std::string model() { return testing::tiny_model_arg(); }
+using testing::contains;
+
 namespace fs = std::filesystem;
 using testing::run_command;
 using testing::TempDir;
 
-std::string tiny_vllm() { return (testing::bin_dir() / "tiny-vllm").string(); }
-std::string q(const std::string& s) {  // single-quoted for the shell
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-std::string model() { return q(testing::tiny_model_dir().string()); }
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream s;

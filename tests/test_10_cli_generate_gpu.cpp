@@ -12,19 +12,21 @@
 #include "generate.h"
 #include "generate_check.h"
 #include "model_dir.h"
+#include "testing/cli.h"
 #include "testing/testing.h"
 #include "tokenizer.h"
 
 namespace tvllm {
 namespace {
 
+std::string tiny_vllm() { return testing::tiny_vllm_bin(); }
+const auto q = testing::shell_quote;
+std::string model() { return testing::tiny_model_arg(); }
+
 namespace fs = std::filesystem;
 using testing::run_command;
 using testing::TempDir;
 
-std::string tiny_vllm() { return (testing::bin_dir() / "tiny-vllm").string(); }
-std::string q(const std::string& s) { return "'" + s + "'"; }  // paths and ids only: no quotes inside
-std::string model() { return q(testing::tiny_model_dir().string()); }
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream s;

@@ -19,11 +19,14 @@
 #include <vector>
 
 #include "server/http_client.h"
+#include "testing/cli.h"
 
 extern char** environ;
 
 namespace tvllm {
 namespace {
+
+const auto q = testing::shell_quote;
 
 using nlohmann::json;
 using namespace tvllm::testing_http;
@@ -31,11 +34,6 @@ using namespace tvllm::testing_http;
 std::string bin() { return std::string(TVLLM_BIN_DIR) + "/tiny-vllm"; }
 std::string model_dir() { return TVLLM_TINY_MODEL_DIR; }
 
-std::string q(const std::string& s) {  // single-quoted for sh
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 struct Ran {
   int status = -1;

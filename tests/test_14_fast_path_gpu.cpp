@@ -27,6 +27,7 @@
 #include "logits_check.h"
 #include "testing/engine_fixture.h"
 #include "testing/family_models.h"
+#include "testing/gpu_reference.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -34,19 +35,7 @@ namespace {
 
 const testing::BundledModel<Device::CUDA>& bundled() { return testing::bundled_model<Device::CUDA>(); }
 
-struct Refs {
-  ReferenceSet set = ReferenceSet::open(testing::tiny_model_dir());
-  ReferenceGenerations gens = read_reference_generations(testing::tiny_model_dir());
-  std::map<std::string, Bf16Floor> floors = read_bf16_floors(testing::tiny_model_dir());
-  double eps(const ReferenceGeneration& g) const {
-    const Tensor logits = Tensor::copy_of(set.get(g.prompt + ".logits"), Device::CPU, DType::F32);
-    return gpu_logit_bound(rms(logits.view()), find_floor(floors, g.name)).epsilon;
-  }
-};
-const Refs& refs() {
-  static const Refs r;
-  return r;
-}
+const testing::BundledReferences& refs() { return testing::bundled_references(); }
 
 EngineLimits limits() { return Generator::limits_for(bundled().w.config, 256, 1, 256); }
 

@@ -11,23 +11,21 @@
 #include <sstream>
 #include <string>
 
+#include "testing/cli.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
+std::string tiny_vllm() { return testing::tiny_vllm_bin(); }
+const auto q = testing::shell_quote;
+std::string model() { return testing::tiny_model_arg(); }
+using testing::contains;
+
 namespace fs = std::filesystem;
 using testing::run_command;
 using testing::TempDir;
 
-std::string tiny_vllm() { return (testing::bin_dir() / "tiny-vllm").string(); }
-std::string q(const std::string& s) {  // single-quoted for the shell
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-std::string model() { return q(testing::tiny_model_dir().string()); }
-bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
 
 // The last line of the output that parses as a JSON object (generate --output json prints one).
 nlohmann::json json_line(const std::string& output) {

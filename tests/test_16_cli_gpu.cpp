@@ -9,16 +9,14 @@
 #include <string>
 #include <utility>
 
+#include "testing/cli.h"
 #include "testing/testing.h"
 
 namespace tvllm {
 namespace {
 
-std::string q(const std::string& s) {  // single-quoted for the shell
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
+const auto q = testing::shell_quote;
+
 
 nlohmann::json last_json_line(const std::string& output) {
   std::istringstream in(output);

@@ -37,6 +37,7 @@
 #include "quantize.h"
 #include "graph_runner.h"
 #include "testing/engine_fixture.h"
+#include "testing/gpu_reference.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -65,19 +66,7 @@ const Fp8Models& models() {
   return m;
 }
 
-struct Refs {
-  ReferenceSet set = ReferenceSet::open(testing::tiny_model_dir());
-  ReferenceGenerations gens = read_reference_generations(testing::tiny_model_dir());
-  std::map<std::string, Bf16Floor> floors = read_bf16_floors(testing::tiny_model_dir());
-  double eps(const ReferenceGeneration& g) const {
-    const Tensor logits = Tensor::copy_of(set.get(g.prompt + ".logits"), Device::CPU, DType::F32);
-    return gpu_logit_bound(rms(logits.view()), find_floor(floors, g.name)).epsilon;
-  }
-};
-const Refs& refs() {
-  static const Refs r;
-  return r;
-}
+const testing::BundledReferences& refs() { return testing::bundled_references(); }
 
 EngineLimits limits(const ModelWeights& w) { return Generator::limits_for(w.config, 256, 1, 256); }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <set>
 
@@ -369,23 +370,24 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
 }
 
 namespace {
-Fp8WeightDequantizer g_fp8_dequantizer = nullptr;
+std::atomic<Fp8WeightDequantizer> g_fp8_dequantizer{nullptr};  // published atomically, like the other seams
 }  // namespace
 
-void install_fp8_weight_dequantizer(Fp8WeightDequantizer fn) { g_fp8_dequantizer = fn; }
-bool fp8_weight_dequantizer_installed() { return g_fp8_dequantizer != nullptr; }
+void install_fp8_weight_dequantizer(Fp8WeightDequantizer fn) { g_fp8_dequantizer.store(fn); }
+bool fp8_weight_dequantizer_installed() { return g_fp8_dequantizer.load() != nullptr; }
 
 TensorView weight_for_gemm(const TensorView& w, const TensorView& scale, const TensorView& scratch,
                            cudaStream_t stream) {
   if (w.dtype != DType::F8_E4M3) return w;
-  if (!g_fp8_dequantizer)
+  const Fp8WeightDequantizer dequantize = g_fp8_dequantizer.load();
+  if (!dequantize)
     throw InputError(kWhere + "an F8_E4M3 weight " + w.describe() + " reached a GEMM, but no FP8 dequantizer is "
                      "installed (lesson 16's install_fp8_resident_weights, or open the model with "
                      "Fp8Load::Dequantize)");
   TVLLM_REQUIRE(scratch.data && scratch.dtype == DType::BF16 && scratch.numel() >= w.numel(),
                 "weight_for_gemm: the FP8 scratch " + scratch.describe() + " cannot hold " + w.describe());
   const TensorView dst = TensorView::contiguous(scratch.data, DType::BF16, w.device, w.shape);
-  g_fp8_dequantizer(dst, w, scale, stream);
+  dequantize(dst, w, scale, stream);
   return dst;
 }
 

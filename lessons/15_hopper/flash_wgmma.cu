@@ -209,7 +209,7 @@ void check_flash_wgmma_args(const TensorView& out, const TensorView& q, const Te
     TVLLM_REQUIRE(rows == 0 || t.data != nullptr, what + " has no data");
     // TMA's rules for a tensor map: the base and the row pitch are multiples of 16 bytes.
     TVLLM_REQUIRE(
-        reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0,
+        tma_matrix_ok(t),
         what + " must start 16-byte aligned with rows a multiple of 8 elements apart (TMA), got stride " +
             std::to_string(t.strides[0]));
   };

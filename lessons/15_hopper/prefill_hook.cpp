@@ -6,18 +6,17 @@
 #include "flash_wgmma.h"
 #include "hopper.h"
 #include "matmul.h"
+#include "tensor_map.h"
 
 namespace tvllm {
 
 bool hopper_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                             const AttentionShape& shape) {
   if (!flash_wgmma_supports(shape)) return false;
-  for (const TensorView* t : {&out, &q, &k, &v}) {
-    if (t->device != Device::CUDA || t->dtype != DType::BF16 || t->rank() != 2 || t->strides[1] != 1) return false;
-    // A tensor map's base and row pitch are multiples of 16 bytes (a view into the fused QKV buffer starts at
-    // column q_dim or q_dim + kv_dim: aligned whenever those are multiples of 8).
-    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0 || t->strides[0] % 8 != 0) return false;
-  }
+  // A view into the fused QKV buffer starts at column q_dim or q_dim + kv_dim: TMA-aligned whenever those are
+  // multiples of 8.
+  for (const TensorView* t : {&out, &q, &k, &v})
+    if (!tma_matrix_ok(*t)) return false;
   return hopper_available();
 }
 
@@ -35,12 +34,15 @@ bool install_hopper_prefill_attention() {
 }
 
 bool hopper_gemm_accepts(const TensorView& y, const TensorView& x, const TensorView& w) {
-  for (const TensorView* t : {&y, &x, &w})
-    if (t->device != Device::CUDA || t->dtype != DType::BF16 || t->rank() != 2 || !t->is_contiguous() ||
-        reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
-      return false;
-  const int64_t k = x.dim(1), n = w.dim(0);
-  if (k < kGemmBlockK || k % kGemmBlockK != 0 || n % 8 != 0 || w.dim(1) != k || y.dim(1) != n) return false;
+  // gemm_wgmma_v2's rules (check_gemm_wgmma_args): x and w contiguous and TMA-ready, K a multiple of 64; y a
+  // contiguous bf16 matrix starting 16-byte aligned (any N: v2 stores N % 8 != 0 without TMA); any M.
+  for (const TensorView* t : {&x, &w})
+    if (!tma_matrix_ok(*t) || !t->is_contiguous()) return false;
+  if (y.device != Device::CUDA || y.dtype != DType::BF16 || y.rank() != 2 || !y.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(y.data) % 16 != 0)
+    return false;
+  const int64_t k = x.dim(1);
+  if (k < kGemmBlockK || k % kGemmBlockK != 0 || w.dim(1) != k || y.dim(1) != w.dim(0)) return false;
   return hopper_available();
 }
 

@@ -35,8 +35,8 @@ bool install_hopper_prefill_attention();
 // engine's.
 inline constexpr int64_t kHopperGemmMinTokens = 1024;
 
-// Whether gemm_wgmma_v2() takes y = x W^T: bf16 contiguous CUDA matrices, K a multiple of 64, N a multiple of 8
-// (the TMA-store epilogue), 16-byte aligned starts, and a Hopper GPU.
+// Whether gemm_wgmma_v2() takes y = x W^T: bf16 contiguous CUDA matrices, x and w TMA-ready (tma_matrix_ok), y
+// 16-byte aligned, K a multiple of 64 (any M and N), and a Hopper GPU.
 bool hopper_gemm_accepts(const TensorView& y, const TensorView& x, const TensorView& w);
 // The function behind the seam: gemm_wgmma_v2() when hopper_gemm_accepts(), else false (nothing launched).
 bool hopper_large_gemm(const TensorView& y, const TensorView& x, const TensorView& w, cudaStream_t stream);

@@ -29,4 +29,12 @@ namespace tvllm {
 CUtensorMap make_tensor_map_bf16_2d(const void* base, uint64_t rows, uint64_t cols, uint64_t row_pitch_bytes,
                                     uint32_t box_rows, uint32_t box_cols, TmaSwizzle swizzle);
 
+// Whether a bf16 matrix view can be described by a tensor map as it is: a CUDA matrix with contiguous columns,
+// its base 16-byte aligned and its row pitch a multiple of 16 bytes (8 bf16). The one statement of that rule:
+// the kernels' argument checks and lesson 15's engine hooks (prefill_hook.cpp) both ask it.
+inline bool tma_matrix_ok(const TensorView& t) {
+  return t.device == Device::CUDA && t.dtype == DType::BF16 && t.rank() == 2 && t.strides.size() == 2 &&
+         t.strides[1] == 1 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0;
+}
+
 }  // namespace tvllm
