@@ -63,19 +63,24 @@ TEST(LatencyCli14, BadArgumentsExitTwoWithAMessage) {
 TEST(LatencyCli14, TheFastPathFlagsAreAcceptedAndTheCpuRunsTheReference) {
   const auto r = run_command(bin() + " bench latency --model " + model() +
                              " --device cpu --context 8 --output-len 2 --prefill-len 4 --iters 1 --output json"
-                             " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention 2>/dev/null");
+                             " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention --no-hopper"
+                             " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json j = json::parse(r.output);
   ASSERT_EQ(j["runs"].size(), 1u);
   EXPECT_EQ(j["runs"][0]["variant"], "CPU reference path (the fast path is for CUDA)");
+  // The CPU has no lesson 15 kernels: one prefill row, lessons 10 + 06's.
+  ASSERT_EQ(j["runs"][0]["prefill"].size(), 1u);
+  EXPECT_EQ(j["runs"][0]["prefill"][0]["kernels"], "lessons 10 + 06");
 }
 
 TEST(LatencyCli14, FastPathFlagsChangeNoTokens) {
   const std::string base = bin() + " generate --model " + model() +
                            " --device cpu --prompt-ids '744 474 274 370' --max-tokens 8 --ignore-eos --output json";
   const auto plain = run_command(base + " 2>/dev/null");
-  const auto flags =
-      run_command(base + " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention 2>/dev/null");
+  const auto flags = run_command(base +
+                                 " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention"
+                                 " --no-hopper-attention --hopper-gemm 2>/dev/null");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   ASSERT_EQ(flags.exit_code, 0) << flags.output;
   const json a = json::parse(plain.output), b = json::parse(flags.output);
