@@ -1,0 +1,346 @@
+// Lesson 15, step 7 on the GPU: flash_wgmma_paged() (the wgmma kernel over lesson 12's paged pool) against lesson
+// 12's CPU paged prefill reference (paged_prefill_attention_cpu) with lesson 07's tolerance (attention_check.h:
+// (2^-8 + 1e-4) max|v| + the same relative; P is rounded to bf16 before P V). Every pool slot that no sequence's
+// keys occupy (whole unused blocks, and the tail of each sequence's last block) holds NaN on the GPU: a kernel that
+// reads a key it must not see, or lets an unwritten V row into P V (0 x NaN), fails. Outputs start as NaN too.
+// Shapes: block sizes 8 .. 256 with shuffled tables, prefixes of 0 .. 300 keys, q_len 1 .. 200, several sequences
+// per step, a prefix-cache hit (two tables sharing blocks), GQA groups 1 .. 8, head_dim 64 and 128, sliding
+// windows, each compiled config; bit-equality with the contiguous kernel on the same keys; a created stream; the
+// refusals. Then the engine: prefix caching on, chunked prefill in small steps, against each request alone, with a
+// counting wrapper in lesson 12's seam proving the paged kernel ran. Skipped without an H100/H200 (sm_90a).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "common/cuda_stream.h"
+#include "common/errors.h"
+#include "common/random.h"
+#include "engine.h"
+#include "engine_bench.h"
+#include "engine_check.h"
+#include "engine_paged.h"
+#include "flash_paged.h"
+#include "flash_wgmma.h"
+#include "hopper.h"
+#include "paged_kv.h"
+#include "prefill_hook.h"
+#include "testing/attention_check.h"
+#include "testing/engine_fixture.h"
+#include "testing/hopper_testing.h"
+#include "testing/testing.h"
+
+namespace tvllm {
+namespace {
+
+using testing::expect_close;
+using testing::flash_tol;
+using testing::round_to_bf16;
+
+// Tables for sequences of these context lengths from a shuffled pool; with share_from >= 0 the last sequence
+// starts with share_blocks blocks of sequence share_from (a prefix-cache hit).
+std::vector<std::vector<int32_t>> shuffled_tables(const std::vector<int64_t>& k_lens, int64_t bs, int64_t num_blocks,
+                                                  uint64_t seed, int share_from = -1, int64_t share_blocks = 0) {
+  std::vector<int32_t> order(static_cast<size_t>(num_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(seed);
+  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
+  std::vector<std::vector<int32_t>> tables(k_lens.size());
+  size_t next = 0;
+  for (size_t b = 0; b < k_lens.size(); ++b) {
+    if (share_from >= 0 && b + 1 == k_lens.size())
+      tables[b].assign(tables[share_from].begin(), tables[share_from].begin() + share_blocks);
+    while (static_cast<int64_t>(tables[b].size()) * bs < k_lens[b]) tables[b].push_back(order.at(next++));
+  }
+  return tables;
+}
+
+int64_t blocks_needed(const std::vector<int64_t>& k_lens, int64_t bs) {
+  int64_t n = 0;
+  for (int64_t k : k_lens) n += (k + bs - 1) / bs;
+  return n;
+}
+
+struct Step {
+  std::vector<int64_t> q_lens, k_lens;
+  int share_from = -1;
+  int64_t share_keys = 0;  // keys of sequence share_from's first blocks the last sequence shares (a multiple of bs)
+};
+
+struct Result {
+  std::vector<float> got, want;
+  double max_v = 0.0;
+  int64_t non_finite = 0;
+};
+
+// One step on both sides: the pools hold the same bf16-exact keys and values at every slot some sequence's key
+// occupies, NaN everywhere else (GPU and CPU alike; the CPU reference never reads those). The GPU runs
+// flash_wgmma_paged (config, or the default), the CPU paged_prefill_attention_cpu.
+Result run_step(const Step& st, const AttentionShape& s, int64_t bs, uint64_t seed, const FlashConfig* config = nullptr,
+                cudaStream_t stream = nullptr) {
+  const int64_t num_blocks = blocks_needed(st.k_lens, bs) + 7;  // some blocks nobody uses
+  const auto tables = shuffled_tables(st.k_lens, bs, num_blocks, seed, st.share_from, st.share_keys / bs);
+  const int64_t B = static_cast<int64_t>(st.q_lens.size()), kv = s.kv_dim();
+  const int64_t Tq = std::accumulate(st.q_lens.begin(), st.q_lens.end(), int64_t{0});
+  std::set<int64_t> used;
+  std::vector<int32_t> slots;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t pos = 0; pos < st.k_lens[b]; ++pos) used.insert(tables[b][pos / bs] * bs + pos % bs);
+    for (int64_t pos = st.k_lens[b] - st.q_lens[b]; pos < st.k_lens[b]; ++pos)
+      slots.push_back(static_cast<int32_t>(tables[b][pos / bs] * bs + pos % bs));
+  }
+  const auto n = static_cast<size_t>(num_blocks * bs * kv);
+  std::vector<float> k = round_to_bf16(random_normal(n, seed + 1)), v = round_to_bf16(random_uniform(n, seed + 2));
+  Result r;
+  for (int64_t slot = 0; slot < num_blocks * bs; ++slot)
+    for (int64_t c = 0; c < kv; ++c) {
+      const auto i = static_cast<size_t>(slot * kv + c);
+      if (used.count(slot) == 0) k[i] = v[i] = NAN;
+      else r.max_v = std::max(r.max_v, static_cast<double>(std::fabs(v[i])));
+    }
+  const std::vector<float> q = round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed + 3, 2.f));
+  for (Device d : {Device::CPU, Device::CUDA}) {
+    const bool gpu = d == Device::CUDA;
+    const DType dt = gpu ? DType::BF16 : DType::F32;
+    PagedKvPool pool(s, 1, num_blocks, bs, d);
+    copy_view(pool.k(0), Tensor::from_f32(k, pool.k(0).shape, dt, d).view());
+    copy_view(pool.v(0), Tensor::from_f32(v, pool.k(0).shape, dt, d).view());
+    AttentionBatch batch(B, d);
+    batch.set_lengths(st.q_lens, st.k_lens);
+    size_t longest = 1;
+    for (const auto& t : tables) longest = std::max(longest, t.size());
+    PagedStepTables t(std::max<int64_t>(Tq, 1), B, static_cast<int64_t>(longest), num_blocks, bs, d);
+    t.set(slots, tables);
+    const Tensor qt = Tensor::from_f32(q, {Tq, s.q_dim()}, dt, d);
+    const Tensor out = Tensor::from_f32(std::vector<float>(q.size(), NAN), {Tq, s.q_dim()}, dt, d);
+    if (gpu) {
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      if (config) flash_wgmma_paged(out, qt, pool.k(0), pool.v(0), batch, t, s, stream, *config);
+      else flash_wgmma_paged(out, qt, pool.k(0), pool.v(0), batch, t, s, stream);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      r.got = to_f32_vector(out);
+    } else {
+      paged_prefill_attention_cpu(out, qt, pool.k(0), pool.v(0), batch, t, s);
+      r.want = to_f32_vector(out);
+    }
+  }
+  for (float x : r.got) r.non_finite += !std::isfinite(x);
+  return r;
+}
+
+std::string describe_step(const Step& st, const AttentionShape& s, int64_t bs) {
+  std::string n = "D " + std::to_string(s.head_dim) + " heads " + std::to_string(s.n_heads) + "/" +
+                  std::to_string(s.n_kv_heads) + " window " + std::to_string(s.window) + " block_size " +
+                  std::to_string(bs) + " (q_len, k_len):";
+  for (size_t b = 0; b < st.q_lens.size(); ++b)
+    n += " (" + std::to_string(st.q_lens[b]) + ", " + std::to_string(st.k_lens[b]) + ")";
+  return n;
+}
+
+void expect_step(const Step& st, const AttentionShape& s, int64_t bs, uint64_t seed,
+                 const FlashConfig* config = nullptr) {
+  const Result r = run_step(st, s, bs, seed, config);
+  const std::string name = describe_step(st, s, bs) + (config ? std::string(" config ") + config->name : "");
+  EXPECT_EQ(r.non_finite, 0) << name << ": NaN or inf in the output (a row never written, or a NaN slot read)";
+  expect_close(r.got, r.want, s, flash_tol(r.max_v), name);
+}
+
+// Prefill, a chunk after a prefix, a decode-sized sequence, a tiny one, and a prefix-cache hit: every block size.
+TEST(FlashPaged15Gpu, EveryBlockSizeWithShuffledTables) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t bs : {8, 16, 32, 64, 128, 256})
+    for (int64_t d : {64, 128}) {
+      Step st{{77, 1, 200, 5, 40}, {77, 300, 300, 5, 556}, 2, 256};
+      expect_step(st, AttentionShape{8, 2, d}, bs, 100 + bs + d);
+    }
+}
+
+// Prefixes of 0 .. 300 keys (tile and block edges on both sides) under every query count 1 .. 200 (block-row
+// edges of 64, 128 and 192), ten sequences per step.
+TEST(FlashPaged15Gpu, PrefixesOf0To300KeysUnderQueryRuns1To200) {
+  TVLLM_REQUIRE_HOPPER();
+  const std::vector<int64_t> prefixes = {0, 1, 7, 8, 127, 128, 129, 255, 256, 300};
+  for (int64_t d : {64, 128})
+    for (int64_t q_len : {1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 193, 200}) {
+      Step st;
+      for (int64_t p : prefixes) st.q_lens.push_back(q_len), st.k_lens.push_back(p + q_len);
+      st.q_lens.push_back(std::max<int64_t>(2, q_len));  // at least one run of several queries
+      st.k_lens.push_back(st.q_lens.back() + 33);
+      expect_step(st, AttentionShape{4, 1, d}, 16, 200 + q_len + d);
+    }
+}
+
+TEST(FlashPaged15Gpu, GqaGroups1To8) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t d : {64, 128})
+    for (int64_t group : {1, 2, 4, 8})
+      expect_step(Step{{150, 30}, {400, 30}}, AttentionShape{8, 8 / group, d}, 32, 300 + group + d);
+}
+
+TEST(FlashPaged15Gpu, SlidingWindows) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t d : {64, 128})
+    for (int64_t window : {1, 100, 128, 129, 300})
+      expect_step(Step{{50, 200, 3}, {700, 500, 260}}, AttentionShape{4, 1, d, window}, 16, 400 + window + d);
+}
+
+// Each compiled paged config, explicitly (the defaults pick them by max_q_len).
+TEST(FlashPaged15Gpu, EveryCompiledConfig) {
+  TVLLM_REQUIRE_HOPPER();
+  for (int64_t d : {64, 128})
+    for (const FlashConfig& c : flash_configs(d)) {
+      if (!flash_wgmma_paged_has_config(d, c)) continue;
+      expect_step(Step{{1, 130, 64, 257}, {129, 300, 64, 1000}}, AttentionShape{8, 2, d}, 16, 500 + d, &c);
+      expect_step(Step{{10, 200}, {510, 300}}, AttentionShape{8, 8, d, 300}, 64, 510 + d, &c);
+    }
+}
+
+// The same keys in shuffled blocks of 16 and packed contiguously: the paged kernel gives the contiguous kernel's
+// bits (the same tiles, the same arithmetic in the same order; only the boxes differ), on the Llama-3.2-1B shape
+// at 1000 + 1000 keys, per compiled config.
+TEST(FlashPaged15Gpu, PagedGivesTheContiguousKernelsBits) {
+  TVLLM_REQUIRE_HOPPER();
+  const std::vector<int64_t> q_lens = {1000, 1, 77}, k_lens = {2000, 300, 77};
+  const int64_t bs = 16, B = 3;
+  for (int64_t d : {64, 128}) {
+    const AttentionShape s{32, 8, d};
+    const int64_t kv = s.kv_dim(), num_blocks = blocks_needed(k_lens, bs) + 3;
+    const auto tables = shuffled_tables(k_lens, bs, num_blocks, 600 + d);
+    const int64_t Tk = 2377, Tq = 1078;
+    const std::vector<float> k = random_normal(static_cast<size_t>(Tk * kv), 601);
+    const std::vector<float> v = random_uniform(static_cast<size_t>(Tk * kv), 602);
+    std::vector<float> pk(static_cast<size_t>(num_blocks * bs * kv), 0.f), pv(pk.size(), 0.f);
+    std::vector<int32_t> slots;
+    int64_t row = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t pos = 0; pos < k_lens[b]; ++pos, ++row) {
+        const int64_t slot = tables[b][pos / bs] * bs + pos % bs;
+        std::copy_n(k.begin() + row * kv, kv, pk.begin() + slot * kv);
+        std::copy_n(v.begin() + row * kv, kv, pv.begin() + slot * kv);
+        if (pos >= k_lens[b] - q_lens[b]) slots.push_back(static_cast<int32_t>(slot));
+      }
+    PagedKvPool pool(s, 1, num_blocks, bs, Device::CUDA);
+    copy_view(pool.k(0), Tensor::from_f32(pk, pool.k(0).shape, DType::BF16, Device::CUDA).view());
+    copy_view(pool.v(0), Tensor::from_f32(pv, pool.k(0).shape, DType::BF16, Device::CUDA).view());
+    PagedStepTables t(Tq, B, 125, num_blocks, bs, Device::CUDA);
+    t.set(slots, tables);
+    AttentionBatch batch(B, Device::CUDA);
+    batch.set_lengths(q_lens, k_lens);
+    const Tensor q = Tensor::from_f32(random_normal(static_cast<size_t>(Tq * s.q_dim()), 603), {Tq, s.q_dim()},
+                                      DType::BF16, Device::CUDA);
+    const Tensor kc = Tensor::from_f32(k, {Tk, kv}, DType::BF16, Device::CUDA);
+    const Tensor vc = Tensor::from_f32(v, {Tk, kv}, DType::BF16, Device::CUDA);
+    for (const FlashConfig& c : flash_configs(d)) {
+      if (!flash_wgmma_paged_has_config(d, c)) continue;
+      const Tensor a = Tensor::empty({Tq, s.q_dim()}, DType::BF16, Device::CUDA);
+      const Tensor p = Tensor::empty({Tq, s.q_dim()}, DType::BF16, Device::CUDA);
+      TVLLM_CUDA_CHECK(cudaMemset(p.data(), 0xFF, p.view().nbytes()));
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      flash_wgmma(a, q, kc, vc, batch, s, nullptr, c);
+      flash_wgmma_paged(p, q, pool.k(0), pool.v(0), batch, t, s, nullptr, c);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(to_f32_vector(p), to_f32_vector(a)) << c.name << " head_dim " << d;
+    }
+  }
+}
+
+TEST(FlashPaged15Gpu, RunsOnTheCallersStream) {
+  TVLLM_REQUIRE_HOPPER();
+  CudaStream stream;
+  const AttentionShape s{8, 2, 64};
+  const Step st{{40, 3}, {600, 33}};
+  const Result r = run_step(st, s, 16, 700, nullptr, stream.get());
+  EXPECT_EQ(r.non_finite, 0);
+  expect_close(r.got, r.want, s, flash_tol(r.max_v), "on a created stream");
+}
+
+TEST(FlashPaged15Gpu, RefusalsOnTheGpu) {
+  TVLLM_REQUIRE_HOPPER();
+  // Blocks of 4 and head_dim 96: flash_wgmma_paged throws, the hook declines (lesson 12's kernel runs).
+  for (const auto& [bs, d] : std::vector<std::pair<int64_t, int64_t>>{{4, 64}, {16, 96}}) {
+    const AttentionShape s{4, 2, d};
+    PagedKvPool pool(s, 1, 10, bs, Device::CUDA);
+    PagedStepTables t(8, 1, 10, 10, bs, Device::CUDA);
+    t.set({0, 1, 2, 3, 4, 5, 6, 7}, {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}});
+    const AttentionBatch batch = AttentionBatch::with_lengths({8}, {8}, Device::CUDA);
+    const Tensor q = Tensor::empty({8, s.q_dim()}, DType::BF16, Device::CUDA);
+    const Tensor out = Tensor::empty({8, s.q_dim()}, DType::BF16, Device::CUDA);
+    EXPECT_THROW(flash_wgmma_paged(out, q, pool.k(0), pool.v(0), batch, t, s), InputError) << bs << " " << d;
+    EXPECT_FALSE(hopper_paged_prefill_attention(out, q, pool.k(0), pool.v(0), batch, t, s, nullptr));
+  }
+}
+
+// ---- the engine -------------------------------------------------------------------------------------------------
+
+std::atomic<int64_t> g_paged_ran{0}, g_paged_declined{0}, g_fresh_ran{0};
+
+bool counting_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
+                    const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
+                    cudaStream_t stream) {
+  const bool ran = hopper_paged_prefill_attention(out, q, pool_k, pool_v, batch, tables, shape, stream);
+  (ran ? g_paged_ran : g_paged_declined).fetch_add(1);
+  return ran;
+}
+bool counting_fresh(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                    const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream) {
+  const bool ran = hopper_prefill_attention(out, q, k, v, batch, shape, stream);
+  if (ran) g_fresh_ran.fetch_add(1);
+  return ran;
+}
+struct CountingHooks {
+  CountingHooks() {
+    g_paged_ran = g_paged_declined = g_fresh_ran = 0;
+    install_fresh_prefill(counting_fresh);
+    install_fast_paged_prefill(counting_paged);
+  }
+  ~CountingHooks() {
+    install_fresh_prefill(nullptr);
+    install_fast_paged_prefill(nullptr);
+  }
+};
+
+// Prefix caching on (a shared system prompt of 100 tokens), chunked prefill with a budget of 48 tokens per step:
+// most prefill steps carry a cached prefix (a prefix-cache hit, or a chunk after earlier chunks) and go through the
+// paged wgmma kernel. Lesson 11's rule (engine_check.h) against each request alone through lesson 10's Generator
+// WITHOUT the hooks, every KV block back in the pool. Blocks of 16 and of 32.
+void engine_case(int64_t block_size) {
+  const ModelWeights& w = testing::bundled_model<Device::CUDA>().w;
+  constexpr int64_t kMaxContext = 512;
+  const std::vector<int32_t> stop = {13};
+  const auto requests = make_check_requests(40, 2, 200, 1, 32, workload_id_high(w.config), 43, 100, stop);
+  const AloneResults alone = run_alone(w, requests, kMaxContext);  // no hook installed yet
+  CountingHooks hooks;
+  PagedKvOptions o;
+  o.num_blocks = 40 * 512 / block_size;
+  o.block_size = block_size;
+  o.prefix_caching = true;
+  Engine engine(w, testing::engine_config(48, 16, kMaxContext), paged_kv(o));
+  engine.kv().attention().set_fast_prefill(true);
+  const EngineRunResult run = run_requests(engine, requests);
+  EXPECT_TRUE(run.events_ok) << run.events_error;
+  const AloneCheck check = check_against_alone(w, requests, run, alone, kMaxContext);
+  EXPECT_TRUE(check.pass()) << check.summary();
+  std::printf("block size %lld: %s; paged kernel ran %lld times (declined %lld), fresh kernel %lld\n",
+              static_cast<long long>(block_size), check.summary().c_str(), static_cast<long long>(g_paged_ran.load()),
+              static_cast<long long>(g_paged_declined.load()), static_cast<long long>(g_fresh_ran.load()));
+  EXPECT_GT(g_paged_ran.load(), g_fresh_ran.load()) << "most prefill steps should carry a cached prefix";
+  EXPECT_EQ(g_paged_declined.load(), 0);
+  const KvUsage u = engine.kv().usage();
+  EXPECT_EQ(u.free_blocks, u.total_blocks);
+}
+
+TEST(FlashPaged15Gpu, EngineWithPrefixCachingAndChunksAgreesWithEachRequestAlone) {
+  TVLLM_REQUIRE_HOPPER();
+  engine_case(16);
+  engine_case(32);
+}
+
+}  // namespace
+}  // namespace tvllm
