@@ -438,8 +438,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
   // slots of its last block that no step has written: whatever they hold, possibly NaN. P is exactly 0 there
   // (masked), but 0 x NaN is NaN, so before P V reads such a tile (a sequence's last one only) the consumers
   // zero those rows of V, each thread a share of the 16-byte chunks; a whole 128-byte row is zero whatever the
-  // swizzle. Then the async-proxy fence (wgmma reads through it) and a barrier of all consumers (named barrier
-  // 7): every store lands before any warpgroup's P V. K's rows there need nothing: the mask overwrites S.
+  // swizzle. Then the async-proxy fence (wgmma reads through it) and a barrier of all consumers: every store lands
+  // before any warpgroup's P V. Named barrier 1 (ptxas then reserves 2 barriers, not 8), unless ping-pong or P in
+  // shared memory use 1 .. 6; then 7. K's rows there need nothing: the mask overwrites S.
   const auto clean_v = [&](uint32_t s, int k0) {
     if constexpr (kPaged) {
       const int valid = k_len - k0;
@@ -451,7 +452,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
           *reinterpret_cast<uint4*>(rows + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
       }
       fence_proxy_async_shared();
-      named_barrier_sync(7, 128 * kConsumers);
+      named_barrier_sync(kPingPong || kPSmem ? 7 : 1, 128 * kConsumers);
     } else {
       (void)s, (void)k0;
     }
