@@ -6,8 +6,8 @@
 //
 // Through lesson 07's seam (attention.h: install_fresh_prefill / try_fresh_prefill): the earlier lessons cannot
 // link this one. A backend asks for it with set_fast_prefill(true); tiny-vllm does that on sm_90 unless
-// --no-hopper-attention or batch invariance is asked for (a step's prefix-cache hit would then take the paged
-// kernel and a miss this one: the same sequence with other bits).
+// --no-hopper-attention or batch invariance is asked for (a prefix-cache hit could then take another kernel than a
+// miss: the same sequence with other bits).
 #pragma once
 
 #include "attention.h"
