@@ -1,6 +1,7 @@
 // Lesson 15, step 7 on the GPU: flash_wgmma_paged() (the wgmma kernel over lesson 12's paged pool) against lesson
-// 12's CPU paged prefill reference (paged_prefill_attention_cpu) with lesson 07's tolerance (attention_check.h:
-// (2^-8 + 1e-4) max|v| + the same relative; P is rounded to bf16 before P V). Every pool slot that no sequence's
+// 12's CPU paged prefill reference (paged_prefill_attention_cpu) with lesson 07's tolerance (flash_check.h:
+// (2^-8 + 1e-4) max|v| + the same relative; P is rounded to bf16 before P V), lesson 12's GPU paged flash kernel
+// beside it on the same pool (it must pass the same bar). Every pool slot that no sequence's
 // keys occupy (whole unused blocks, and the tail of each sequence's last block) holds NaN on the GPU: a kernel that
 // reads a key it must not see, or lets an unwritten V row into P V (0 x NaN), fails. Outputs start as NaN too.
 // Shapes: block sizes 8 .. 256 with shuffled tables, prefixes of 0 .. 300 keys, q_len 1 .. 200, several sequences
@@ -15,7 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +27,7 @@
 #include "engine_bench.h"
 #include "engine_check.h"
 #include "engine_paged.h"
+#include "flash_check.h"
 #include "flash_paged.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
@@ -40,9 +41,7 @@
 namespace tvllm {
 namespace {
 
-using testing::expect_close;
-using testing::flash_tol;
-using testing::round_to_bf16;
+using testing::describe;
 
 // Tables for sequences of these context lengths from a shuffled pool; with share_from >= 0 the last sequence
 // starts with share_blocks blocks of sequence share_from (a prefix-cache hit).
@@ -74,82 +73,17 @@ struct Step {
   int64_t share_keys = 0;  // keys of sequence share_from's first blocks the last sequence shares (a multiple of bs)
 };
 
-struct Result {
-  std::vector<float> got, want;
-  double max_v = 0.0;
-  int64_t non_finite = 0;
-};
-
-// One step on both sides: the pools hold the same bf16-exact keys and values at every slot some sequence's key
-// occupies, NaN everywhere else (GPU and CPU alike; the CPU reference never reads those). The GPU runs
-// flash_wgmma_paged (config, or the default), the CPU paged_prefill_attention_cpu.
-Result run_step(const Step& st, const AttentionShape& s, int64_t bs, uint64_t seed, const FlashConfig* config = nullptr,
-                cudaStream_t stream = nullptr) {
-  const int64_t num_blocks = blocks_needed(st.k_lens, bs) + 7;  // some blocks nobody uses
-  const auto tables = shuffled_tables(st.k_lens, bs, num_blocks, seed, st.share_from, st.share_keys / bs);
-  const int64_t B = static_cast<int64_t>(st.q_lens.size()), kv = s.kv_dim();
-  const int64_t Tq = std::accumulate(st.q_lens.begin(), st.q_lens.end(), int64_t{0});
-  std::set<int64_t> used;
-  std::vector<int32_t> slots;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t pos = 0; pos < st.k_lens[b]; ++pos) used.insert(tables[b][pos / bs] * bs + pos % bs);
-    for (int64_t pos = st.k_lens[b] - st.q_lens[b]; pos < st.k_lens[b]; ++pos)
-      slots.push_back(static_cast<int32_t>(tables[b][pos / bs] * bs + pos % bs));
-  }
-  const auto n = static_cast<size_t>(num_blocks * bs * kv);
-  std::vector<float> k = round_to_bf16(random_normal(n, seed + 1)), v = round_to_bf16(random_uniform(n, seed + 2));
-  Result r;
-  for (int64_t slot = 0; slot < num_blocks * bs; ++slot)
-    for (int64_t c = 0; c < kv; ++c) {
-      const auto i = static_cast<size_t>(slot * kv + c);
-      if (used.count(slot) == 0) k[i] = v[i] = NAN;
-      else r.max_v = std::max(r.max_v, static_cast<double>(std::fabs(v[i])));
-    }
-  const std::vector<float> q = round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed + 3, 2.f));
-  for (Device d : {Device::CPU, Device::CUDA}) {
-    const bool gpu = d == Device::CUDA;
-    const DType dt = gpu ? DType::BF16 : DType::F32;
-    PagedKvPool pool(s, 1, num_blocks, bs, d);
-    copy_view(pool.k(0), Tensor::from_f32(k, pool.k(0).shape, dt, d).view());
-    copy_view(pool.v(0), Tensor::from_f32(v, pool.k(0).shape, dt, d).view());
-    AttentionBatch batch(B, d);
-    batch.set_lengths(st.q_lens, st.k_lens);
-    size_t longest = 1;
-    for (const auto& t : tables) longest = std::max(longest, t.size());
-    PagedStepTables t(std::max<int64_t>(Tq, 1), B, static_cast<int64_t>(longest), num_blocks, bs, d);
-    t.set(slots, tables);
-    const Tensor qt = Tensor::from_f32(q, {Tq, s.q_dim()}, dt, d);
-    const Tensor out = Tensor::from_f32(std::vector<float>(q.size(), NAN), {Tq, s.q_dim()}, dt, d);
-    if (gpu) {
-      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-      if (config) flash_wgmma_paged(out, qt, pool.k(0), pool.v(0), batch, t, s, stream, *config);
-      else flash_wgmma_paged(out, qt, pool.k(0), pool.v(0), batch, t, s, stream);
-      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-      r.got = to_f32_vector(out);
-    } else {
-      paged_prefill_attention_cpu(out, qt, pool.k(0), pool.v(0), batch, t, s);
-      r.want = to_f32_vector(out);
-    }
-  }
-  for (float x : r.got) r.non_finite += !std::isfinite(x);
-  return r;
-}
-
-std::string describe_step(const Step& st, const AttentionShape& s, int64_t bs) {
-  std::string n = "D " + std::to_string(s.head_dim) + " heads " + std::to_string(s.n_heads) + "/" +
-                  std::to_string(s.n_kv_heads) + " window " + std::to_string(s.window) + " block_size " +
-                  std::to_string(bs) + " (q_len, k_len):";
-  for (size_t b = 0; b < st.q_lens.size(); ++b)
-    n += " (" + std::to_string(st.q_lens[b]) + ", " + std::to_string(st.k_lens[b]) + ")";
-  return n;
-}
-
+// flash_check.h's check_flash_wgmma_paged: the pool holds NaN in every slot no key occupies; lesson 12's CPU
+// reference is the oracle, lesson 12's GPU paged flash kernel must pass the same bar on the same pool.
 void expect_step(const Step& st, const AttentionShape& s, int64_t bs, uint64_t seed,
-                 const FlashConfig* config = nullptr) {
-  const Result r = run_step(st, s, bs, seed, config);
-  const std::string name = describe_step(st, s, bs) + (config ? std::string(" config ") + config->name : "");
-  EXPECT_EQ(r.non_finite, 0) << name << ": NaN or inf in the output (a row never written, or a NaN slot read)";
-  expect_close(r.got, r.want, s, flash_tol(r.max_v), name);
+                 const FlashConfig* config = nullptr, cudaStream_t stream = nullptr) {
+  const FlashCheck r =
+      check_flash_wgmma_paged(st.q_lens, st.k_lens, s, bs, seed, st.share_from, st.share_keys, config, stream);
+  EXPECT_GT(r.ours.count, 0);
+  EXPECT_EQ(r.non_finite, 0) << r.ours.name << ": NaN or inf in the output (a row never written, or a NaN slot read)";
+  EXPECT_EQ(r.written_outside, 0) << r.ours.name << ": wrote outside out's columns";
+  EXPECT_TRUE(r.ours.pass()) << describe(r.ours, s);
+  EXPECT_TRUE(r.lesson07.pass()) << "the bar itself moved: " << describe(r.lesson07, s);
 }
 
 // Prefill, a chunk after a prefix, a decode-sized sequence, a tiny one, and a prefix-cache hit: every block size.
@@ -254,11 +188,7 @@ TEST(FlashPaged15Gpu, PagedGivesTheContiguousKernelsBits) {
 TEST(FlashPaged15Gpu, RunsOnTheCallersStream) {
   TVLLM_REQUIRE_HOPPER();
   CudaStream stream;
-  const AttentionShape s{8, 2, 64};
-  const Step st{{40, 3}, {600, 33}};
-  const Result r = run_step(st, s, 16, 700, nullptr, stream.get());
-  EXPECT_EQ(r.non_finite, 0);
-  expect_close(r.got, r.want, s, flash_tol(r.max_v), "on a created stream");
+  expect_step(Step{{40, 3}, {600, 33}}, AttentionShape{8, 2, 64}, 16, 700, nullptr, stream.get());
 }
 
 TEST(FlashPaged15Gpu, RefusalsOnTheGpu) {

@@ -8,6 +8,7 @@
 //   values step 3  clusters of 2, 4 and 8 blocks reading each other's shared memory step 4  the wgmma GEMM on
 //   shapes with ragged edges, against lesson 06's CPU linear(), v1 and v2 (and v2's batch invariance, bits)
 //   step 5  flash attention on wgmma against lesson 07's CPU reference (and lesson 07's v2 beside it)
+//   step 7  the same over lesson 12's paged pool against lesson 12's CPU paged reference
 // On another GPU it says why and exits 77 (CTest: skipped). On the CPU it checks the oracles themselves: the
 // swizzle formula, the descriptor's bits, the accumulator layout, the tile and copy oracles.
 //
@@ -121,6 +122,17 @@ int check_cuda() {
                          r.non_finite == 0 && r.written_outside == 0);
       }
       ++seed;
+    }
+  // Step 7: the same kernel over a paged pool (shuffled blocks of 8, 16 and 128; chunks after a prefix, a decode-
+  // sized sequence, a prefix-cache hit), against lesson 12's CPU paged reference; lesson 12's GPU kernel beside it.
+  for (int64_t d : {64, 128})
+    for (int64_t bs : {8, 16, 128}) {
+      const FlashCheck r = check_flash_wgmma_paged({77, 1, 200, 40}, {77, 300, 300, 556}, AttentionShape{8, 2, d},
+                                                   bs, seed++, 2, 256);
+      report.add(r.ours);
+      report.add(r.lesson07);
+      report.add_check(r.ours.name + ": every row written, nothing outside",
+                       r.non_finite == 0 && r.written_outside == 0);
     }
   std::cout
       << "tolerances: copies and small-integer tiles exact; random tile 2^-12 row RMS + 2^-12 relative; "
