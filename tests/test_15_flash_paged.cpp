@@ -1,8 +1,9 @@
-// Lesson 15, step 7 on the CPU: what the paged wgmma flash attention decides without a GPU. The boxes the producer
-// issues for a tile (against a brute-force walk over every key through lesson 12's block-table formula: each key
-// lands in the tile row it belongs to, from the pool row its table gives, no box crosses a block's end or starts off
-// the swizzle's 8-row period, no table entry past the sequence's last key is read, the mbarrier's byte count is what
-// the boxes deliver), the refusals, the argument checks, the compiled variants, and lesson 12's new seam.
+// Lesson 15, step 7 on the CPU: what the paged wgmma flash attention decides without a GPU. The boxes the
+// producer issues for a tile (against a brute-force walk over every key through lesson 12's block-table
+// formula: each key lands in the tile row it belongs to, from the pool row its table gives, no box crosses a
+// block's end or starts off the swizzle's 8-row period, no table entry past the sequence's last key is read,
+// the mbarrier's byte count is what the boxes deliver), the refusals, the argument checks, the compiled
+// variants, and lesson 12's new seam.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,12 +27,14 @@ namespace {
 using testing::fake_cuda;
 using testing::input_error_of;
 
-// A shuffled table of exactly enough blocks for k_len keys (a read past it would be out of the vector's range).
+// A shuffled table of exactly enough blocks for k_len keys (a read past it would be out of the vector's
+// range).
 std::vector<int32_t> shuffled_table(int64_t k_len, int64_t bs, int64_t num_blocks, uint64_t seed) {
   std::vector<int32_t> order(static_cast<size_t>(num_blocks));
   std::iota(order.begin(), order.end(), 0);
   Rng rng(seed);
-  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
+  for (size_t i = order.size() - 1; i > 0; --i)
+    std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
   order.resize(static_cast<size_t>((k_len + bs - 1) / bs));
   return order;
 }
@@ -41,7 +44,8 @@ TEST(FlashPaged15Boxes, EveryKeyOfATileLandsInItsRowFromItsSlot) {
   for (int64_t bs : {8, 16, 32, 64, 128, 256, 1024})
     for (int k_len : {1, 7, 8, 9, 100, 127, 128, 129, 255, 256, 300, 1000, 2049}) {
       const int64_t num_blocks = (k_len + bs - 1) / bs + 5;
-      const std::vector<int32_t> table = shuffled_table(k_len, bs, num_blocks, static_cast<uint64_t>(bs * 7 + k_len));
+      const std::vector<int32_t> table =
+          shuffled_table(k_len, bs, num_blocks, static_cast<uint64_t>(bs * 7 + k_len));
       for (int k0 = 0; k0 < k_len; k0 += kFlashBlockN, ++tiles) {
         SCOPED_TRACE("block_size " + std::to_string(bs) + " k_len " + std::to_string(k_len) + " k0 " +
                      std::to_string(k0));
@@ -77,7 +81,8 @@ TEST(FlashPaged15Boxes, EveryKeyOfATileLandsInItsRowFromItsSlot) {
         // The rows no box fills are all past the last key: the consumers zero V there (clean_v).
         EXPECT_GE(covered_rows, keys);
         EXPECT_LT(covered_rows - keys, rows) << "at most one partly used box";
-        // The mbarrier's count: exactly the bytes the boxes deliver, per head_dim; a full tile inside the sequence.
+        // The mbarrier's count: exactly the bytes the boxes deliver, per head_dim; a full tile inside the
+        // sequence.
         for (int d : {64, 128}) {
           const uint32_t bytes = flash_paged_tile_bytes(k0, k_len, static_cast<int>(bs), d);
           EXPECT_EQ(bytes, static_cast<uint32_t>(covered_rows) * 128u * static_cast<uint32_t>(d / 64));
@@ -92,7 +97,8 @@ TEST(FlashPaged15Boxes, EveryKeyOfATileLandsInItsRowFromItsSlot) {
 }
 
 TEST(FlashPaged15Boxes, ATileOfSmallBlocksIsOneBoxPerBlock) {
-  // Blocks of 16, a tile at key 128 of a 300-key sequence: boxes at tile rows 0, 16, .., 112 from blocks 8 .. 15.
+  // Blocks of 16, a tile at key 128 of a 300-key sequence: boxes at tile rows 0, 16, .., 112 from blocks 8
+  // .. 15.
   std::vector<int32_t> table(19);
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(100 - i);
   const std::vector<FlashPagedBox> boxes = flash_paged_tile_boxes(128, 300, 16, table.data(), 19);
@@ -116,30 +122,37 @@ TEST(FlashPaged15Boxes, BadTilesAndTablesAreInputErrors) {
   const std::vector<int32_t> table = {0, 1, 2};
   EXPECT_NE(input_error_of([&] { flash_paged_tile_boxes(0, 10, 4, table.data(), 3); }).find("power of two"),
             std::string::npos);
-  EXPECT_NE(input_error_of([&] { flash_paged_tile_boxes(64, 300, 16, table.data(), 3); }).find("multiple of 128"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { flash_paged_tile_boxes(128, 100, 64, table.data(), 3); }).find("before k_len"),
-            std::string::npos);
-  EXPECT_NE(input_error_of([&] { flash_paged_tile_boxes(0, 49, 16, table.data(), 3); }).find("does not cover"),
-            std::string::npos);
+  EXPECT_NE(
+      input_error_of([&] { flash_paged_tile_boxes(64, 300, 16, table.data(), 3); }).find("multiple of 128"),
+      std::string::npos);
+  EXPECT_NE(
+      input_error_of([&] { flash_paged_tile_boxes(128, 100, 64, table.data(), 3); }).find("before k_len"),
+      std::string::npos);
+  EXPECT_NE(
+      input_error_of([&] { flash_paged_tile_boxes(0, 49, 16, table.data(), 3); }).find("does not cover"),
+      std::string::npos);
 }
 
-// ---- the refusals ---------------------------------------------------------------------------------------------
+// ---- the refusals
+// ---------------------------------------------------------------------------------------------
 
 TEST(FlashPaged15Checks, RefusesHeadDimsBlockSizesAndHugePools) {
   for (int64_t d : {64, 128})
     for (int64_t bs : {8, 16, 32, 64, 128, 256, 4096})
       EXPECT_EQ(flash_paged_refusal(AttentionShape{8, 2, d}, bs, 1000 * bs), "") << d << " " << bs;
   for (int64_t d : {32, 80, 96, 256})
-    EXPECT_NE(flash_paged_refusal(AttentionShape{8, 2, d}, 16, 1600).find("head_dim"), std::string::npos) << d;
+    EXPECT_NE(flash_paged_refusal(AttentionShape{8, 2, d}, 16, 1600).find("head_dim"), std::string::npos)
+        << d;
   for (int64_t bs : {0, 1, 2, 4, 12, 24, 100})
-    EXPECT_NE(flash_paged_refusal(AttentionShape{8, 2, 64}, bs, 1600).find("block size"), std::string::npos) << bs;
-  EXPECT_NE(flash_paged_refusal(AttentionShape{8, 2, 64}, 16, int64_t{1} << 31).find("2^31"), std::string::npos);
+    EXPECT_NE(flash_paged_refusal(AttentionShape{8, 2, 64}, bs, 1600).find("block size"), std::string::npos)
+        << bs;
+  EXPECT_NE(flash_paged_refusal(AttentionShape{8, 2, 64}, 16, int64_t{1} << 31).find("2^31"),
+            std::string::npos);
   EXPECT_EQ(flash_paged_refusal(AttentionShape{8, 2, 64}, 16, (int64_t{1} << 31) - 16), "");
 }
 
-// The checks before any launch, on fake CUDA views (no GPU here): each names its problem. CPU tables reach every
-// check up to "the tables must be made for cuda" (the kernel reads them from the device).
+// The checks before any launch, on fake CUDA views (no GPU here): each names its problem. CPU tables reach
+// every check up to "the tables must be made for cuda" (the kernel reads them from the device).
 TEST(FlashPaged15Checks, ArgumentsAreCheckedBeforeAnyLaunch) {
   const AttentionShape s{8, 2, 64};
   const int64_t T = 10, blocks = 20, bs = 16;
@@ -162,9 +175,11 @@ TEST(FlashPaged15Checks, ArgumentsAreCheckedBeforeAnyLaunch) {
   // q as columns 4.. of a wider buffer: its data is 8 bytes past a 16-byte boundary.
   const TensorView odd = fake_cuda(DType::BF16, {T, s.q_dim() + 8}).columns(4, s.q_dim());
   EXPECT_NE(error(out, odd, pk, pv, tables, s).find("TMA"), std::string::npos);
-  EXPECT_NE(error(out, q, fake_cuda(DType::BF16, {blocks, 8, s.kv_dim()}), pv, tables, s).find("pool_k must be one layer"),
+  EXPECT_NE(error(out, q, fake_cuda(DType::BF16, {blocks, 8, s.kv_dim()}), pv, tables, s)
+                .find("pool_k must be one layer"),
             std::string::npos);
-  EXPECT_NE(error(out, q, pk, fake_cuda(DType::F32, {blocks, bs, s.kv_dim()}), tables, s).find("pool_v must be contiguous bf16"),
+  EXPECT_NE(error(out, q, pk, fake_cuda(DType::F32, {blocks, bs, s.kv_dim()}), tables, s)
+                .find("pool_v must be contiguous bf16"),
             std::string::npos);
   EXPECT_NE(error(out, q, pk, pv, tables, s).find("must be made for cuda"), std::string::npos);
 }
@@ -182,11 +197,13 @@ TEST(FlashPaged15Checks, EveryDefaultConfigHasAPagedKernel) {
       }
 }
 
-// ---- lesson 12's seam -----------------------------------------------------------------------------------------
+// ---- lesson 12's seam
+// -----------------------------------------------------------------------------------------
 
 std::atomic<int> g_calls{0};
 bool counting_paged_prefill(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                            const AttentionBatch&, const PagedStepTables&, const AttentionShape&, cudaStream_t) {
+                            const AttentionBatch&, const PagedStepTables&, const AttentionShape&,
+                            cudaStream_t) {
   ++g_calls;
   return true;
 }
@@ -194,7 +211,8 @@ bool counting_paged_prefill(const TensorView&, const TensorView&, const TensorVi
 TEST(FlashPaged15Seam, ThePagedPrefillSeamTakesOnlyGpuStepsWithSeveralQueries) {
   const AttentionShape s{8, 2, 64};
   PagedStepTables tables(8, 2, 4, 20, 16, Device::CPU);
-  const TensorView pk = fake_cuda(DType::BF16, {20, 16, s.kv_dim()}), pv = fake_cuda(DType::BF16, {20, 16, s.kv_dim()});
+  const TensorView pk = fake_cuda(DType::BF16, {20, 16, s.kv_dim()}),
+                   pv = fake_cuda(DType::BF16, {20, 16, s.kv_dim()});
   const TensorView q = fake_cuda(DType::BF16, {5, s.q_dim()}), out = fake_cuda(DType::BF16, {5, s.q_dim()});
   const AttentionBatch chunk = AttentionBatch::with_lengths({4, 1}, {40, 9}, Device::CPU);
   const AttentionBatch decode = AttentionBatch::with_lengths({1, 1}, {40, 9}, Device::CPU);
@@ -203,9 +221,11 @@ TEST(FlashPaged15Seam, ThePagedPrefillSeamTakesOnlyGpuStepsWithSeveralQueries) {
   EXPECT_FALSE(try_fast_paged_prefill(out, q, pk, pv, chunk, tables, s, nullptr));  // nothing installed
   install_fast_paged_prefill(counting_paged_prefill);
   EXPECT_EQ(installed_fast_paged_prefill(), &counting_paged_prefill);
-  EXPECT_FALSE(try_fast_paged_prefill(out, q, pk, pv, decode, tables, s, nullptr));  // decode: lesson 12's kernels
+  EXPECT_FALSE(
+      try_fast_paged_prefill(out, q, pk, pv, decode, tables, s, nullptr));  // decode: lesson 12's kernels
   const TensorView q_cpu = TensorView::contiguous(nullptr, DType::F32, Device::CPU, {0, s.q_dim()});
-  EXPECT_FALSE(try_fast_paged_prefill(q_cpu, q_cpu, pk, pv, chunk, tables, s, nullptr));  // CPU: the reference
+  EXPECT_FALSE(
+      try_fast_paged_prefill(q_cpu, q_cpu, pk, pv, chunk, tables, s, nullptr));  // CPU: the reference
   EXPECT_EQ(g_calls.load(), 0);
   EXPECT_TRUE(try_fast_paged_prefill(out, q, pk, pv, chunk, tables, s, nullptr));  // a chunk after a prefix
   EXPECT_EQ(g_calls.load(), 1);

@@ -1,14 +1,15 @@
-// Lesson 15, step 7 on the GPU: flash_wgmma_paged() (the wgmma kernel over lesson 12's paged pool) against lesson
-// 12's CPU paged prefill reference (paged_prefill_attention_cpu) with lesson 07's tolerance (flash_check.h:
-// (2^-8 + 1e-4) max|v| + the same relative; P is rounded to bf16 before P V), lesson 12's GPU paged flash kernel
-// beside it on the same pool (it must pass the same bar). Every pool slot that no sequence's
-// keys occupy (whole unused blocks, and the tail of each sequence's last block) holds NaN on the GPU: a kernel that
-// reads a key it must not see, or lets an unwritten V row into P V (0 x NaN), fails. Outputs start as NaN too.
-// Shapes: block sizes 8 .. 256 with shuffled tables, prefixes of 0 .. 300 keys, q_len 1 .. 200, several sequences
-// per step, a prefix-cache hit (two tables sharing blocks), GQA groups 1 .. 8, head_dim 64 and 128, sliding
-// windows, each compiled config; bit-equality with the contiguous kernel on the same keys; a created stream; the
-// refusals. Then the engine: prefix caching on, chunked prefill in small steps, against each request alone, with a
-// counting wrapper in lesson 12's seam proving the paged kernel ran. Skipped without an H100/H200 (sm_90a).
+// Lesson 15, step 7 on the GPU: flash_wgmma_paged() (the wgmma kernel over lesson 12's paged pool) against
+// lesson 12's CPU paged prefill reference (paged_prefill_attention_cpu) with lesson 07's tolerance
+// (flash_check.h: (2^-8 + 1e-4) max|v| + the same relative; P is rounded to bf16 before P V), lesson 12's GPU
+// paged flash kernel beside it on the same pool (it must pass the same bar). Every pool slot that no
+// sequence's keys occupy (whole unused blocks, and the tail of each sequence's last block) holds NaN on the
+// GPU: a kernel that reads a key it must not see, or lets an unwritten V row into P V (0 x NaN), fails.
+// Outputs start as NaN too. Shapes: block sizes 8 .. 256 with shuffled tables, prefixes of 0 .. 300 keys,
+// q_len 1 .. 200, several sequences per step, a prefix-cache hit (two tables sharing blocks), GQA groups 1 ..
+// 8, head_dim 64 and 128, sliding windows, each compiled config; bit-equality with the contiguous kernel on
+// the same keys; a created stream; the refusals. Then the engine: prefix caching on, chunked prefill in small
+// steps, against each request alone, with a counting wrapper in lesson 12's seam proving the paged kernel
+// ran. Skipped without an H100/H200 (sm_90a).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,12 +46,14 @@ using testing::describe;
 
 // Tables for sequences of these context lengths from a shuffled pool; with share_from >= 0 the last sequence
 // starts with share_blocks blocks of sequence share_from (a prefix-cache hit).
-std::vector<std::vector<int32_t>> shuffled_tables(const std::vector<int64_t>& k_lens, int64_t bs, int64_t num_blocks,
-                                                  uint64_t seed, int share_from = -1, int64_t share_blocks = 0) {
+std::vector<std::vector<int32_t>> shuffled_tables(const std::vector<int64_t>& k_lens, int64_t bs,
+                                                  int64_t num_blocks, uint64_t seed, int share_from = -1,
+                                                  int64_t share_blocks = 0) {
   std::vector<int32_t> order(static_cast<size_t>(num_blocks));
   std::iota(order.begin(), order.end(), 0);
   Rng rng(seed);
-  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
+  for (size_t i = order.size() - 1; i > 0; --i)
+    std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
   std::vector<std::vector<int32_t>> tables(k_lens.size());
   size_t next = 0;
   for (size_t b = 0; b < k_lens.size(); ++b) {
@@ -70,23 +73,26 @@ int64_t blocks_needed(const std::vector<int64_t>& k_lens, int64_t bs) {
 struct Step {
   std::vector<int64_t> q_lens, k_lens;
   int share_from = -1;
-  int64_t share_keys = 0;  // keys of sequence share_from's first blocks the last sequence shares (a multiple of bs)
+  int64_t share_keys =
+      0;  // keys of sequence share_from's first blocks the last sequence shares (a multiple of bs)
 };
 
 // flash_check.h's check_flash_wgmma_paged: the pool holds NaN in every slot no key occupies; lesson 12's CPU
 // reference is the oracle, lesson 12's GPU paged flash kernel must pass the same bar on the same pool.
 void expect_step(const Step& st, const AttentionShape& s, int64_t bs, uint64_t seed,
                  const FlashConfig* config = nullptr, cudaStream_t stream = nullptr) {
-  const FlashCheck r =
-      check_flash_wgmma_paged(st.q_lens, st.k_lens, s, bs, seed, st.share_from, st.share_keys, config, stream);
+  const FlashCheck r = check_flash_wgmma_paged(st.q_lens, st.k_lens, s, bs, seed, st.share_from,
+                                               st.share_keys, config, stream);
   EXPECT_GT(r.ours.count, 0);
-  EXPECT_EQ(r.non_finite, 0) << r.ours.name << ": NaN or inf in the output (a row never written, or a NaN slot read)";
+  EXPECT_EQ(r.non_finite, 0) << r.ours.name
+                             << ": NaN or inf in the output (a row never written, or a NaN slot read)";
   EXPECT_EQ(r.written_outside, 0) << r.ours.name << ": wrote outside out's columns";
   EXPECT_TRUE(r.ours.pass()) << describe(r.ours, s);
   EXPECT_TRUE(r.lesson07.pass()) << "the bar itself moved: " << describe(r.lesson07, s);
 }
 
-// Prefill, a chunk after a prefix, a decode-sized sequence, a tiny one, and a prefix-cache hit: every block size.
+// Prefill, a chunk after a prefix, a decode-sized sequence, a tiny one, and a prefix-cache hit: every block
+// size.
 TEST(FlashPaged15Gpu, EveryBlockSizeWithShuffledTables) {
   TVLLM_REQUIRE_HOPPER();
   for (int64_t bs : {8, 16, 32, 64, 128, 256})
@@ -136,9 +142,9 @@ TEST(FlashPaged15Gpu, EveryCompiledConfig) {
     }
 }
 
-// The same keys in shuffled blocks of 16 and packed contiguously: the paged kernel gives the contiguous kernel's
-// bits (the same tiles, the same arithmetic in the same order; only the boxes differ), on the Llama-3.2-1B shape
-// at 1000 + 1000 keys, per compiled config.
+// The same keys in shuffled blocks of 16 and packed contiguously: the paged kernel gives the contiguous
+// kernel's bits (the same tiles, the same arithmetic in the same order; only the boxes differ), on the
+// Llama-3.2-1B shape at 1000 + 1000 keys, per compiled config.
 TEST(FlashPaged15Gpu, PagedGivesTheContiguousKernelsBits) {
   TVLLM_REQUIRE_HOPPER();
   const std::vector<int64_t> q_lens = {1000, 1, 77}, k_lens = {2000, 300, 77};
@@ -167,8 +173,8 @@ TEST(FlashPaged15Gpu, PagedGivesTheContiguousKernelsBits) {
     t.set(slots, tables);
     AttentionBatch batch(B, Device::CUDA);
     batch.set_lengths(q_lens, k_lens);
-    const Tensor q = Tensor::from_f32(random_normal(static_cast<size_t>(Tq * s.q_dim()), 603), {Tq, s.q_dim()},
-                                      DType::BF16, Device::CUDA);
+    const Tensor q = Tensor::from_f32(random_normal(static_cast<size_t>(Tq * s.q_dim()), 603),
+                                      {Tq, s.q_dim()}, DType::BF16, Device::CUDA);
     const Tensor kc = Tensor::from_f32(k, {Tk, kv}, DType::BF16, Device::CUDA);
     const Tensor vc = Tensor::from_f32(v, {Tk, kv}, DType::BF16, Device::CUDA);
     for (const FlashConfig& c : flash_configs(d)) {
@@ -207,13 +213,14 @@ TEST(FlashPaged15Gpu, RefusalsOnTheGpu) {
   }
 }
 
-// ---- the engine -------------------------------------------------------------------------------------------------
+// ---- the engine
+// -------------------------------------------------------------------------------------------------
 
 std::atomic<int64_t> g_paged_ran{0}, g_paged_declined{0}, g_fresh_ran{0};
 
-bool counting_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
-                    const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
-                    cudaStream_t stream) {
+bool counting_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                    const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
+                    const AttentionShape& shape, cudaStream_t stream) {
   const bool ran = hopper_paged_prefill_attention(out, q, pool_k, pool_v, batch, tables, shape, stream);
   (ran ? g_paged_ran : g_paged_declined).fetch_add(1);
   return ran;
@@ -236,10 +243,10 @@ struct CountingHooks {
   }
 };
 
-// Prefix caching on (a shared system prompt of 100 tokens), chunked prefill with a budget of 48 tokens per step:
-// most prefill steps carry a cached prefix (a prefix-cache hit, or a chunk after earlier chunks) and go through the
-// paged wgmma kernel. Lesson 11's rule (engine_check.h) against each request alone through lesson 10's Generator
-// WITHOUT the hooks, every KV block back in the pool. Blocks of 16 and of 32.
+// Prefix caching on (a shared system prompt of 100 tokens), chunked prefill with a budget of 48 tokens per
+// step: most prefill steps carry a cached prefix (a prefix-cache hit, or a chunk after earlier chunks) and go
+// through the paged wgmma kernel. Lesson 11's rule (engine_check.h) against each request alone through lesson
+// 10's Generator WITHOUT the hooks, every KV block back in the pool. Blocks of 16 and of 32.
 void engine_case(int64_t block_size) {
   const ModelWeights& w = testing::bundled_model<Device::CUDA>().w;
   constexpr int64_t kMaxContext = 512;
@@ -258,8 +265,9 @@ void engine_case(int64_t block_size) {
   const AloneCheck check = check_against_alone(w, requests, run, alone, kMaxContext);
   EXPECT_TRUE(check.pass()) << check.summary();
   std::printf("block size %lld: %s; paged kernel ran %lld times (declined %lld), fresh kernel %lld\n",
-              static_cast<long long>(block_size), check.summary().c_str(), static_cast<long long>(g_paged_ran.load()),
-              static_cast<long long>(g_paged_declined.load()), static_cast<long long>(g_fresh_ran.load()));
+              static_cast<long long>(block_size), check.summary().c_str(),
+              static_cast<long long>(g_paged_ran.load()), static_cast<long long>(g_paged_declined.load()),
+              static_cast<long long>(g_fresh_ran.load()));
   EXPECT_GT(g_paged_ran.load(), g_fresh_ran.load()) << "most prefill steps should carry a cached prefix";
   EXPECT_EQ(g_paged_declined.load(), 0);
   const KvUsage u = engine.kv().usage();

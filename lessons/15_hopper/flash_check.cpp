@@ -11,8 +11,8 @@
 #include "flash_paged.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
-#include "paged_kv.h"
 #include "matmul_check.h"  // compare_rows, kF32OutVsCpu (lesson 06)
+#include "paged_kv.h"
 
 namespace tvllm {
 namespace {
@@ -155,7 +155,8 @@ FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std
   std::vector<int32_t> order(static_cast<size_t>(num_blocks));
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
   Rng rng(seed);
-  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
+  for (size_t i = order.size() - 1; i > 0; --i)
+    std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
   size_t next = 0, longest = 1;
   for (int64_t b = 0; b < B; ++b) {
@@ -167,7 +168,8 @@ FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std
     while (static_cast<int64_t>(t.size()) * bs < k_lens[b]) t.push_back(order.at(next++));
     longest = std::max(longest, t.size());
   }
-  // Which slots hold a key (NaN elsewhere), and the new tokens' slots (the last q_len positions of each sequence).
+  // Which slots hold a key (NaN elsewhere), and the new tokens' slots (the last q_len positions of each
+  // sequence).
   std::vector<char> used(static_cast<size_t>(num_blocks * bs), 0);
   std::vector<int32_t> slots;
   for (int64_t b = 0; b < B; ++b) {
@@ -179,13 +181,17 @@ FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std
     }
   }
   const auto n = static_cast<size_t>(num_blocks * bs * kv);
-  std::vector<float> k = round_to_bf16(random_normal(n, seed + 1)), v = round_to_bf16(random_uniform(n, seed + 2));
+  std::vector<float> k = round_to_bf16(random_normal(n, seed + 1)),
+                     v = round_to_bf16(random_uniform(n, seed + 2));
   double max_v = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    if (!used[i / static_cast<size_t>(kv)]) k[i] = v[i] = NAN;
-    else max_v = std::max(max_v, static_cast<double>(std::fabs(v[i])));
+    if (!used[i / static_cast<size_t>(kv)])
+      k[i] = v[i] = NAN;
+    else
+      max_v = std::max(max_v, static_cast<double>(std::fabs(v[i])));
   }
-  const std::vector<float> q = round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed + 3, 2.f));
+  const std::vector<float> q =
+      round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed + 3, 2.f));
 
   // The oracle: lesson 12's CPU paged prefill (double precision) over a CPU pool holding the same values.
   std::vector<float> want;
@@ -194,7 +200,8 @@ FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std
     std::copy(k.begin(), k.end(), pool.k(0).ptr<float>());
     std::copy(v.begin(), v.end(), pool.v(0).ptr<float>());
     const AttentionBatch batch = AttentionBatch::with_lengths(q_lens, k_lens, Device::CPU);
-    PagedStepTables t(std::max<int64_t>(Tq, 1), B, static_cast<int64_t>(longest), num_blocks, bs, Device::CPU);
+    PagedStepTables t(std::max<int64_t>(Tq, 1), B, static_cast<int64_t>(longest), num_blocks, bs,
+                      Device::CPU);
     t.set(slots, tables);
     const Tensor out = Tensor::empty({Tq, s.q_dim()}, DType::F32, Device::CPU);
     paged_prefill_attention_cpu(out, Tensor::from_f32(q, {Tq, s.q_dim()}, DType::F32, Device::CPU), pool.k(0),
@@ -213,14 +220,15 @@ FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std
 
   const Tolerance tol{kFlashRounding * max_v, kFlashRounding};
   const FlashConfig& c = config ? *config : flash_default_config(s.head_dim, batch.max_q_len());
-  const std::string name = std::string(c.name) + " paged, blocks of " + std::to_string(bs) + ", heads " +
-                           std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " dim " +
-                           std::to_string(s.head_dim) + (s.window > 0 ? " window " + std::to_string(s.window) : "") +
-                           " q_len {" + list(q_lens) + "} k_len {" + list(k_lens) + "}" +
-                           (share_from >= 0 ? " (a shared prefix)" : "");
+  const std::string name =
+      std::string(c.name) + " paged, blocks of " + std::to_string(bs) + ", heads " +
+      std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " dim " + std::to_string(s.head_dim) +
+      (s.window > 0 ? " window " + std::to_string(s.window) : "") + " q_len {" + list(q_lens) + "} k_len {" +
+      list(k_lens) + "}" + (share_from >= 0 ? " (a shared prefix)" : "");
   FlashCheck r;
   auto [ours, outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
-    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // the NaN fill ran on the legacy stream; `stream` may not wait
+    TVLLM_CUDA_CHECK(
+        cudaDeviceSynchronize());  // the NaN fill ran on the legacy stream; `stream` may not wait
     flash_wgmma_paged(out, q_dev, pool.k(0), pool.v(0), batch, t, s, stream, c);
     TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream));
   });

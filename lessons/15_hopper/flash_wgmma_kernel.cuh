@@ -152,8 +152,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // swizzled like Q) and P V reads both operands from there, so P's 32 registers are not alive beside S and O
 // while the next S and this P V run: the overlap fits in fewer registers, for 32 stores per thread per tile.
 // kPaged (flash_paged.h): K and V tiles are gathered from lesson 12's paged pool, one TMA box per cache block
-// (the producer), and the rows of a sequence's last tile past its last key are zeroed before P V reads them (the
-// consumers). Everything else is the same code: the contiguous instantiations compile exactly as before.
+// (the producer), and the rows of a sequence's last tile past its last key are zeroed before P V reads them
+// (the consumers). Everything else is the same code: the contiguous instantiations compile exactly as before.
 template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem, bool kPaged = false>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsumers>::blocks_per_sm)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
     // ---- the producer -------------------------------------------------------------------------------------
     if constexpr (Registers::shift) setmaxnreg_dec<Registers::producer>();
     if constexpr (kPaged) {
-      if (threadIdx.x < 32) {  // the whole first warp: its lanes read the block table, lane 0 issues the copies
+      // The whole first warp: its lanes read the block table, lane 0 issues the copies.
+      if (threadIdx.x < 32) {
         const int kv_col = (h / p.group) * D;
         const int lane = threadIdx.x;
         if (lane == 0) {
@@ -226,9 +227,9 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
           const RingSlot slot = ring_slot(i, kStages);
           const uint32_t s = slot.stage;
           const int k0 = (tiles.first + i) * kFlashBlockN;
-          // Lane j holds the table entry of box j (keys k0 + j * box_rows ..), one coalesced read per tile, done
-          // before the wait so that its latency hides behind it. Boxes wholly past the last key are never
-          // loaded, and their entries never read (a table row is only table_len long).
+          // Lane j holds the table entry of box j (keys k0 + j * box_rows ..), one coalesced read per tile,
+          // done before the wait so that its latency hides behind it. Boxes wholly past the last key are
+          // never loaded, and their entries never read (a table row is only table_len long).
           const int boxes = flash_paged_boxes_loaded(k0, k_len, block_size);  // the same in every lane
           const int32_t entry = lane < boxes ? table[(k0 + lane * box_rows) >> p.block_shift] : 0;
           const uint32_t bytes = flash_paged_tile_bytes(k0, k_len, block_size, D);  // what the boxes deliver
@@ -437,10 +438,10 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
   // kPaged: the rows of a tile past the sequence's last key (keys >= k_len) were never loaded, or loaded from
   // slots of its last block that no step has written: whatever they hold, possibly NaN. P is exactly 0 there
   // (masked), but 0 x NaN is NaN, so before P V reads such a tile (a sequence's last one only) the consumers
-  // zero those rows of V, each thread a share of the 16-byte chunks; a whole 128-byte row is zero whatever the
-  // swizzle. Then the async-proxy fence (wgmma reads through it) and a barrier of all consumers: every store lands
-  // before any warpgroup's P V. Named barrier 1 (ptxas then reserves 2 barriers, not 8), unless ping-pong or P in
-  // shared memory use 1 .. 6; then 7. K's rows there need nothing: the mask overwrites S.
+  // zero those rows of V, each thread a share of the 16-byte chunks; a whole 128-byte row is zero whatever
+  // the swizzle. Then the async-proxy fence (wgmma reads through it) and a barrier of all consumers: every
+  // store lands before any warpgroup's P V. Named barrier 1 (ptxas then reserves 2 barriers, not 8), unless
+  // ping-pong or P in shared memory use 1 .. 6; then 7. K's rows there need nothing: the mask overwrites S.
   const auto clean_v = [&](uint32_t s, int k0) {
     if constexpr (kPaged) {
       const int valid = k_len - k0;

@@ -1,6 +1,6 @@
 // Lesson 15, step 7: the paged wgmma flash attention, launched (flash_paged.h has the contract and the box
-// arithmetic; flash_wgmma_kernel.cuh's kPaged the kernel's two changes). In a file of its own so that the paged
-// instantiations compile beside, not inside, flash_wgmma.cu's fourteen.
+// arithmetic; flash_wgmma_kernel.cuh's kPaged the kernel's two changes). In a file of its own so that the
+// paged instantiations compile beside, not inside, flash_wgmma.cu's fourteen.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -21,8 +21,9 @@ using flash_detail::FlashWgmmaParams;
 
 template <int D, int kConsumers>
 void launch_flash_wgmma_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k,
-                              const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
-                              const AttentionShape& shape, bool heads_inner, cudaStream_t stream) {
+                              const TensorView& pool_v, const AttentionBatch& batch,
+                              const PagedStepTables& tables, const AttentionShape& shape, bool heads_inner,
+                              cudaStream_t stream) {
   constexpr int kBlockM = 64 * kConsumers;
   constexpr int smem = flash_smem_bytes(D, kBlockM, false);
   const auto kernel = flash_wgmma_kernel<D, kConsumers, false, false, false, true>;
@@ -33,8 +34,8 @@ void launch_flash_wgmma_paged(const TensorView& out, const TensorView& q, const 
     return true;
   }();
   (void)opted_in;
-  // Q as in flash_wgmma(); K and V: the whole layer of the pool as one matrix [num_blocks * block_size, kv_dim],
-  // copied in boxes of one cache block (or one tile, for blocks of 128 keys and more).
+  // Q as in flash_wgmma(); K and V: the whole layer of the pool as one matrix [num_blocks * block_size,
+  // kv_dim], copied in boxes of one cache block (or one tile, for blocks of 128 keys and more).
   const int64_t bs = tables.block_size(), slots = tables.num_blocks() * bs;
   const auto box_rows = static_cast<uint32_t>(flash_paged_box_rows(static_cast<int>(bs)));
   const CUtensorMap map_q = make_tensor_map_bf16_2d(q.data, batch.total_q(), shape.q_dim(), q.strides[0] * 2,
@@ -68,8 +69,8 @@ void launch_flash_wgmma_paged(const TensorView& out, const TensorView& q, const 
 // registers), per (head_dim, consumer warpgroups). Another config is refused (InputError).
 struct PagedVariant {
   int d, consumers;
-  void (*launch)(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const AttentionBatch&,
-                 const PagedStepTables&, const AttentionShape&, bool, cudaStream_t);
+  void (*launch)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                 const AttentionBatch&, const PagedStepTables&, const AttentionShape&, bool, cudaStream_t);
 };
 constexpr PagedVariant kPagedVariants[] = {
     {64, 1, launch_flash_wgmma_paged<64, 1>},    // m64x2
@@ -90,22 +91,24 @@ bool flash_wgmma_paged_has_config(int64_t head_dim, const FlashConfig& config) {
   return find_paged_variant(head_dim, config) != nullptr;
 }
 
-void flash_wgmma_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
-                       const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
-                       cudaStream_t stream, const FlashConfig& config) {
+void flash_wgmma_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                       const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
+                       const AttentionShape& shape, cudaStream_t stream, const FlashConfig& config) {
   check_flash_paged_args(out, q, pool_k, pool_v, batch, tables, shape);
   const PagedVariant* variant = find_paged_variant(shape.head_dim, config);
   TVLLM_REQUIRE(variant != nullptr, std::string("flash_wgmma_paged: config ") + config.name +
                                         " is not compiled for the paged pool at head_dim " +
-                                        std::to_string(shape.head_dim) + " (flash_wgmma_paged.cu's kPagedVariants)");
+                                        std::to_string(shape.head_dim) +
+                                        " (flash_wgmma_paged.cu's kPagedVariants)");
   require_hopper("flash_wgmma_paged");
   if (batch.total_q() == 0) return;  // no query anywhere
-  variant->launch(out, q, pool_k, pool_v, batch, tables, shape, config.order == FlashOrder::HeadsInner, stream);
+  variant->launch(out, q, pool_k, pool_v, batch, tables, shape, config.order == FlashOrder::HeadsInner,
+                  stream);
 }
 
-void flash_wgmma_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
-                       const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
-                       cudaStream_t stream) {
+void flash_wgmma_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                       const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
+                       const AttentionShape& shape, cudaStream_t stream) {
   TVLLM_REQUIRE(flash_wgmma_supports(shape), "flash_wgmma_paged: head_dim must be 64 or 128, got " +
                                                  std::to_string(shape.head_dim) +
                                                  " (lesson 12's paged_attention() runs the others)");

@@ -30,7 +30,8 @@ bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const 
 }
 
 bool hopper_paged_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& pool_k,
-                                  const TensorView& pool_v, const PagedStepTables& tables, const AttentionShape& shape) {
+                                  const TensorView& pool_v, const PagedStepTables& tables,
+                                  const AttentionShape& shape) {
   if (tables.device() != Device::CUDA ||
       !flash_paged_refusal(shape, tables.block_size(), tables.num_blocks() * tables.block_size()).empty())
     return false;

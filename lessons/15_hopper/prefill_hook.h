@@ -35,7 +35,8 @@ bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const 
 // 64 or 128, blocks of a power of two >= 8), q and out TMA-aligned, the pool's layers contiguous [num_blocks,
 // block_size, kv_dim] and 16-byte aligned, a Hopper GPU.
 bool hopper_paged_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& pool_k,
-                                  const TensorView& pool_v, const PagedStepTables& tables, const AttentionShape& shape);
+                                  const TensorView& pool_v, const PagedStepTables& tables,
+                                  const AttentionShape& shape);
 // The kernel behind the seam: flash_wgmma_paged() when hopper_paged_prefill_accepts(), else false (nothing launched).
 bool hopper_paged_prefill_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                     const TensorView& pool_v, const AttentionBatch& batch,
