@@ -191,6 +191,67 @@ TEST(FlashPaged15Gpu, PagedGivesTheContiguousKernelsBits) {
   }
 }
 
+// A prompt's rows do not depend on how it was split: the fresh kernel over the whole prompt of 700 tokens,
+// and the paged kernel over a chunk of its last 700 - p tokens after a cached prefix of p (a prefix-cache
+// hit, or a later chunk), give those rows the same bits, for every pair of compiled configs (block_m 64, 128
+// or 192). Per row the same tiles in the same order: a tile wholly masked for a row adds exactly 0 with alpha
+// exactly 1, as Flash15Gpu.EveryConfigGivesTheBaselineBits relies on. (What lesson 11's batch-invariant mode
+// would need to use lesson 15's kernels; tiny-vllm does not yet.)
+TEST(FlashPaged15Gpu, AChunkAfterAPrefixGivesTheWholePromptsBits) {
+  TVLLM_REQUIRE_HOPPER();
+  const int64_t n = 700, bs = 16;
+  for (int64_t d : {64, 128}) {
+    const AttentionShape s{8, 2, d};
+    const int64_t kv = s.kv_dim(), num_blocks = n / bs + 4;
+    const auto tables = shuffled_tables({n}, bs, num_blocks, 800 + d);
+    const std::vector<float> k = random_normal(static_cast<size_t>(n * kv), 801);
+    const std::vector<float> v = random_uniform(static_cast<size_t>(n * kv), 802);
+    std::vector<float> pk(static_cast<size_t>(num_blocks * bs * kv), 0.f), pv(pk.size(), 0.f);
+    for (int64_t pos = 0; pos < n; ++pos) {
+      const int64_t slot = tables[0][pos / bs] * bs + pos % bs;
+      std::copy_n(k.begin() + pos * kv, kv, pk.begin() + slot * kv);
+      std::copy_n(v.begin() + pos * kv, kv, pv.begin() + slot * kv);
+    }
+    PagedKvPool pool(s, 1, num_blocks, bs, Device::CUDA);
+    copy_view(pool.k(0), Tensor::from_f32(pk, pool.k(0).shape, DType::BF16, Device::CUDA).view());
+    copy_view(pool.v(0), Tensor::from_f32(pv, pool.k(0).shape, DType::BF16, Device::CUDA).view());
+    const Tensor q = Tensor::from_f32(random_normal(static_cast<size_t>(n * s.q_dim()), 803), {n, s.q_dim()},
+                                      DType::BF16, Device::CUDA);
+    const Tensor kc = Tensor::from_f32(k, {n, kv}, DType::BF16, Device::CUDA);
+    const Tensor vc = Tensor::from_f32(v, {n, kv}, DType::BF16, Device::CUDA);
+    const AttentionBatch fresh = AttentionBatch::prefill({n}, Device::CUDA);
+    for (const FlashConfig& whole : flash_configs(d)) {
+      if (!flash_wgmma_paged_has_config(d, whole)) continue;
+      const Tensor want = Tensor::empty({n, s.q_dim()}, DType::BF16, Device::CUDA);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      flash_wgmma(want, q, kc, vc, fresh, s, nullptr, whole);
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> all = to_f32_vector(want);
+      for (int64_t prefix : {1, 100, 128, 300, 699}) {
+        const int64_t rows = n - prefix;
+        std::vector<int32_t> slots;
+        for (int64_t pos = prefix; pos < n; ++pos)
+          slots.push_back(static_cast<int32_t>(tables[0][pos / bs] * bs + pos % bs));
+        PagedStepTables t(rows, 1, num_blocks, num_blocks, bs, Device::CUDA);
+        t.set(slots, tables);
+        AttentionBatch chunk(1, Device::CUDA);
+        chunk.set_lengths({rows}, {n});
+        const TensorView q_rows = q.view().rows(prefix, rows);
+        for (const FlashConfig& part : flash_configs(d)) {
+          if (!flash_wgmma_paged_has_config(d, part)) continue;
+          const Tensor got = Tensor::empty({rows, s.q_dim()}, DType::BF16, Device::CUDA);
+          TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+          flash_wgmma_paged(got, q_rows, pool.k(0), pool.v(0), chunk, t, s, nullptr, part);
+          TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<float> tail(all.begin() + prefix * s.q_dim(), all.end());
+          EXPECT_EQ(to_f32_vector(got), tail) << "head_dim " << d << ", whole prompt " << whole.name
+                                              << ", chunk after " << prefix << " keys " << part.name;
+        }
+      }
+    }
+  }
+}
+
 TEST(FlashPaged15Gpu, RunsOnTheCallersStream) {
   TVLLM_REQUIRE_HOPPER();
   CudaStream stream;
