@@ -7,7 +7,8 @@
 // Outputs start as NaN too. Shapes: block sizes 8 .. 256 with shuffled tables, prefixes of 0 .. 300 keys,
 // q_len 1 .. 200, several sequences per step, a prefix-cache hit (two tables sharing blocks), GQA groups 1 ..
 // 8, head_dim 64 and 128, sliding windows, each compiled config; bit-equality with the contiguous kernel on
-// the same keys; a created stream; the refusals. Then the engine: prefix caching on, chunked prefill in small
+// the same keys, and of a chunk after a prefix with the whole prompt's fresh prefill; a created stream; the
+// refusals. Then the engine: prefix caching on, chunked prefill in small
 // steps, against each request alone, with a counting wrapper in lesson 12's seam proving the paged kernel
 // ran. Skipped without an H100/H200 (sm_90a).
 #include <gtest/gtest.h>
