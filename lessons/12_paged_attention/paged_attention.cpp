@@ -49,6 +49,9 @@ void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k,
   paged_kv_write(pool_k, pool_v, k, v, tables_, shape_, stream);
   // A prefill with no cached prefix may attend over the step's own rows instead (lesson 15 on Hopper).
   if (fast_prefill_ && try_fresh_prefill(out, q, k, v, batch, shape_, stream)) return;
+  // Any other step with a sequence of several queries (a cached prefix: chunks, prefix-cache hits) may attend over
+  // the pool with a faster installed kernel too (lesson 15's paged wgmma kernel on Hopper).
+  if (fast_prefill_ && try_fast_paged_prefill(out, q, pool_k, pool_v, batch, tables_, shape_, stream)) return;
   // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
   //    ordered before the reads).
   if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {

@@ -463,6 +463,22 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
   }
 }
 
+namespace {
+std::atomic<FastPagedPrefillFn> g_fast_paged_prefill{nullptr};  // lesson 15's kernel
+}  // namespace
+
+void install_fast_paged_prefill(FastPagedPrefillFn fn) { g_fast_paged_prefill.store(fn); }
+
+FastPagedPrefillFn installed_fast_paged_prefill() { return g_fast_paged_prefill.load(); }
+
+bool try_fast_paged_prefill(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                            const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
+                            const AttentionShape& shape, cudaStream_t stream) {
+  const FastPagedPrefillFn fn = installed_fast_paged_prefill();
+  if (fn == nullptr || q.device != Device::CUDA || batch.max_q_len() <= 1) return false;
+  return fn(out, q, pool_k, pool_v, batch, tables, shape, stream);
+}
+
 // ---- the CPU paths ---------------------------------------------------------------------------------------
 
 void paged_kv_write_cpu(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,

@@ -211,6 +211,22 @@ using FastPagedDecodeFn = void (*)(const TensorView& out, const TensorView& q, c
 void install_fast_paged_decode(FastPagedDecodeFn fn);  // idempotent; published atomically
 FastPagedDecodeFn installed_fast_paged_decode();         // null until lesson 14 installs it
 
+// A faster prefill over the pool (lesson 15's wgmma kernel on Hopper): the same seam again. PagedAttention asks it,
+// when its set_fast_prefill(true) was called, for every step with a sequence of more than one query that lesson
+// 07's fresh-prefill seam did not take (chunked prefill's later chunks, prefix-cache hits, prefill chunks beside
+// decode tokens). The kernel returns false when it declines (a head_dim or block size it lacks, another GPU): the
+// caller then runs paged_attention(). Arguments not checked yet: the kernel checks what it needs (InputError).
+using FastPagedPrefillFn = bool (*)(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                    const TensorView& pool_v, const AttentionBatch& batch,
+                                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream);
+void install_fast_paged_prefill(FastPagedPrefillFn fn);  // idempotent; published atomically; null uninstalls
+FastPagedPrefillFn installed_fast_paged_prefill();         // null until someone installs one
+// Runs the installed kernel when one is, the views are on the GPU and some sequence brings more than one query;
+// false (nothing launched) otherwise or when the kernel declines.
+bool try_fast_paged_prefill(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                            const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
+                            const AttentionShape& shape, cudaStream_t stream);
+
 // ---- the paths behind the ops (arguments already checked) ----------------------------------------------
 
 void paged_kv_write_cpu(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,

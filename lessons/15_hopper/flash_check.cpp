@@ -1,15 +1,18 @@
 // Lesson 15, step 5: flash_wgmma() against lesson 07 (flash_check.h).
 #include "flash_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "common/errors.h"
 #include "common/random.h"
+#include "flash_paged.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
 #include "matmul_check.h"  // compare_rows, kF32OutVsCpu (lesson 06)
+#include "paged_kv.h"
 
 namespace tvllm {
 namespace {
@@ -135,6 +138,108 @@ FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vect
   });
   (void)theirs_outside;
   r.lesson07 = compare("lesson 07 v2 " + name, theirs, want, tol);
+  return r;
+}
+
+FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
+                                   const AttentionShape& s, int64_t bs, uint64_t seed, int share_from,
+                                   int64_t share_keys, const FlashConfig* config, cudaStream_t stream) {
+  require_hopper("check_flash_wgmma_paged");
+  TVLLM_REQUIRE(q_lens.size() == k_lens.size() && !q_lens.empty() && bs >= 1 && share_keys % bs == 0,
+                "check_flash_wgmma_paged: one k_len per q_len, and a shared prefix of whole blocks");
+  const auto B = static_cast<int64_t>(q_lens.size());
+  const int64_t Tq = total(q_lens), kv = s.kv_dim();
+  // The tables: blocks handed out from a shuffled pool (a long-running server's free list).
+  int64_t num_blocks = 7;
+  for (int64_t k : k_lens) num_blocks += (k + bs - 1) / bs;
+  std::vector<int32_t> order(static_cast<size_t>(num_blocks));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  Rng rng(seed);
+  for (size_t i = order.size() - 1; i > 0; --i)
+    std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
+  size_t next = 0, longest = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    auto& t = tables[static_cast<size_t>(b)];
+    if (share_from >= 0 && b + 1 == B) {
+      const auto& from = tables.at(static_cast<size_t>(share_from));
+      t.assign(from.begin(), from.begin() + share_keys / bs);
+    }
+    while (static_cast<int64_t>(t.size()) * bs < k_lens[b]) t.push_back(order.at(next++));
+    longest = std::max(longest, t.size());
+  }
+  // Which slots hold a key (NaN elsewhere), and the new tokens' slots (the last q_len positions of each
+  // sequence).
+  std::vector<char> used(static_cast<size_t>(num_blocks * bs), 0);
+  std::vector<int32_t> slots;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& t = tables[static_cast<size_t>(b)];
+    for (int64_t pos = 0; pos < k_lens[b]; ++pos) {
+      const int64_t slot = t[static_cast<size_t>(pos / bs)] * bs + pos % bs;
+      used[static_cast<size_t>(slot)] = 1;
+      if (pos >= k_lens[b] - q_lens[b]) slots.push_back(static_cast<int32_t>(slot));
+    }
+  }
+  const auto n = static_cast<size_t>(num_blocks * bs * kv);
+  std::vector<float> k = round_to_bf16(random_normal(n, seed + 1)),
+                     v = round_to_bf16(random_uniform(n, seed + 2));
+  double max_v = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!used[i / static_cast<size_t>(kv)])
+      k[i] = v[i] = NAN;
+    else
+      max_v = std::max(max_v, static_cast<double>(std::fabs(v[i])));
+  }
+  const std::vector<float> q =
+      round_to_bf16(random_normal(static_cast<size_t>(Tq * s.q_dim()), seed + 3, 2.f));
+
+  // The oracle: lesson 12's CPU paged prefill (double precision) over a CPU pool holding the same values.
+  std::vector<float> want;
+  {
+    PagedKvPool pool(s, 1, num_blocks, bs, Device::CPU);
+    std::copy(k.begin(), k.end(), pool.k(0).ptr<float>());
+    std::copy(v.begin(), v.end(), pool.v(0).ptr<float>());
+    const AttentionBatch batch = AttentionBatch::with_lengths(q_lens, k_lens, Device::CPU);
+    PagedStepTables t(std::max<int64_t>(Tq, 1), B, static_cast<int64_t>(longest), num_blocks, bs,
+                      Device::CPU);
+    t.set(slots, tables);
+    const Tensor out = Tensor::empty({Tq, s.q_dim()}, DType::F32, Device::CPU);
+    paged_prefill_attention_cpu(out, Tensor::from_f32(q, {Tq, s.q_dim()}, DType::F32, Device::CPU), pool.k(0),
+                                pool.v(0), batch, t, s);
+    want = to_f32_vector(out);
+  }
+  PagedKvPool pool(s, 1, num_blocks, bs, Device::CUDA);
+  copy_view(pool.k(0), Tensor::from_f32(k, pool.k(0).shape, DType::BF16, Device::CUDA).view());
+  copy_view(pool.v(0), Tensor::from_f32(v, pool.k(0).shape, DType::BF16, Device::CUDA).view());
+  AttentionBatch batch(B, Device::CUDA);
+  batch.set_lengths(q_lens, k_lens);
+  PagedStepTables t(std::max<int64_t>(Tq, 1), B, static_cast<int64_t>(longest), num_blocks, bs, Device::CUDA);
+  t.set(slots, tables);
+  const Tensor q_dev = Tensor::from_f32(q, {Tq, s.q_dim()}, DType::BF16, Device::CUDA);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const Tolerance tol{kFlashRounding * max_v, kFlashRounding};
+  const FlashConfig& c = config ? *config : flash_default_config(s.head_dim, batch.max_q_len());
+  const std::string name =
+      std::string(c.name) + " paged, blocks of " + std::to_string(bs) + ", heads " +
+      std::to_string(s.n_heads) + "/" + std::to_string(s.n_kv_heads) + " dim " + std::to_string(s.head_dim) +
+      (s.window > 0 ? " window " + std::to_string(s.window) : "") + " q_len {" + list(q_lens) + "} k_len {" +
+      list(k_lens) + "}" + (share_from >= 0 ? " (a shared prefix)" : "");
+  FlashCheck r;
+  auto [ours, outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
+    TVLLM_CUDA_CHECK(
+        cudaDeviceSynchronize());  // the NaN fill ran on the legacy stream; `stream` may not wait
+    flash_wgmma_paged(out, q_dev, pool.k(0), pool.v(0), batch, t, s, stream, c);
+    TVLLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  });
+  for (float x : ours) r.non_finite += !std::isfinite(x);
+  r.written_outside = outside;
+  r.ours = compare("flash_wgmma_paged " + name, ours, want, tol);
+  auto [theirs, theirs_outside] = run_into_poisoned(Tq, s.q_dim(), [&](const TensorView& out) {
+    paged_flash_attention_cuda(out, q_dev, pool.k(0), pool.v(0), batch, t, s, nullptr);
+  });
+  (void)theirs_outside;
+  r.lesson07 = compare("lesson 12 paged flash " + name, theirs, want, tol);
   return r;
 }
 

@@ -36,6 +36,19 @@ FlashCheck check_flash_wgmma(const std::vector<int64_t>& q_lens, const std::vect
                              const AttentionShape& shape, uint64_t seed, bool fused_qkv = false,
                              const FlashConfig* config = nullptr);
 
+// Step 7: flash_wgmma_paged() over one layer of a paged pool against lesson 12's CPU paged prefill reference
+// (paged_prefill_attention_cpu) on the same bf16-exact keys, values and queries, with the tolerance above;
+// lesson 12's GPU paged flash kernel runs beside it on the same pool (FlashCheck::lesson07 holds its
+// comparison). The sequences' blocks are a shuffled permutation of a pool with 7 blocks to spare; with
+// share_from >= 0 the last sequence's table starts with sequence share_from's first share_keys / block_size
+// blocks (a prefix-cache hit). Every slot that no sequence's key occupies (the unused blocks, the tail of
+// each last block) holds NaN: a kernel that lets one into a P V fails. config null: the default. Needs
+// hopper_available().
+FlashCheck check_flash_wgmma_paged(const std::vector<int64_t>& q_lens, const std::vector<int64_t>& k_lens,
+                                   const AttentionShape& shape, int64_t block_size, uint64_t seed,
+                                   int share_from = -1, int64_t share_keys = 0,
+                                   const FlashConfig* config = nullptr, cudaStream_t stream = nullptr);
+
 // wgmma_pv_tile() against a double-precision P V on the CPU: exact on small integers (|p|, |v| <= 8: every
 // partial sum of 128 products is an integer below 2^14, exact in fp32 in any order), else lesson 06's
 // kF32OutVsCpu (2^-12 row RMS + 2^-12 relative). Needs hopper_available().

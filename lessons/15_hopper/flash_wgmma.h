@@ -211,7 +211,8 @@ void wgmma_pv_tile(const TensorView& d, const TensorView& p, const TensorView& v
 // Everything else (the CPU reference, v1, other head dims, other GPUs) goes to lesson 07's attention()
 // unchanged. A workspace, when given, is checked against the batch exactly as attention() checks it.
 // Where it fits: lessons/08_transformer's PrefillAttention::attend (keys = the step's own tokens). Prefill
-// over cached prefix blocks (lessons 10 and 12) needs a KV policy this kernel does not have yet.
+// over cached prefix blocks of lesson 12's pool: flash_wgmma_paged() (flash_paged.h), the same kernel with the
+// paged KV policy.
 void attention_hopper(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                       const AttentionBatch& batch, const AttentionShape& shape,
                       AttentionKernel kernel = AttentionKernel::V2Flash,

@@ -45,6 +45,7 @@
 
 #include <cuda_bf16.h>
 
+#include "flash_paged.h"
 #include "flash_wgmma.h"
 #include "hopper.cuh"
 #include "hopper_layout.h"
@@ -87,6 +88,12 @@ struct FlashWgmmaParams {
   int window;        // 0 = none
   float scale_log2;  // 1/sqrt(D) * log2(e): scores in base-2 units, exp becomes exp2
   int heads_inner;   // FlashOrder::HeadsInner: blockIdx.x = head, blockIdx.y = query tile
+  // The paged KV policy only (kPaged; flash_paged.h): keys and values come from lesson 12's pool through the
+  // sequences' block tables, and map_k / map_v describe one layer's pool as [num_blocks * block_size rows,
+  // kv_dim] with boxes of flash_paged_box_rows(block_size) rows.
+  const int32_t* block_tables = nullptr;  // [B][table_stride] device
+  int64_t table_stride = 0;
+  int block_shift = 0;  // log2(block_size)
 };
 
 #if TVLLM_HOPPER_DEVICE
@@ -144,7 +151,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // kPSmem (with kOverlap only): P goes through shared memory (one [64 x 128] bf16 tile per consumer, 16 KB,
 // swizzled like Q) and P V reads both operands from there, so P's 32 registers are not alive beside S and O
 // while the next S and this P V run: the overlap fits in fewer registers, for 32 stores per thread per tile.
-template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem>
+// kPaged (flash_paged.h): K and V tiles are gathered from lesson 12's paged pool, one TMA box per cache block
+// (the producer), and the rows of a sequence's last tile past its last key are zeroed before P V reads them
+// (the consumers). Everything else is the same code: the contiguous instantiations compile exactly as before.
+template <int D, int kConsumers, bool kOverlap, bool kPingPong, bool kPSmem, bool kPaged = false>
 __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsumers>::blocks_per_sm)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v, const FlashWgmmaParams p) {
@@ -199,6 +209,55 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
   if (warpgroup == 0) {
     // ---- the producer -------------------------------------------------------------------------------------
     if constexpr (Registers::shift) setmaxnreg_dec<Registers::producer>();
+    if constexpr (kPaged) {
+      // The whole first warp: its lanes read the block table, lane 0 issues the copies.
+      if (threadIdx.x < 32) {
+        const int kv_col = (h / p.group) * D;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+          mbarrier_arrive_expect_tx(&q_full, kQTileBytes);
+          for (int sub = 0; sub < kSub; ++sub)
+            tma_load_2d(tile_q + sub * kQSubTileBytes, &map_q, h * D + 64 * sub, q_begin + q0, &q_full);
+        }
+        const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.table_stride;
+        const int block_size = 1 << p.block_shift;
+        const int box_rows = flash_paged_box_rows(block_size);
+        const uint32_t box_bytes = static_cast<uint32_t>(box_rows) * kSwizzleBytes;  // one 64-column box
+        for (int i = 0; i < n_tiles; ++i) {
+          const RingSlot slot = ring_slot(i, kStages);
+          const uint32_t s = slot.stage;
+          const int k0 = (tiles.first + i) * kFlashBlockN;
+          // Lane j holds the table entry of box j (keys k0 + j * box_rows ..), one coalesced read per tile,
+          // done before the wait so that its latency hides behind it. Boxes wholly past the last key are
+          // never loaded, and their entries never read (a table row is only table_len long).
+          const int boxes = flash_paged_boxes_loaded(k0, k_len, block_size);  // the same in every lane
+          const int32_t entry = lane < boxes ? table[(k0 + lane * box_rows) >> p.block_shift] : 0;
+          const uint32_t bytes = flash_paged_tile_bytes(k0, k_len, block_size, D);  // what the boxes deliver
+          mbarrier_wait(&empty[s], slot.empty_parity);
+          if (lane == 0) mbarrier_arrive_expect_tx(&k_full[s], bytes);
+          for (int j = 0; j < boxes; ++j) {
+            const int32_t e = __shfl_sync(0xffffffffu, entry, j);
+            if (lane != 0) continue;
+            const auto row = static_cast<int32_t>(flash_paged_box_row(e, k0 + j * box_rows, p.block_shift));
+            // The box lands at tile row j * box_rows: a multiple of 8 rows, so of the swizzle's 1024-byte
+            // period, and TMA writes it exactly as one 128-row box would have.
+            for (int sub = 0; sub < kSub; ++sub)
+              tma_load_2d(tiles_k + s * kKvTileBytes + sub * kKvSubTileBytes + j * box_bytes, &map_k,
+                          kv_col + 64 * sub, row, &k_full[s]);
+          }
+          if (lane == 0) mbarrier_arrive_expect_tx(&v_full[s], bytes);
+          for (int j = 0; j < boxes; ++j) {
+            const int32_t e = __shfl_sync(0xffffffffu, entry, j);
+            if (lane != 0) continue;
+            const auto row = static_cast<int32_t>(flash_paged_box_row(e, k0 + j * box_rows, p.block_shift));
+            for (int sub = 0; sub < kSub; ++sub)
+              tma_load_2d(tiles_v + s * kKvTileBytes + sub * kKvSubTileBytes + j * box_bytes, &map_v,
+                          kv_col + 64 * sub, row, &v_full[s]);
+          }
+        }
+      }
+      return;
+    }
     if (threadIdx.x == 0) {
       const int kv_col = (h / p.group) * D;  // grouped-query attention: this head's kv head
       mbarrier_arrive_expect_tx(&q_full, kQTileBytes);
@@ -376,6 +435,29 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
     // round's phase, which another warpgroup may not have completed yet.)
     mbarrier_arrive(&empty[s]);
   };
+  // kPaged: the rows of a tile past the sequence's last key (keys >= k_len) were never loaded, or loaded from
+  // slots of its last block that no step has written: whatever they hold, possibly NaN. P is exactly 0 there
+  // (masked), but 0 x NaN is NaN, so before P V reads such a tile (a sequence's last one only) the consumers
+  // zero those rows of V, each thread a share of the 16-byte chunks; a whole 128-byte row is zero whatever
+  // the swizzle. Then the async-proxy fence (wgmma reads through it) and a barrier of all consumers: every
+  // store lands before any warpgroup's P V. Named barrier 1 (ptxas then reserves 2 barriers, not 8), unless
+  // ping-pong or P in shared memory use 1 .. 6; then 7. K's rows there need nothing: the mask overwrites S.
+  const auto clean_v = [&](uint32_t s, int k0) {
+    if constexpr (kPaged) {
+      const int valid = k_len - k0;
+      if (valid >= kFlashBlockN) return;  // the same for every consumer: all reach the barrier, or none
+      const int chunks = (kFlashBlockN - valid) * (kSwizzleBytes / 16);
+      for (int sub = 0; sub < kSub; ++sub) {
+        unsigned char* rows = tiles_v + s * kKvTileBytes + sub * kKvSubTileBytes + valid * kSwizzleBytes;
+        for (int c = 128 * consumer + t; c < chunks; c += 128 * kConsumers)
+          *reinterpret_cast<uint4*>(rows + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async_shared();
+      named_barrier_sync(kPingPong || kPSmem ? 7 : 1, 128 * kConsumers);
+    } else {
+      (void)s, (void)k0;
+    }
+  };
   const auto k_address = [&](uint32_t s) { return smem_address(tiles_k + s * kKvTileBytes); };
   const auto v_address = [&](uint32_t s) { return smem_address(tiles_v + s * kKvTileBytes); };
   const auto first_key = [&](int i) { return (tiles.first + i) * kFlashBlockN; };
@@ -396,6 +478,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
       rescale_o(alpha);
       pack_p();
       mbarrier_wait(&v_full[s], slot.full_parity);
+      clean_v(s, first_key(i));
       begin_turn();
       wgmma_fence();  // the rescaled O and the fresh P are written before the tensor cores read them
       issue_pv(v_address(s));
@@ -418,6 +501,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
       const RingSlot slot = ring_slot(i, kStages);
       mbarrier_wait(&k_full[slot.stage], slot.full_parity);
       mbarrier_wait(&v_full[prev.stage], prev.full_parity);
+      clean_v(prev.stage, first_key(i - 1));
       begin_turn();
       wgmma_fence();  // S's registers were read by pack_p, O rescaled, P written: all before the MMAs
       issue_qk(k_address(slot.stage));  // group 1: S_i
@@ -433,6 +517,7 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
     }
     // Epilogue: the last tile's P V.
     mbarrier_wait(&v_full[prev.stage], prev.full_parity);
+    clean_v(prev.stage, first_key(n_tiles - 1));
     begin_turn();
     wgmma_fence();
     issue_pv(v_address(prev.stage));

@@ -8,12 +8,14 @@
 //   values step 3  clusters of 2, 4 and 8 blocks reading each other's shared memory step 4  the wgmma GEMM on
 //   shapes with ragged edges, against lesson 06's CPU linear(), v1 and v2 (and v2's batch invariance, bits)
 //   step 5  flash attention on wgmma against lesson 07's CPU reference (and lesson 07's v2 beside it)
+//   step 7  the same over lesson 12's paged pool against lesson 12's CPU paged reference
 // On another GPU it says why and exits 77 (CTest: skipped). On the CPU it checks the oracles themselves: the
 // swizzle formula, the descriptor's bits, the accumulator layout, the tile and copy oracles.
 //
 // --bench (CUDA): the wgmma GEMM (v1 and v2) beside cuBLAS (lesson 06's v5) and the measured GEMM ceiling on
 // 4096 x 2048 . 2048 x 8192 and on the projections of a Llama-3.2-1B-shaped layer at T tokens (default 4096);
-// then causal GQA attention (32 / 8 heads, head_dim 64 and 128, n = 512 .. 16k) beside lesson 07's v2.
+// then causal GQA attention (32 / 8 heads, head_dim 64 and 128, n = 512 .. 16k) beside lesson 07's v2; then step
+// 7, a chunk after a cached prefix of half the context: paged (blocks of 16), contiguous and lesson 12's kernel.
 // --sweep (CUDA): every variant of step 6 (flash_configs) on the attention shapes of --bench, the best per
 // (head_dim, n), and the FlashDefault tables the measurement suggests.
 // The model takes no part otherwise (--model is accepted and ignored): the checks make their own inputs.
@@ -28,13 +30,16 @@
 #include "common/cublas.h"
 #include "common/errors.h"
 #include "common/lesson.h"
+#include "common/random.h"
 #include "common/validate.h"
 #include "flash_check.h"
+#include "flash_paged.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
 #include "hopper_check.h"
 #include "hopper_layout.h"
 #include "matmul.h"
+#include "paged_kv.h"
 
 namespace {
 
@@ -117,6 +122,17 @@ int check_cuda() {
                          r.non_finite == 0 && r.written_outside == 0);
       }
       ++seed;
+    }
+  // Step 7: the same kernel over a paged pool (shuffled blocks of 8, 16 and 128; chunks after a prefix, a decode-
+  // sized sequence, a prefix-cache hit), against lesson 12's CPU paged reference; lesson 12's GPU kernel beside it.
+  for (int64_t d : {64, 128})
+    for (int64_t bs : {8, 16, 128}) {
+      const FlashCheck r = check_flash_wgmma_paged({77, 1, 200, 40}, {77, 300, 300, 556}, AttentionShape{8, 2, d},
+                                                   bs, seed++, 2, 256);
+      report.add(r.ours);
+      report.add(r.lesson07);
+      report.add_check(r.ours.name + ": every row written, nothing outside",
+                       r.non_finite == 0 && r.written_outside == 0);
     }
   std::cout
       << "tolerances: copies and small-integer tiles exact; random tile 2^-12 row RMS + 2^-12 relative; "
@@ -244,6 +260,81 @@ void run_attention_bench() {
       "weights/tools/torch_kernel_baseline.py on the same GPU\n");
 }
 
+// Step 7: a chunk of n/2 queries after a cached prefix of n/2 keys (k_len = n), 32 / 8 heads, head_dim 64 and 128,
+// n = 1k .. 16k: the paged wgmma kernel over shuffled blocks of 16, the contiguous wgmma kernel on the same shapes
+// (packed k and v: what paging costs), and lesson 12's paged flash kernel (what the engine ran before). FLOPs as
+// lesson 07 counts them: query i of the chunk sees n/2 + i + 1 keys.
+void run_paged_attention_bench() {
+  const Ceilings ceilings = measure_ceilings(true);
+  std::vector<BenchRow> rows;
+  std::vector<std::string> summary;
+  constexpr int64_t kBlock = 16;
+  for (int64_t d : {64, 128}) {
+    const AttentionShape shape{32, 8, d};
+    for (int64_t n = 1024; n <= 16384; n *= 2) {
+      const int64_t q_len = n / 2, blocks = n / kBlock + 8;
+      const Tensor q = Tensor::empty({q_len, shape.q_dim()}, DType::BF16, Device::CUDA);
+      const Tensor out = Tensor::empty({q_len, shape.q_dim()}, DType::BF16, Device::CUDA);
+      const Tensor k = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
+      const Tensor v = Tensor::empty({n, shape.kv_dim()}, DType::BF16, Device::CUDA);
+      PagedKvPool pool(shape, 1, blocks, kBlock, Device::CUDA);
+      fill_uniform_bf16(q, 41);
+      fill_uniform_bf16(k, 42);
+      fill_uniform_bf16(v, 43);
+      fill_uniform_bf16(pool.k(0), 44);
+      fill_uniform_bf16(pool.v(0), 45);
+      // The sequence's blocks: a shuffled permutation of the pool (a long-running server's free list).
+      std::vector<int32_t> order(static_cast<size_t>(blocks));
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+      Rng rng(46);
+      for (size_t i = order.size() - 1; i > 0; --i)
+        std::swap(order[i], order[rng.below(static_cast<int64_t>(i) + 1)]);
+      order.resize(static_cast<size_t>(n / kBlock));
+      std::vector<int32_t> slots;
+      for (int64_t pos = n - q_len; pos < n; ++pos)
+        slots.push_back(static_cast<int32_t>(order[static_cast<size_t>(pos / kBlock)] * kBlock + pos % kBlock));
+      PagedStepTables tables(q_len, 1, n / kBlock, blocks, kBlock, Device::CUDA);
+      tables.set(slots, {order});
+      AttentionBatch batch(1, Device::CUDA);
+      batch.set_lengths({q_len}, {n});
+      TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const double pairs =
+          static_cast<double>(q_len) * static_cast<double>(n - q_len) + 0.5 * q_len * (q_len + 1.0);
+      const double flops = pairs * 4.0 * static_cast<double>(d) * static_cast<double>(shape.n_heads);
+      const double bytes = 2.0 * (2.0 * q_len * shape.q_dim() + 2.0 * n * shape.kv_dim());
+      const std::string name = "d=" + std::to_string(d) + " n=" + std::to_string(n) + " prefix " +
+                               std::to_string(n - q_len);
+      BenchRow paged{name + " wgmma paged (blocks of 16)",
+                     bench_gpu([&] { flash_wgmma_paged(out, q, pool.k(0), pool.v(0), batch, tables, shape); }),
+                     bytes, flops};
+      BenchRow contiguous{name + " wgmma contiguous",
+                          bench_gpu([&] { flash_wgmma(out, q, k, v, batch, shape); }), bytes, flops};
+      BenchRow l12{name + " lesson 12 paged flash",
+                   bench_gpu([&] {
+                     paged_flash_attention_cuda(out, q, pool.k(0), pool.v(0), batch, tables, shape, nullptr);
+                   }),
+                   bytes, flops};
+      const auto tflops = [&](const BenchRow& r) { return flops / (r.result.median_ms * 1e-3) / 1e12; };
+      char line[240];
+      std::snprintf(line, sizeof line,
+                    "paged prefill %-22s wgmma paged %6.1f TFLOP/s, contiguous %6.1f (paged/contiguous %.2f), "
+                    "lesson 12 %6.1f (x%.2f)",
+                    name.c_str(), tflops(paged), tflops(contiguous),
+                    contiguous.result.median_ms / paged.result.median_ms, tflops(l12),
+                    l12.result.median_ms / paged.result.median_ms);
+      summary.push_back(line);
+      rows.push_back(paged);
+      rows.push_back(contiguous);
+      rows.push_back(l12);
+    }
+  }
+  print_bench_table(std::cout,
+                    "prefill over a cached prefix (q_len = n/2, k_len = n), 32 / 8 heads: paged vs contiguous vs "
+                    "lesson 12",
+                    rows, ceilings);
+  for (const std::string& s : summary) std::cout << s << "\n";
+}
+
 // --sweep: every variant of step 6 (flash_configs) at n = 512 .. 16k, head_dim 64 and 128, the shape of the
 // bench above; one row per (config, n), then per (d, n) the best config, and the FlashDefault tables that
 // the measurement suggests (flash_wgmma.h: paste them there).
@@ -322,6 +413,7 @@ int main(int argc, char** argv) {
     if (opt.bench) {
       run_bench(opt.bench_tokens_given ? opt.bench_tokens : 4096);
       run_attention_bench();
+      run_paged_attention_bench();
     }
     if (sweep) run_attention_sweep();
     return rc;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "flash_paged.h"
 #include "flash_wgmma.h"
 #include "hopper.h"
 #include "matmul.h"
@@ -27,9 +28,35 @@ bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const 
   return true;
 }
 
+bool hopper_paged_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                  const TensorView& pool_v, const PagedStepTables& tables,
+                                  const AttentionShape& shape) {
+  if (tables.device() != Device::CUDA ||
+      !flash_paged_refusal(shape, tables.block_size(), tables.num_blocks() * tables.block_size()).empty())
+    return false;
+  for (const TensorView* t : {&out, &q}) {
+    if (t->device != Device::CUDA || t->dtype != DType::BF16 || t->rank() != 2 || t->strides[1] != 1) return false;
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0 || t->strides[0] % 8 != 0) return false;
+  }
+  for (const TensorView* t : {&pool_k, &pool_v})
+    if (t->device != Device::CUDA || t->dtype != DType::BF16 || t->rank() != 3 || !t->is_contiguous() ||
+        reinterpret_cast<uintptr_t>(t->data) % 16 != 0)
+      return false;
+  return hopper_available();
+}
+
+bool hopper_paged_prefill_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                    const TensorView& pool_v, const AttentionBatch& batch,
+                                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream) {
+  if (!hopper_paged_prefill_accepts(out, q, pool_k, pool_v, tables, shape)) return false;
+  flash_wgmma_paged(out, q, pool_k, pool_v, batch, tables, shape, stream);
+  return true;
+}
+
 bool install_hopper_prefill_attention() {
   if (!hopper_available()) return false;
   install_fresh_prefill(hopper_prefill_attention);
+  install_fast_paged_prefill(hopper_paged_prefill_attention);
   return true;
 }
 

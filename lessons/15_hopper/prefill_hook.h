@@ -1,16 +1,18 @@
 // Lesson 15: the engine's prefill attention on Hopper. flash_wgmma() takes the place of lesson 07's v2 kernel (in
 // lesson 08's PrefillAttention) and of lesson 12's paged flash kernel (in the engine) for every prefill step with
 // no cached prefix: there a step's keys are exactly its own new rows, so the kernel reads them from the step's
-// q, k, v views (the rows just written to the KV cache) through TMA, with no block table in between.
+// q, k, v views (the rows just written to the KV cache) through TMA, with no block table in between. The steps
+// with a cached prefix take flash_wgmma_paged() (below): the same kernel reading the pool through the tables.
 //
 // Through lesson 07's seam (attention.h: install_fresh_prefill / try_fresh_prefill): the earlier lessons cannot
 // link this one. A backend asks for it with set_fast_prefill(true); tiny-vllm does that on sm_90 unless
-// --no-hopper-attention or batch invariance is asked for (a step's prefix-cache hit would then take the paged
-// kernel and a miss this one: the same sequence with other bits).
+// --no-hopper-attention or batch invariance is asked for (a prefix-cache hit could then take another kernel than a
+// miss: the same sequence with other bits).
 #pragma once
 
 #include "attention.h"
 #include "common/tensor.h"
+#include "paged_kv.h"
 
 namespace tvllm {
 
@@ -23,8 +25,26 @@ bool hopper_prefill_accepts(const TensorView& out, const TensorView& q, const Te
 bool hopper_prefill_attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionBatch& batch, const AttentionShape& shape, cudaStream_t stream);
 
-// Installs hopper_prefill_attention() into lesson 07's seam when this machine has a Hopper GPU and the library
-// was built for sm_90a. Returns whether it did (false: nothing installed, the lessons' kernels keep running).
+// ---- prefill over cached blocks: flash_wgmma_paged() behind lesson 12's paged-prefill seam ----------------------
+// Every other step with a sequence of several queries (a chunk after earlier chunks, a prompt whose first blocks
+// were a prefix-cache hit, prefill chunks beside decode tokens) reads its keys from the pool through the block
+// tables: flash_wgmma_paged() (flash_paged.h), through lesson 12's install_fast_paged_prefill, asked by
+// PagedAttention after the fresh-prefill seam.
+//
+// Whether hopper_paged_prefill_attention() takes the step: CUDA bf16 views, flash_paged_refusal() == "" (head_dim
+// 64 or 128, blocks of a power of two >= 8), q and out TMA-aligned, the pool's layers contiguous [num_blocks,
+// block_size, kv_dim] and 16-byte aligned, a Hopper GPU.
+bool hopper_paged_prefill_accepts(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                  const TensorView& pool_v, const PagedStepTables& tables,
+                                  const AttentionShape& shape);
+// The kernel behind the seam: flash_wgmma_paged() when hopper_paged_prefill_accepts(), else false (nothing launched).
+bool hopper_paged_prefill_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                    const TensorView& pool_v, const AttentionBatch& batch,
+                                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream);
+
+// Installs hopper_prefill_attention() into lesson 07's seam and hopper_paged_prefill_attention() into lesson 12's
+// when this machine has a Hopper GPU and the library was built for sm_90a. Returns whether it did (false: nothing
+// installed, the lessons' kernels keep running).
 bool install_hopper_prefill_attention();
 
 // ---- the GEMM: gemm_wgmma_v2() behind lesson 06's large-GEMM seam (matmul.h: install_large_gemm) ------------

@@ -116,9 +116,11 @@ FastPathOptions FastPathFlags::options() const {
 
 namespace {
 
-// Lesson 15's prefill attention, on a Hopper GPU unless --no-hopper-attention. Not with batch invariance: a
-// prompt's prefix-cache hit would take lesson 12's paged kernel and a miss lesson 15's, so the same prompt could
-// get other bits.
+// Lesson 15's prefill attention (fresh prefills, and steps over cached blocks), on a Hopper GPU unless
+// --no-hopper-attention. Not with batch invariance: a block size or head_dim the paged wgmma kernel declines sends
+// a prompt's prefix-cache hit to lesson 12's paged kernel while a miss takes lesson 15's, and whether the two
+// wgmma paths give a prompt the same bits whatever its hits and chunks is not established, so the same prompt
+// could get other bits.
 bool hopper_prefill_applies(bool no_hopper_attention, Device device, bool batch_invariant) {
 #ifdef TVLLM_CLI_HOPPER
   return !no_hopper_attention && !batch_invariant && device == Device::CUDA && hopper_available();
