@@ -208,8 +208,9 @@ __device__ __forceinline__ void widen_weights(const Pack<8>& p, float (&w)[Weigh
 //   2 x 2    shift right 1 and two masks (the compiler merges them into SHF + LOP3s): sign kept at bit 15,
 //            magnitude at 13..7
 //   4 HADD2.F32  half -> float, one per weight (what Cvt also pays after its cvt)
-// against Cvt's 2 cvt (+ the byte selects feeding them) + 4 HADD2.F32. The gain is not the count: cvt runs on
-// a narrower pipe than the integer ALUs (a measured question, §7.2's table).
+// against Cvt's 2 cvt (+ the byte selects feeding them) + 4 HADD2.F32: not fewer instructions. What it may gain
+// is the pipe (a conversion may issue at a lower rate than integer ops) and, decoding each 8 columns where they
+// are used, registers (lesson 16's §7.2 has ptxas's counts and the H200's timings).
 constexpr float kBitsScale = 256.f;  // what the Bits decoding leaves out of every weight: 2^8
 
 __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {

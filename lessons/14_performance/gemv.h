@@ -51,7 +51,8 @@
 // [N, 1]), one scale per weight row, and the product is
 //     out[m, n] = (sum_k x[m, k] * q[n, k]) * scale[n]
 // computed by v3's kernel with 16 weights per 16-byte load (half the bytes of bf16): each pair of codes is
-// widened exactly (cvt.rn.f16x2.e4m3x2, sm_89+), the fp32 sum is v3's, and the scale multiplies the finished
+// widened exactly (cvt.rn.f16x2.e4m3x2, sm_89+; or with integer bit operations: Fp8GemvVariant below, the same
+// bits), the fp32 sum is v3's, and the scale multiplies the finished
 // sum ONCE per row, in fp32, before the roundings above. K % 8 == 0 on the GPU, as for bf16 (K % 16 != 0, e.g.
 // the bundled model's K = 600: 8 codes per 8-byte load). With BF16 weights w_scale must be empty (TensorView{});
 // the overloads without it are the BF16 ones.
