@@ -373,6 +373,18 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     if (WeightPack<kW>::kLoadBytes == 16 && threadIdx.x == r && valid[r] && packs > first_group)  // 16-byte units
       prefetch_l2(rows[r] + first_group * WeightPack<kW>::kLoadBytes,
                   static_cast<uint32_t>((packs - first_group) * WeightPack<kW>::kLoadBytes));
+  // E4M3: thread r < kTileRows fetches tile row r's scale now, beside the weights (scales are weights: never
+  // written during a step), not in the epilogue, where its DRAM round trip would lengthen the kernel's tail
+  // (~1 us at batch 1, where the small GEMVs are all latency). It reaches shared memory with the partial sums.
+  float row_scale = 1.f;
+  if constexpr (WeightPack<kW>::kFp8) {
+    const int r = static_cast<int>(threadIdx.x);
+    if (r < kTileRows) {
+      const int64_t col = first + r % kOuts;
+      const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
+      if (col < a.outputs) row_scale = __ldg(a.w_scale + n);
+    }
+  }
   pdl_wait_for_previous_kernel();  // from here on: reads of x / h, and every write
   pdl_let_next_kernel_start();
 
@@ -459,6 +471,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
 #pragma unroll
     for (int m = 0; m < kM; ++m) flat[r * kM + m] = acc[r][m];
   warp_sums_to<kTileRows * kM>(flat, partial[warp], lane);
+  __shared__ float tile_scale[kTileRows];  // E4M3: row r's scale (the barrier below publishes it)
+  if (WeightPack<kW>::kFp8 && threadIdx.x < kTileRows) tile_scale[threadIdx.x] = row_scale;
   __syncthreads();
   __shared__ float total[kTileRows * kM];
   for (int i = threadIdx.x; i < kTileRows * kM; i += blockDim.x) {
@@ -479,8 +493,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     if constexpr (WeightPack<kW>::kFp8) {
       // Bits: the sums are 2^-8 of Cvt's; 256 x scale is exact, and so the product is Cvt's, bit for bit.
       constexpr float kUnit = kDecode == Fp8Decode::Bits ? kBitsScale : 1.f;
-      gate_scale = a.w_scale[col] * kUnit;
-      if constexpr (kTile == Tile::GateUp) up_scale = a.w_scale[a.outputs + col] * kUnit;
+      gate_scale = tile_scale[c] * kUnit;  // tile row c: output column `col` (GateUp: its gate row)
+      if constexpr (kTile == Tile::GateUp) up_scale = tile_scale[kOuts + c] * kUnit;  // its up row
     }
     if constexpr (kTile == Tile::GateUp)
       store_silu_mul(a, o, total[c * kM + m] * gate_scale, total[(kOuts + c) * kM + m] * up_scale);
