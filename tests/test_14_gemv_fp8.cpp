@@ -153,5 +153,48 @@ TEST(GemvFp8Cpu14, BadScalesAreInputErrors) {
   EXPECT_THROW(gemv(out, x, e5, good), InputError);
 }
 
+// Fp8GemvVariant::Bits (gemv.cu): (code & 0x7F) << 7 read as a half, the sign at bit 15, is 2^-8 x the E4M3 value
+// for every code but the two NaNs: normals, subnormals (0x01..0x07: half subnormals) and both zeros. Both lanes.
+TEST(GemvFp8Cpu14, BitsDecodingIsTheCodeTimesTwoToTheMinusEight) {
+  int checked = 0;
+  for (uint32_t code = 0; code < 256; ++code) {
+    if ((code & 0x7F) == 0x7F) continue;  // NaN: Bits reads it as +-480 (gemv.h); checkpoints never hold it
+    const float want = std::ldexp(fp8_e4m3_to_f32(static_cast<uint8_t>(code)), -8);
+    const uint32_t both = detail::e4m3_lanes_to_half2_bits(code << 8 | code << 24);
+    const float lo = f16_to_f32(static_cast<uint16_t>(both & 0xFFFFu));
+    const float hi = f16_to_f32(static_cast<uint16_t>(both >> 16));
+    EXPECT_EQ(lo, want) << "code 0x" << std::hex << code;
+    EXPECT_EQ(hi, want) << "code 0x" << std::hex << code;
+    EXPECT_EQ(std::signbit(lo), std::signbit(want)) << "code 0x" << std::hex << code;
+    // A neighbour in the other lane must not leak into this one (its sign bit is the one that could).
+    const uint32_t mixed = detail::e4m3_lanes_to_half2_bits(code << 8 | 0xFFu << 24);
+    EXPECT_EQ(f16_to_f32(static_cast<uint16_t>(mixed & 0xFFFFu)), want) << "code 0x" << std::hex << code;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 254);
+  // The smallest subnormal, 2^-9, and the largest normal, 448, by value.
+  EXPECT_EQ(f16_to_f32(static_cast<uint16_t>(detail::e4m3_lanes_to_half2_bits(0x01u << 8))), std::ldexp(1.0f, -17));
+  EXPECT_EQ(f16_to_f32(static_cast<uint16_t>(detail::e4m3_lanes_to_half2_bits(0x7Eu << 8))), 448.0f / 256.0f);
+}
+
+TEST(GemvFp8Cpu14, VariantsHaveNamesAndOneEntryPerCompiledBatch) {
+  for (Fp8GemvVariant v : all_fp8_gemv_variants()) {
+    EXPECT_NE(v, Fp8GemvVariant::Auto);
+    EXPECT_EQ(parse_fp8_gemv_variant(fp8_gemv_variant_name(v)), v);
+  }
+  EXPECT_EQ(all_fp8_gemv_variants().size(), 3u);
+  EXPECT_EQ(parse_fp8_gemv_variant("auto"), Fp8GemvVariant::Auto);
+  EXPECT_EQ(parse_fp8_gemv_variant("bits-tile8"), Fp8GemvVariant::BitsTile8);
+  EXPECT_THROW(parse_fp8_gemv_variant("fast"), InputError);
+  EXPECT_THROW(parse_fp8_gemv_variant(""), InputError);
+  // The table: never Auto; M picks the entry of the kernel compiled for it (1, 2, 4, 8, 16 rows).
+  for (Fp8GemvVariant v : kFp8GemvVariantByRows) EXPECT_NE(v, Fp8GemvVariant::Auto);
+  const int slot_of[17] = {-1, 0, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4};
+  for (int64_t M = 1; M <= kGemvMaxRows; ++M)
+    EXPECT_EQ(fp8_gemv_variant_for_rows(M), kFp8GemvVariantByRows[slot_of[M]]) << "M=" << M;
+  EXPECT_THROW(fp8_gemv_variant_for_rows(0), InputError);
+  EXPECT_THROW(fp8_gemv_variant_for_rows(kGemvMaxRows + 1), InputError);
+}
+
 }  // namespace
 }  // namespace tvllm

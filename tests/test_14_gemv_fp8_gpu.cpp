@@ -255,6 +255,120 @@ TEST(GemvFp8Gpu14, RowsAreTheSameBitsWhateverTheBatch) {
   }
 }
 
+// ---- Fp8GemvVariant: every decoding of the codes, selected explicitly ------------------------------------------
+// Every variant sums the same products in the same order (Bits: each product 2^-8 of Cvt's, an exact power of
+// two, put back by the scale in the epilogue; the 8-row tiles change which block owns a row, not how its sum is
+// made), so all of them must equal Cvt BIT FOR BIT, fused ops included; and each is checked against the oracle
+// with the tolerance above. With those, the batch invariance RowsAreTheSameBitsWhateverTheBatch shows for the
+// table's choice holds whatever variant the table gives each batch size.
+
+std::string variant_trace(Fp8GemvVariant v, const std::string& what) {
+  return std::string(fp8_gemv_variant_name(v)) + " " + what;
+}
+
+TEST(GemvFp8Gpu14, EveryVariantMatchesTheReferenceAndCvtBitForBit) {
+  TVLLM_REQUIRE_GPU();
+  // The 1B model's four decode shapes (16384 x 2048 and 3072 x 2048 take BitsTile8's 8-row tiles; 2048 rows do
+  // not), odd rows (77: 1-row tiles), the 8-byte loads (K = 600).
+  const std::pair<int64_t, int64_t> shapes[] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048},
+                                                {656, 77},    {600, 336}};
+  for (const auto& [K, N] : shapes) {
+    const Problem p(kGemvMaxRows, K, N, 410 + K + N);
+    Tensor ref = host_f32({kGemvMaxRows, N});
+    gemv_cpu(ref, p.xc(kGemvMaxRows), p.q_cpu, p.s_cpu);
+    const std::vector<float> want = to_f32_vector(ref);
+    const std::vector<double> bound = p.sum_bound(kGemvMaxRows);
+    for (int64_t M : kBatches) {
+      for (DType out_dtype : {DType::BF16, DType::F32}) {
+        Tensor base = poisoned({M, N}, out_dtype);
+        gemv(base, p.xd(M), p.q_dev, p.s_dev, nullptr, Fp8GemvVariant::Cvt);
+        const std::vector<unsigned char> cvt = bytes_of(base);
+        for (Fp8GemvVariant v : all_fp8_gemv_variants()) {
+          SCOPED_TRACE(variant_trace(v, p.describe() + " M=" + std::to_string(M) + " " +
+                                            std::string(dtype_name(out_dtype))));
+          Tensor y = poisoned({M, N}, out_dtype);
+          gemv(y, p.xd(M), p.q_dev, p.s_dev, nullptr, v);
+          expect_close(y, std::vector<float>(want.begin(), want.begin() + M * N),
+                       out_dtype == DType::BF16 ? kRtolBf16 : kRtolF32, {},
+                       std::vector<double>(bound.begin(), bound.begin() + M * N));
+          EXPECT_EQ(bytes_of(y), cvt) << "differs from cvt";
+        }
+      }
+    }
+  }
+}
+
+// Every code but the NaNs, alone in its row (x = 1 at its column, scale 1, F32 out): each variant's decoding is
+// the code's exact value, subnormals (0x01..0x07, 0x81..0x87) and signs included; the random codes above have
+// none. K = 16: the 16-byte packs; K = 8: the 8-byte ones. The code sits at column 5 (mid-word: the PRMT lanes).
+TEST(GemvFp8Gpu14, EveryVariantDecodesEveryCodeExactly) {
+  TVLLM_REQUIRE_GPU();
+  std::vector<uint8_t> all_codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7F) != 0x7F) all_codes.push_back(static_cast<uint8_t>(c));
+  const auto N = static_cast<int64_t>(all_codes.size());
+  for (int64_t K : {16, 8}) {
+    std::vector<uint8_t> q(static_cast<size_t>(N * K), 0);
+    for (int64_t n = 0; n < N; ++n) q[n * K + 5] = all_codes[n];
+    std::vector<float> x(static_cast<size_t>(K), 0.0f);
+    x[5] = 1.0f;
+    const Tensor q_dev = code_tensor(q, {N, K}, Device::CUDA);
+    const Tensor x_dev = Tensor::from_f32(x, {1, K}, DType::BF16, Device::CUDA);
+    const Tensor s_dev = Tensor::from_f32(std::vector<float>(static_cast<size_t>(N), 1.0f), {N}, DType::F32,
+                                          Device::CUDA);
+    for (Fp8GemvVariant v : all_fp8_gemv_variants()) {
+      SCOPED_TRACE(variant_trace(v, "K=" + std::to_string(K)));
+      Tensor y = poisoned({1, N}, DType::F32);
+      gemv(y, x_dev, q_dev, s_dev, nullptr, v);
+      const std::vector<float> got = to_f32_vector(y);
+      int bad = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const float want = fp8_e4m3_to_f32(all_codes[n]);
+        if (!(got[n] == want) && ++bad <= 5)
+          ADD_FAILURE() << "code 0x" << std::hex << int(all_codes[n]) << std::dec << ": got " << got[n] << ", want "
+                        << want;
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+TEST(GemvFp8Gpu14, EveryVariantOfTheFusedOpsIsCvtBitForBit) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  // QKV and gate|up at the 1B model's shapes (both take 8-row tiles in BitsTile8), down_proj, odd shapes.
+  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2048, 3072}, {2048, 16384}, {8192, 2048}, {656, 78},
+                             {600, 336}}) {
+    const Problem p(kGemvMaxRows, K, N, 430 + K + N);
+    const std::vector<float> h0 = random_uniform(static_cast<size_t>(kGemvMaxRows * N), 11);
+    for (int64_t M : {1, 3, 8, 16}) {
+      auto same_as_cvt = [&](const std::string& what, auto run) {
+        const std::vector<unsigned char> cvt = run(Fp8GemvVariant::Cvt);
+        for (Fp8GemvVariant v : all_fp8_gemv_variants()) {
+          SCOPED_TRACE(variant_trace(v, what + " " + p.describe() + " M=" + std::to_string(M)));
+          EXPECT_EQ(run(v), cvt) << "differs from cvt";
+        }
+      };
+      same_as_cvt("rmsnorm_gemv", [&](Fp8GemvVariant v) {
+        Tensor y = poisoned({M, N}, DType::BF16);
+        rmsnorm_gemv(y, p.xd(M), p.g_dev, eps, p.q_dev, p.s_dev, nullptr, false, v);
+        return bytes_of(y);
+      });
+      same_as_cvt("rmsnorm_gemv_silu_mul", [&](Fp8GemvVariant v) {
+        Tensor y = poisoned({M, N / 2}, DType::BF16);
+        rmsnorm_gemv_silu_mul(y, p.xd(M), p.g_dev, eps, p.q_dev, p.s_dev, nullptr, false, v);
+        return bytes_of(y);
+      });
+      same_as_cvt("gemv_residual", [&](Fp8GemvVariant v) {
+        Tensor h = Tensor::from_f32(std::vector<float>(h0.begin(), h0.begin() + M * N), {M, N}, DType::BF16,
+                                    Device::CUDA);
+        gemv_residual(h, p.xd(M), p.q_dev, p.s_dev, nullptr, false, v);
+        return bytes_of(h);
+      });
+    }
+  }
+}
+
 TEST(GemvFp8Gpu14, OperandsTheKernelsCannotReadAreRefused) {
   TVLLM_REQUIRE_GPU();
   const Problem p(2, 2048, 64, 200);

@@ -197,6 +197,39 @@ __device__ __forceinline__ void widen_weights(const Pack<8>& p, float (&w)[Weigh
   }
 }
 
+// ---- Fp8GemvVariant::Bits: E4M3 decoded with integer instructions (lesson 16, §7.2) ------------------------
+// An E4M3 code is s eeee mmm (bias 7); a half is s eeeee mmmmmmmmmm (bias 15). Put eeee mmm into the half's
+// bits 13..7 (the top exponent bit stays 0): the half's value is 2^(e-15) 1.m for e > 0, and 2^-14 0.m for
+// e = 0 (a half subnormal), i.e. EXACTLY 2^-8 times the code's 2^(e-7) 1.m and 2^-6 0.m, normals and
+// subnormals alike. So the kernel multiplies by (code bits as a half), sums as Cvt does, and the epilogue
+// multiplies by 256 x scale: every partial sum is exactly 2^-8 of Cvt's (a power of two, exact in fp32 far
+// from underflow), so the result is the same bits. Per 4 codes (one 32-bit word of the pack):
+//   2 PRMT   each code into the high byte of a 16-bit lane: t = code << 8 (s at bit 15, eeee mmm at 14..8)
+//   2 x 2    shift right 1 and two masks (the compiler merges them into SHF + LOP3s): sign kept at bit 15,
+//            magnitude at 13..7
+//   4 HADD2.F32  half -> float, one per weight (what Cvt also pays after its cvt)
+// against Cvt's 2 cvt (+ the byte selects feeding them) + 4 HADD2.F32: not fewer instructions. What it may gain
+// is the pipe (a conversion may issue at a lower rate than integer ops) and, decoding each 8 columns where they
+// are used, registers (lesson 16's §7.2 has ptxas's counts and the H200's timings).
+constexpr float kBitsScale = 256.f;  // what the Bits decoding leaves out of every weight: 2^8
+
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  __half2 h;
+  static_assert(sizeof(h) == sizeof(bits), "a half2 is 32 bits");
+  memcpy(&h, &bits, sizeof(bits));
+  return __half22float2(h);
+}
+
+// Four codes (byte j of `word` is code j) as four floats, each 2^-8 x its E4M3 value.
+__device__ __forceinline__ void e4m3x4_bits_to_float(uint32_t word, float* w) {
+  // PRMT selectors, one nibble per result byte (low first): 4 = a zero byte of the second operand.
+  const uint32_t t01 = __byte_perm(word, 0u, 0x1404);  // bytes: 0, code0, 0, code1
+  const uint32_t t23 = __byte_perm(word, 0u, 0x3424);  // bytes: 0, code2, 0, code3
+  const float2 a = half2_bits_to_float2(detail::e4m3_lanes_to_half2_bits(t01));
+  const float2 b = half2_bits_to_float2(detail::e4m3_lanes_to_half2_bits(t23));
+  w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
+}
+
 // Asks the memory system to bring [p, p + bytes) into L2 without waiting for it (Hopper's bulk prefetch: one
 // instruction for a whole row; p and bytes multiples of 16). A hint: no register, no completion to wait for.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
@@ -287,13 +320,19 @@ __device__ __forceinline__ void store_silu_mul(const V3Args& a, int64_t o, float
   static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
 }
 
-template <int kM, int kTileRows, Prologue kPrologue, Tile kTile, WeightType kW>
+// How E4M3 packs become floats (Fp8GemvVariant without the tile): BF16 weights ignore it.
+enum class Fp8Decode { Cvt, Bits };
+
+template <int kM, int kTileRows, Prologue kPrologue, Tile kTile, WeightType kW, Fp8Decode kDecode = Fp8Decode::Cvt>
 __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   constexpr int kCols = WeightPack<kW>::kCols;  // columns of K per 16-byte pack of W: 8 (BF16) or 16 (E4M3)
   // Tile r (0..kTileRows-1) -> a weight row. Rows: n0 + r. GateUp: kTileRows / 2 outputs j0 + i, whose
   // gate rows are j0 + i and up rows I + j0 + i.
   constexpr int kOuts = kTile == Tile::GateUp ? kTileRows / 2 : kTileRows;
-  constexpr int kUnroll = kTileRows >= 4 ? 2 : 8;  // 8 loads of W in flight per thread either way
+  // 8 loads of W in flight per thread whatever the tile (8-row tiles, Fp8GemvVariant::BitsTile8: one per row)
+  constexpr int kUnroll = kTileRows >= 8 ? 1 : kTileRows >= 4 ? 2 : 8;
+  // Bits: each 8 columns decoded where they are used (a quarter of Cvt's live floats with 8-row tiles).
+  constexpr bool kLateDecode = WeightPack<kW>::kFp8 && kDecode == Fp8Decode::Bits;
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kOuts;  // this block's first output column
   const int64_t packs = a.K / kCols;
@@ -334,6 +373,18 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     if (WeightPack<kW>::kLoadBytes == 16 && threadIdx.x == r && valid[r] && packs > first_group)  // 16-byte units
       prefetch_l2(rows[r] + first_group * WeightPack<kW>::kLoadBytes,
                   static_cast<uint32_t>((packs - first_group) * WeightPack<kW>::kLoadBytes));
+  // E4M3: thread r < kTileRows fetches tile row r's scale now, beside the weights (scales are weights: never
+  // written during a step), not in the epilogue, where its DRAM round trip would lengthen the kernel's tail
+  // (~1 us at batch 1, where the small GEMVs are all latency). It reaches shared memory with the partial sums.
+  float row_scale = 1.f;
+  if constexpr (WeightPack<kW>::kFp8) {
+    const int r = static_cast<int>(threadIdx.x);
+    if (r < kTileRows) {
+      const int64_t col = first + r % kOuts;
+      const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
+      if (col < a.outputs) row_scale = __ldg(a.w_scale + n);
+    }
+  }
   pdl_wait_for_previous_kernel();  // from here on: reads of x / h, and every write
   pdl_let_next_kernel_start();
 
@@ -372,12 +423,21 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
       if (p >= packs) break;
       // The pack's weights widened once, used for every input row (E4M3: 8 cvt for 16 weights).
       float wf[kTileRows][kCols];
+      if constexpr (!kLateDecode) {
 #pragma unroll
-      for (int r = 0; r < kTileRows; ++r) widen_weights<kW>(wv[u][r], wf[r]);
+        for (int r = 0; r < kTileRows; ++r) widen_weights<kW>(wv[u][r], wf[r]);
+      }
       // x's columns p * kCols .. + kCols - 1: one or two 16-byte loads of 8 bf16 (h and g likewise).
 #pragma unroll
       for (int half = 0; half < kCols / 8; ++half) {
         const int64_t col = p * kCols + 8 * half;
+        if constexpr (kLateDecode) {  // this half's 8 codes of each row: words 2 half and 2 half + 1
+#pragma unroll
+          for (int r = 0; r < kTileRows; ++r) {
+            e4m3x4_bits_to_float(wv[u][r].word[2 * half], &wf[r][8 * half]);
+            e4m3x4_bits_to_float(wv[u][r].word[2 * half + 1], &wf[r][8 * half + 4]);
+          }
+        }
         Pack<8> gv{};
         if constexpr (kPrologue == Prologue::RmsNorm) gv = load_pack<8>(a.g + col);
 #pragma unroll
@@ -411,6 +471,8 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
 #pragma unroll
     for (int m = 0; m < kM; ++m) flat[r * kM + m] = acc[r][m];
   warp_sums_to<kTileRows * kM>(flat, partial[warp], lane);
+  __shared__ float tile_scale[kTileRows];  // E4M3: row r's scale (the barrier below publishes it)
+  if (WeightPack<kW>::kFp8 && threadIdx.x < kTileRows) tile_scale[threadIdx.x] = row_scale;
   __syncthreads();
   __shared__ float total[kTileRows * kM];
   for (int i = threadIdx.x; i < kTileRows * kM; i += blockDim.x) {
@@ -429,8 +491,10 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     // E4M3: each row's scale multiplies its finished sum (fp32), before the epilogue's roundings.
     float gate_scale = 1.f, up_scale = 1.f;
     if constexpr (WeightPack<kW>::kFp8) {
-      gate_scale = a.w_scale[col];
-      if constexpr (kTile == Tile::GateUp) up_scale = a.w_scale[a.outputs + col];
+      // Bits: the sums are 2^-8 of Cvt's; 256 x scale is exact, and so the product is Cvt's, bit for bit.
+      constexpr float kUnit = kDecode == Fp8Decode::Bits ? kBitsScale : 1.f;
+      gate_scale = tile_scale[c] * kUnit;  // tile row c: output column `col` (GateUp: its gate row)
+      if constexpr (kTile == Tile::GateUp) up_scale = tile_scale[kOuts + c] * kUnit;  // its up row
     }
     if constexpr (kTile == Tile::GateUp)
       store_silu_mul(a, o, total[c * kM + m] * gate_scale, total[(kOuts + c) * kM + m] * up_scale);
@@ -457,24 +521,39 @@ void with_rows(int M, F&& f) {
 }
 
 // pdl: launch as a programmatic dependent of the stream's previous kernel (pdl.cuh); the kernel is the same.
-template <Prologue kPrologue, Tile kTile, WeightType kW = WeightType::Bf16>
-void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl) {
+// Fp8GemvVariant::BitsTile8 takes 8-row tiles where that still leaves 2 blocks per SM of an H200.
+constexpr int64_t kTile8MinRows = 8 * 264;
+
+// eight: 8-row tiles (4 gate|up outputs) where N >= kTile8MinRows and v3's shape takes 4-row tiles.
+template <Prologue kPrologue, Tile kTile, WeightType kW = WeightType::Bf16, Fp8Decode kDecode = Fp8Decode::Cvt>
+void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl, bool eight = false) {
   // The shape depends on (N, K) only: never on M, so neither does any output's summation order.
   // GateUp: a tile of 4 (or 2) weight rows is 2 (or 1) outputs, each with its gate row and its up row.
   // One thread per load of a row, as for bf16: 16 / kCols "bytes per column" in 16-byte loads.
   const GemvV3Shape s = gemv_v3_shape(a.N, a.K, 16 / WeightPack<kW>::kCols);
   const bool four = s.rows_per_block == 4;
-  const int64_t outs_per_block = kTile == Tile::GateUp ? (four ? 2 : 1) : s.rows_per_block;
+  // Only the FP8 Bits path is compiled with 8-row tiles (the tile never changes a row's bits: see the kernel).
+  constexpr bool kEightCompiled = kW == WeightType::E4m3 && kDecode == Fp8Decode::Bits;
+  eight = kEightCompiled && eight && four && a.N >= kTile8MinRows;
+  const int tile_rows = eight ? 8 : s.rows_per_block;
+  const int64_t outs_per_block = kTile == Tile::GateUp ? std::max(1, tile_rows / 2) : tile_rows;
   const int64_t blocks = ceil_div(a.outputs, outs_per_block);
   TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many rows for one launch");
   const auto grid = static_cast<unsigned>(blocks);
   with_rows(a.M, [&](auto rows) {
     constexpr int kM = decltype(rows)::value;
     constexpr int kSmallTile = kTile == Tile::GateUp ? 2 : 1;
+    if constexpr (kEightCompiled) {
+      if (eight) {
+        launch_kernel(gemv_v3_kernel<kM, 8, kPrologue, kTile, kW, kDecode>, grid, s.threads, stream, pdl, a);
+        return;
+      }
+    }
     if (four)
-      launch_kernel(gemv_v3_kernel<kM, 4, kPrologue, kTile, kW>, grid, s.threads, stream, pdl, a);
+      launch_kernel(gemv_v3_kernel<kM, 4, kPrologue, kTile, kW, kDecode>, grid, s.threads, stream, pdl, a);
     else
-      launch_kernel(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile, kW>, grid, s.threads, stream, pdl, a);
+      launch_kernel(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile, kW, kDecode>, grid, s.threads, stream, pdl,
+                    a);
   });
 }
 
@@ -492,15 +571,26 @@ V3Args v3_args(const TensorView& out, const TensorView& x, const TensorView& w, 
   return a;
 }
 
-// The weight's dtype picks the instantiation: BF16, or F8_E4M3 (checked by the callers) in 16- or 8-byte loads.
+// The weight's dtype picks the instantiation: BF16, or F8_E4M3 (checked by the callers) in 16- or 8-byte loads,
+// decoded as `fp8` says (Auto: the table of gemv.h for this batch).
 template <Prologue kPrologue, Tile kTile>
-void launch_v3_for(DType weight_dtype, const V3Args& a, cudaStream_t stream, bool pdl) {
-  if (weight_dtype != DType::F8_E4M3)
+void launch_v3_for(DType weight_dtype, Fp8GemvVariant fp8, const V3Args& a, cudaStream_t stream, bool pdl) {
+  if (weight_dtype != DType::F8_E4M3) {
     launch_v3<kPrologue, kTile, WeightType::Bf16>(a, stream, pdl);
-  else if (a.K % 16 == 0)
-    launch_v3<kPrologue, kTile, WeightType::E4m3>(a, stream, pdl);
-  else
-    launch_v3<kPrologue, kTile, WeightType::E4m3x8>(a, stream, pdl);
+    return;
+  }
+  if (fp8 == Fp8GemvVariant::Auto) fp8 = fp8_gemv_variant_for_rows(a.M);
+  const bool eight = fp8 == Fp8GemvVariant::BitsTile8;
+  if (fp8 == Fp8GemvVariant::Cvt) {
+    if (a.K % 16 == 0)
+      launch_v3<kPrologue, kTile, WeightType::E4m3>(a, stream, pdl);
+    else
+      launch_v3<kPrologue, kTile, WeightType::E4m3x8>(a, stream, pdl);
+  } else if (a.K % 16 == 0) {
+    launch_v3<kPrologue, kTile, WeightType::E4m3, Fp8Decode::Bits>(a, stream, pdl, eight);
+  } else {
+    launch_v3<kPrologue, kTile, WeightType::E4m3x8, Fp8Decode::Bits>(a, stream, pdl);
+  }
 }
 
 #include "gemv_v4.cuh"  // v4: tensor cores for 2..16 rows (inside this namespace: it uses the pieces above)
@@ -545,32 +635,33 @@ void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, 
 }
 
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl) {
+                       const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl,
+                       Fp8GemvVariant fp8) {
   V3Args a = v3_args(out, h, w, w_scale);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_v3_for<Prologue::RmsNorm, Tile::Rows>(w.dtype, a, stream, pdl);
+  launch_v3_for<Prologue::RmsNorm, Tile::Rows>(w.dtype, fp8, a, stream, pdl);
 }
 
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
                                 float eps, const TensorView& w_gate_up, const TensorView& w_scale,
-                                cudaStream_t stream, bool pdl) {
+                                cudaStream_t stream, bool pdl, Fp8GemvVariant fp8) {
   V3Args a = v3_args(act, h, w_gate_up, w_scale);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
-  launch_v3_for<Prologue::RmsNorm, Tile::GateUp>(w_gate_up.dtype, a, stream, pdl);
+  launch_v3_for<Prologue::RmsNorm, Tile::GateUp>(w_gate_up.dtype, fp8, a, stream, pdl);
 }
 
 void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-                        cudaStream_t stream, bool pdl) {
+                        cudaStream_t stream, bool pdl, Fp8GemvVariant fp8) {
   V3Args a = v3_args(h, x, w, w_scale);
   a.store = Store::AddResidual;
-  launch_v3_for<Prologue::None, Tile::Rows>(w.dtype, a, stream, pdl);
+  launch_v3_for<Prologue::None, Tile::Rows>(w.dtype, fp8, a, stream, pdl);
 }
 
 void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-                   cudaStream_t stream) {
-  launch_v3_for<Prologue::None, Tile::Rows>(DType::F8_E4M3, v3_args(out, x, w, w_scale), stream, false);
+                   cudaStream_t stream, Fp8GemvVariant fp8) {
+  launch_v3_for<Prologue::None, Tile::Rows>(DType::F8_E4M3, fp8, v3_args(out, x, w, w_scale), stream, false);
 }
 
 }  // namespace detail

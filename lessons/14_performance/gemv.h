@@ -51,7 +51,8 @@
 // [N, 1]), one scale per weight row, and the product is
 //     out[m, n] = (sum_k x[m, k] * q[n, k]) * scale[n]
 // computed by v3's kernel with 16 weights per 16-byte load (half the bytes of bf16): each pair of codes is
-// widened exactly (cvt.rn.f16x2.e4m3x2, sm_89+), the fp32 sum is v3's, and the scale multiplies the finished
+// widened exactly (cvt.rn.f16x2.e4m3x2, sm_89+; or with integer bit operations: Fp8GemvVariant below, the same
+// bits), the fp32 sum is v3's, and the scale multiplies the finished
 // sum ONCE per row, in fp32, before the roundings above. K % 8 == 0 on the GPU, as for bf16 (K % 16 != 0, e.g.
 // the bundled model's K = 600: 8 codes per 8-byte load). With BF16 weights w_scale must be empty (TensorView{});
 // the overloads without it are the BF16 ones.
@@ -99,9 +100,36 @@ bool gemv_shape_supported(const TensorView& w, DType out_dtype);
 // out[M, N] = x[M, K] · w[N, K]^T. GPU: v2/v3 fall back to v1 when gemv_supported(x, w) is false.
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w,
           GemvKernel kernel = kDefaultGemvKernel, cudaStream_t stream = nullptr);
+
+// How v3 turns E4M3 codes into the fp32 values it multiplies (lesson 16, §7.2): every variant sums the same
+// products in the same order, so they are the same bits (the decoded values differ by an exact power of two,
+// folded into the row's scale), and a batch size may pick its own variant without breaking batch invariance.
+//   Cvt        cvt.rn.f16x2.e4m3x2 per pair of codes, then half -> float per weight; the whole 16-code pack of
+//              every tile row widened before the FMAs (the first version).
+//   Bits       integer bits instead of cvt: (code & 0x7F) << 7 placed in a half is 2^-8 x the E4M3 value, for
+//              normals and subnormals alike (2^8 goes into the scale), the sign bit moves to bit 15; two codes
+//              per half2 from one PRMT (__byte_perm) and two masks. Decoded per 8 columns, where they are used.
+//   BitsTile8  Bits with 8 weight rows per block (4 gate|up outputs) where N >= 8 x 264: each x value loaded and
+//              widened serves 8 rows, not 4 (for batch > 1, where x's loads and widening grow with M).
+// Auto: the variant kFp8GemvVariantByRows picks for the batch. Not for NaN codes (0x7F, 0xFF): Cvt keeps them
+// NaN, Bits reads them as +-480; quantized checkpoints never hold them (encoders saturate).
+enum class Fp8GemvVariant { Auto, Cvt, Bits, BitsTile8 };
+std::string_view fp8_gemv_variant_name(Fp8GemvVariant variant);  // "auto", "cvt", "bits", "bits-tile8"
+Fp8GemvVariant parse_fp8_gemv_variant(std::string_view name);      // throws InputError for anything else
+const std::vector<Fp8GemvVariant>& all_fp8_gemv_variants();        // cvt, bits, bits-tile8 (not auto)
+// The variant each batch runs, by the row count the kernels are compiled for: [0] M = 1, [1] M = 2, [2] 3..4,
+// [3] 5..8, [4] 9..16. TODO(coordinator): fill from `lesson16_quantization --device cuda --bench` on the H200
+// (its last table prints the fastest variant per batch); Cvt everywhere is what was measured before.
+inline constexpr Fp8GemvVariant kFp8GemvVariantByRows[5] = {Fp8GemvVariant::Cvt, Fp8GemvVariant::Cvt,
+                                                            Fp8GemvVariant::Cvt, Fp8GemvVariant::Cvt,
+                                                            Fp8GemvVariant::Cvt};
+// kFp8GemvVariantByRows for M rows (1..kGemvMaxRows; InputError otherwise).
+Fp8GemvVariant fp8_gemv_variant_for_rows(int64_t M);
+
 // The same for BF16 or F8_E4M3 w (with its w_scale): v3 on the GPU (16-byte loads only: gemv_supported).
+// fp8: which decoding F8_E4M3 weights take (ignored for BF16).
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-          cudaStream_t stream = nullptr);
+          cudaStream_t stream = nullptr, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
 
 // The fused ops below take `pdl`: true launches the kernel as a programmatic dependent of the stream's
 // previous kernel (pdl.h: it starts loading its weights while that kernel finishes, and waits for it before
@@ -112,7 +140,8 @@ void gemv(const TensorView& out, const TensorView& x, const TensorView& w, const
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
                   const TensorView& w, cudaStream_t stream = nullptr, bool pdl = false);
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, const TensorView& w_scale, cudaStream_t stream = nullptr, bool pdl = false);
+                  const TensorView& w, const TensorView& w_scale, cudaStream_t stream = nullptr, bool pdl = false,
+                  Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
 
 // act[M, I] = silu(gate) * up, [gate | up] = (rmsnorm(h) * norm_weight) · w_gate_up^T.
 // h [M, K], norm_weight [K], w_gate_up [2I, K] (rows 0..I-1 gate, I..2I-1 up), act [M, I].
@@ -122,13 +151,13 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
 // FP8: w_scale [2I] holds the gate rows' scales, then the up rows'.
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
                            float eps, const TensorView& w_gate_up, const TensorView& w_scale,
-                           cudaStream_t stream = nullptr, bool pdl = false);
+                           cudaStream_t stream = nullptr, bool pdl = false, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
 
 // h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
                    cudaStream_t stream = nullptr, bool pdl = false);
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-                   cudaStream_t stream = nullptr, bool pdl = false);
+                   cudaStream_t stream = nullptr, bool pdl = false, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
 
 // For benchmarks: the bytes one gemv() must move at least, W + x + out, so bytes / seconds is the bandwidth
 // reached. (gemv_residual also reads h, M*N*2 more; the fused norms read g, K*2 more: W dominates all.)
@@ -164,19 +193,28 @@ GemvDims check_gemv_args(const char* what, const TensorView& out, const TensorVi
 void check_norm_args(const char* what, const TensorView& h, const TensorView& norm_weight, float eps);
 
 namespace detail {
+// Fp8GemvVariant::Bits's decoding, shared by the kernel and the CPU test that checks it on all 256 codes: `lanes`
+// holds two E4M3 codes, each in the HIGH byte of a 16-bit lane (code << 8: sign at bit 15, eeee mmm at 14..8);
+// the result is two halves' bits, sign kept at bit 15 and eeee mmm moved to 13..7, each half 2^-8 x its code's
+// value (gemv.cu says why, subnormals included).
+constexpr uint32_t e4m3_lanes_to_half2_bits(uint32_t lanes) {
+  return (lanes & 0x80008000u) | ((lanes >> 1) & 0x3f803f80u);
+}
+
 // The GPU paths, called after the checks.
 void gemv_cuda(const TensorView& out, const TensorView& x, const TensorView& w, GemvKernel kernel,
                cudaStream_t stream);
 // w_scale: empty for BF16 w; F32 [N] for F8_E4M3 w (the weight's dtype picks the kernel).
 void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                       const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl);
+                       const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl,
+                       Fp8GemvVariant fp8);
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
                                 float eps, const TensorView& w_gate_up, const TensorView& w_scale,
-                                cudaStream_t stream, bool pdl);
+                                cudaStream_t stream, bool pdl, Fp8GemvVariant fp8);
 void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-                        cudaStream_t stream, bool pdl);
+                        cudaStream_t stream, bool pdl, Fp8GemvVariant fp8);
 void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-                   cudaStream_t stream);
+                   cudaStream_t stream, Fp8GemvVariant fp8);
 }  // namespace detail
 
 }  // namespace tvllm

@@ -172,6 +172,41 @@ const std::vector<GemvKernel>& all_gemv_kernels() {
   return kernels;
 }
 
+std::string_view fp8_gemv_variant_name(Fp8GemvVariant variant) {
+  switch (variant) {
+    case Fp8GemvVariant::Auto:
+      return "auto";
+    case Fp8GemvVariant::Cvt:
+      return "cvt";
+    case Fp8GemvVariant::Bits:
+      return "bits";
+    case Fp8GemvVariant::BitsTile8:
+      return "bits-tile8";
+  }
+  return "?";
+}
+
+Fp8GemvVariant parse_fp8_gemv_variant(std::string_view name) {
+  if (name == "auto") return Fp8GemvVariant::Auto;
+  for (Fp8GemvVariant v : all_fp8_gemv_variants())
+    if (fp8_gemv_variant_name(v) == name) return v;
+  throw InputError("unknown FP8 GEMV variant '" + std::string(name) + "' (expected auto, cvt, bits or bits-tile8)");
+}
+
+const std::vector<Fp8GemvVariant>& all_fp8_gemv_variants() {
+  static const std::vector<Fp8GemvVariant> variants{Fp8GemvVariant::Cvt, Fp8GemvVariant::Bits,
+                                                    Fp8GemvVariant::BitsTile8};
+  return variants;
+}
+
+Fp8GemvVariant fp8_gemv_variant_for_rows(int64_t M) {
+  TVLLM_REQUIRE(M >= 1 && M <= kGemvMaxRows,
+                "fp8_gemv_variant_for_rows: M must be 1.." + std::to_string(kGemvMaxRows) + ", got " + std::to_string(M));
+  // The kernels are compiled for 1, 2, 4, 8 or 16 rows (gemv.cu's with_rows): the table has one entry each.
+  const int slot = M <= 1 ? 0 : M <= 2 ? 1 : M <= 4 ? 2 : M <= 8 ? 3 : 4;
+  return kFp8GemvVariantByRows[slot];
+}
+
 bool gemv_supported(const TensorView& x, const TensorView& w) {
   auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // 8 columns per load: 16 bytes of bf16, or 8 (K % 16 != 0) or 16 codes of F8_E4M3; x's loads are 16 bytes.
@@ -299,21 +334,22 @@ void require_vector_path(const std::string& what, const TensorView& x, const Ten
 }  // namespace
 
 void gemv(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-          cudaStream_t stream) {
+          cudaStream_t stream, Fp8GemvVariant fp8) {
   const GemvDims d = check_operands("gemv", out, x, w, false, true, w_scale);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
     gemv_cpu(out, x, w, w_scale);
   } else if (w.dtype == DType::F8_E4M3) {
     require_vector_path("gemv", x, w, x);
-    detail::gemv_fp8_cuda(out, x, w, w_scale, stream);
+    detail::gemv_fp8_cuda(out, x, w, w_scale, stream, fp8);
   } else {
     detail::gemv_cuda(out, x, w, kDefaultGemvKernel, stream);
   }
 }
 
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
-                  const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl) {
+                  const TensorView& w, const TensorView& w_scale, cudaStream_t stream, bool pdl,
+                  Fp8GemvVariant fp8) {
   const GemvDims d = check_operands("rmsnorm_gemv", out, h, w, false, true, w_scale);
   check_norm_args("rmsnorm_gemv", h, norm_weight, eps);
   if (d.M == 0) return;
@@ -322,7 +358,7 @@ void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& 
     return;
   }
   require_vector_path("rmsnorm_gemv", h, w, norm_weight);
-  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, w_scale, stream, pdl);
+  detail::rmsnorm_gemv_cuda(out, h, norm_weight, eps, w, w_scale, stream, pdl, fp8);
 }
 
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
@@ -331,7 +367,8 @@ void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& 
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
-                           const TensorView& w_gate_up, const TensorView& w_scale, cudaStream_t stream, bool pdl) {
+                           const TensorView& w_gate_up, const TensorView& w_scale, cudaStream_t stream, bool pdl,
+                           Fp8GemvVariant fp8) {
   const GemvDims d = check_operands("rmsnorm_gemv_silu_mul", act, h, w_gate_up, true, false, w_scale);
   check_norm_args("rmsnorm_gemv_silu_mul", h, norm_weight, eps);
   if (d.M == 0) return;
@@ -340,7 +377,7 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
     return;
   }
   require_vector_path("rmsnorm_gemv_silu_mul", h, w_gate_up, norm_weight);
-  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, w_scale, stream, pdl);
+  detail::rmsnorm_gemv_silu_mul_cuda(act, h, norm_weight, eps, w_gate_up, w_scale, stream, pdl, fp8);
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
@@ -349,7 +386,7 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
 }
 
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
-                   cudaStream_t stream, bool pdl) {
+                   cudaStream_t stream, bool pdl, Fp8GemvVariant fp8) {
   const GemvDims d = check_operands("gemv_residual", h, x, w, false, false, w_scale);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {
@@ -357,7 +394,7 @@ void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w
     return;
   }
   require_vector_path("gemv_residual", x, w, x);
-  detail::gemv_residual_cuda(h, x, w, w_scale, stream, pdl);
+  detail::gemv_residual_cuda(h, x, w, w_scale, stream, pdl, fp8);
 }
 
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w, cudaStream_t stream, bool pdl) {

@@ -227,42 +227,89 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
                    std::to_string(100.0 * increase) + "%");
 }
 
-// The decode GEMV at Llama-3.2-1B's shapes: lesson 14's bf16 v3, this lesson's first FP8 kernel (fp8_gemv.cu),
-// and lesson 14's v3 reading the E4M3 codes (gemv.h's FP8 overloads: what the engine's decode steps run with
-// resident FP8 weights), at batch 1 and 8. All read every weight once; the FP8 ones read half the bytes.
+// The decode GEMV at Llama-3.2-1B's shapes (QKV, o_proj, gate|up, down_proj) and batches 1..16: lesson 14's bf16
+// v3, this lesson's first FP8 kernel (fp8_gemv.cu), and lesson 14's v3 reading the E4M3 codes in each of its
+// decodings (gemv.h's Fp8GemvVariant: the engine's decode steps with resident FP8 weights run the one that
+// kFp8GemvVariantByRows names). All read every weight once; the FP8 ones read half the bytes. The last table
+// sums each variant's times over the four shapes per batch: what to write into kFp8GemvVariantByRows.
 void bench_gemv(const Ceilings& ceilings) {
-  for (int64_t M : {1, 8}) {
+  struct Shape {
+    int64_t N, K;
+    Tensor wb, q, s;
+  };
+  std::vector<Shape> shapes;
+  Rng rng(5);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}}) {
+    std::vector<float> w(static_cast<size_t>(N * K));
+    for (float& v : w) v = static_cast<float>(rng.normal() * 0.02);
+    std::vector<uint16_t> host_w(w.size());
+    for (size_t i = 0; i < w.size(); ++i) host_w[i] = f32_to_bf16(w[i]);
+    const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(host_w.data(), DType::BF16, Device::CPU, {N, K}),
+                                             Fp8Quantization::Strategy::Channel, DType::F32);
+    Shape sh{N, K, Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA),
+             Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA),
+             Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA)};
+    TVLLM_CUDA_CHECK(cudaMemcpy(sh.q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+    shapes.push_back(std::move(sh));
+  }
+  const std::vector<Fp8GemvVariant>& variants = all_fp8_gemv_variants();
+  const int64_t batches[] = {1, 2, 4, 8, 16};
+  // total_ms[b][v]: variant v's median times summed over the shapes at batch b; [b][variants.size()]: bf16 v3.
+  std::vector<std::vector<double>> total_ms(std::size(batches), std::vector<double>(variants.size() + 1, 0.0));
+  for (size_t b = 0; b < std::size(batches); ++b) {
+    const int64_t M = batches[b];
     std::vector<BenchRow> rows;
-    Rng rng(5);
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {16384, 2048}, {2048, 8192}}) {
-      std::vector<float> w(static_cast<size_t>(N * K)), xs(static_cast<size_t>(M * K));
-      for (float& v : w) v = static_cast<float>(rng.normal() * 0.02);
+    for (const Shape& sh : shapes) {
+      const int64_t N = sh.N, K = sh.K;
+      std::vector<float> xs(static_cast<size_t>(M * K));
       for (float& v : xs) v = static_cast<float>(rng.normal());
-      Tensor wb = Tensor::from_f32(w, {N, K}, DType::BF16, Device::CUDA);
       Tensor x = Tensor::from_f32(xs, {M, K}, DType::BF16, Device::CUDA);
       Tensor out = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
-      std::vector<uint16_t> host_w(w.size());
-      for (size_t i = 0; i < w.size(); ++i) host_w[i] = f32_to_bf16(w[i]);
-      const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(host_w.data(), DType::BF16, Device::CPU, {N, K}),
-                                               Fp8Quantization::Strategy::Channel, DType::F32);
-      Tensor q = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
-      Tensor s = Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA);
-      TVLLM_CUDA_CHECK(cudaMemcpy(q.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
       const std::string shape = std::to_string(N) + "x" + std::to_string(K);
       const double flops = 2.0 * M * N * K;
-      rows.push_back({"bf16 gemv v3   " + shape, bench_gpu([&] { gemv(out.view(), x.view(), wb.view()); }),
+      const auto fp8_bytes = static_cast<double>(gemv_fp8_bytes_moved(M, N, K, DType::BF16));
+      rows.push_back({"bf16 gemv v3        " + shape, bench_gpu([&] { gemv(out.view(), x.view(), sh.wb.view()); }),
                       static_cast<double>(gemv_bytes_moved(M, N, K, DType::BF16)), flops});
-      rows.push_back({"fp8 gemv (16)  " + shape, bench_gpu([&] { fp8_gemv(out.view(), x.view(), q.view(), s.view()); }),
+      total_ms[b][variants.size()] += rows.back().result.median_ms;
+      rows.push_back({"fp8 gemv (16)       " + shape,
+                      bench_gpu([&] { fp8_gemv(out.view(), x.view(), sh.q.view(), sh.s.view()); }),
                       static_cast<double>(fp8_gemv_bytes_moved(M, N, K, DType::BF16)), flops});
-      rows.push_back({"fp8 gemv v3    " + shape, bench_gpu([&] { gemv(out.view(), x.view(), q.view(), s.view()); }),
-                      static_cast<double>(gemv_fp8_bytes_moved(M, N, K, DType::BF16)), flops});
+      for (size_t v = 0; v < variants.size(); ++v) {
+        std::string name = "fp8 v3 " + std::string(fp8_gemv_variant_name(variants[v]));
+        name.resize(20, ' ');
+        rows.push_back({name + shape, bench_gpu([&] {
+                          gemv(out.view(), x.view(), sh.q.view(), sh.s.view(), nullptr, variants[v]);
+                        }),
+                        fp8_bytes, flops});
+        total_ms[b][v] += rows.back().result.median_ms;
+      }
     }
     print_bench_table(std::cout,
                       "decode GEMV, batch " + std::to_string(M) +
-                          ": bf16 v3, FP8 (this lesson's first kernel), FP8 through lesson 14's v3 (bytes = weights "
-                          "+ scales + x + out)",
+                          ": bf16 v3, FP8 (this lesson's first kernel), FP8 through lesson 14's v3 per decoding "
+                          "(bytes = weights + scales + x + out)",
                       rows, ceilings);
   }
+  std::printf("\nFP8 v3 per batch, median times summed over the four shapes (ms), and the fastest:\n");
+  std::printf("  %-6s", "batch");
+  for (Fp8GemvVariant v : variants) std::printf(" %12s", std::string(fp8_gemv_variant_name(v)).c_str());
+  std::printf(" %12s   fastest (kFp8GemvVariantByRows)\n", "bf16 v3");
+  std::string table;
+  for (size_t b = 0; b < std::size(batches); ++b) {
+    std::printf("  %-6lld", static_cast<long long>(batches[b]));
+    size_t best = 0;
+    for (size_t v = 0; v < variants.size(); ++v) {
+      std::printf(" %12.4f", total_ms[b][v]);
+      if (total_ms[b][v] < total_ms[b][best]) best = v;
+    }
+    std::printf(" %12.4f   %s (%.2fx bf16)\n", total_ms[b][variants.size()],
+                std::string(fp8_gemv_variant_name(variants[best])).c_str(),
+                total_ms[b][variants.size()] / total_ms[b][best]);
+    table += std::string(b ? ", " : "") + "Fp8GemvVariant::" +
+             (variants[best] == Fp8GemvVariant::Cvt ? "Cvt" : variants[best] == Fp8GemvVariant::Bits ? "Bits"
+                                                                                                      : "BitsTile8");
+  }
+  std::printf("  gemv.h: kFp8GemvVariantByRows[5] = {%s};\n\n", table.c_str());
 }
 
 void run_bench(const LessonOptions& opt) {
