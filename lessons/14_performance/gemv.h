@@ -118,11 +118,15 @@ std::string_view fp8_gemv_variant_name(Fp8GemvVariant variant);  // "auto", "cvt
 Fp8GemvVariant parse_fp8_gemv_variant(std::string_view name);      // throws InputError for anything else
 const std::vector<Fp8GemvVariant>& all_fp8_gemv_variants();        // cvt, bits, bits-tile8 (not auto)
 // The variant each batch runs, by the row count the kernels are compiled for: [0] M = 1, [1] M = 2, [2] 3..4,
-// [3] 5..8, [4] 9..16. TODO(coordinator): fill from `lesson16_quantization --device cuda --bench` on the H200
-// (its last table prints the fastest variant per batch); Cvt everywhere is what was measured before.
+// [3] 5..8, [4] 9..16. From `lesson16_quantization --device cuda --bench` on the H200 (2026-12-03; the four
+// decode shapes' median times summed, ms, cvt / bits / bits-tile8 / bf16 v3): M = 1 0.0395 / 0.0468 / 0.0472 /
+// 0.0555; M = 2 0.0522 / 0.0572 / 0.0538 / 0.0752; M = 4 0.0853 / 0.0656 / 0.0694 / 0.0850; M = 8 0.1124 /
+// 0.0861 / 0.0903 / 0.1088; M = 16 0.1811 / 0.1840 / 0.1611 / 0.2288. At one or two rows the weight bytes
+// dominate and cvt's two-codes-per-instruction widening is enough; from four rows each decoded code serves
+// M FMAs and the cheaper integer decode wins; at 16, eight rows per block halve the x traffic per weight.
 inline constexpr Fp8GemvVariant kFp8GemvVariantByRows[5] = {Fp8GemvVariant::Cvt, Fp8GemvVariant::Cvt,
-                                                            Fp8GemvVariant::Cvt, Fp8GemvVariant::Cvt,
-                                                            Fp8GemvVariant::Cvt};
+                                                            Fp8GemvVariant::Bits, Fp8GemvVariant::Bits,
+                                                            Fp8GemvVariant::BitsTile8};
 // kFp8GemvVariantByRows for M rows (1..kGemvMaxRows; InputError otherwise).
 Fp8GemvVariant fp8_gemv_variant_for_rows(int64_t M);
 

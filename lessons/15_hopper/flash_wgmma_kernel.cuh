@@ -377,7 +377,11 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float m_new = fmaxf(row_max[half], tile_max);
       const float m_ref = m_new == -INFINITY ? 0.0f : m_new * p.scale_log2;  // scaled: base-2 units
-      alpha[half] = fast_exp2(row_max[half] * p.scale_log2 - m_ref);         // first tile: 2^-inf = 0
+      // __fmul_rn: never contracted into an FMA with the subtraction. When the max did not move, old * scale
+      // rounds to m_ref exactly and alpha is exactly 2^0 = 1; an FMA would leave the product's rounding error
+      // (a few 1e-7) and multiply O by 1 + ulp on every tile that brings no new max, so the bits would depend
+      // on how many wholly masked tiles a row's block sweeps (a chunk after a prefix vs the whole prompt).
+      alpha[half] = fast_exp2(__fmul_rn(row_max[half], p.scale_log2) - m_ref);  // first tile: 2^-inf = 0
       row_max[half] = m_new;
       float tile_sum = 0.0f;
 #pragma unroll
