@@ -20,6 +20,9 @@ namespace {
 
 using flash_detail::flash_wgmma_kernel;
 using flash_detail::FlashWgmmaParams;
+using flash_detail::flash_common_params;
+using flash_detail::flash_grid;
+using flash_detail::flash_opt_in_once;
 using flash_detail::kKvSubTileBytes;  // [128 rows][64 bf16]: 16 KB
 static_assert(flash_smem_bytes(128, 192, true) <= 227 * 1024,
               "Hopper gives a block at most 227 KB of shared memory");
@@ -87,15 +90,7 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
   constexpr int kBlockM = 64 * kConsumers;
   constexpr int smem = flash_smem_bytes(D, kBlockM, kPSmem);
   const auto kernel = flash_wgmma_kernel<D, kConsumers, kOverlap, kPingPong, kPSmem>;
-  static const bool opted_in = [&] {  // once per instantiation; not a stream operation (fine under capture)
-    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // All of the SM's unified L1/shared memory as shared memory: the 64-row variant needs room for two
-    // blocks.
-    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-    return true;
-  }();
-  (void)opted_in;
+  flash_opt_in_once<flash_wgmma_kernel<D, kConsumers, kOverlap, kPingPong, kPSmem>>(smem);
   // One map per operand over its whole packed matrix: the kernel names (column of the head, first row).
   const CUtensorMap map_q = make_tensor_map_bf16_2d(q.data, batch.total_q(), shape.q_dim(), q.strides[0] * 2,
                                                     kBlockM, 64, TmaSwizzle::B128);
@@ -103,20 +98,8 @@ void launch_flash_wgmma(const TensorView& out, const TensorView& q, const Tensor
                                                     kFlashBlockN, 64, TmaSwizzle::B128);
   const CUtensorMap map_v = make_tensor_map_bf16_2d(v.data, batch.total_k(), shape.kv_dim(), v.strides[0] * 2,
                                                     kFlashBlockN, 64, TmaSwizzle::B128);
-  FlashWgmmaParams p;
-  p.out = out.ptr<__nv_bfloat16>();
-  p.out_stride = out.strides[0];
-  p.cu_seqlens_q = batch.cu_seqlens_q_device();
-  p.cu_seqlens_k = batch.cu_seqlens_k_device();
-  p.group = static_cast<int>(shape.group_size());
-  p.window = static_cast<int>(shape.window);
-  p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e)
-  p.heads_inner = heads_inner ? 1 : 0;
-  const auto q_tiles =
-      static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{kBlockM}));
-  const auto heads = static_cast<unsigned>(shape.n_heads);
-  const dim3 grid(heads_inner ? heads : q_tiles, heads_inner ? q_tiles : heads,
-                  static_cast<unsigned>(batch.batch_size()));
+  FlashWgmmaParams p = flash_common_params(out, batch, shape, heads_inner);
+  const dim3 grid = flash_grid(batch, shape, kBlockM, heads_inner);
   kernel<<<grid, 128 * (1 + kConsumers), smem, stream>>>(map_q, map_k, map_v, p);
   TVLLM_CHECK_LAUNCH();
 }

@@ -553,5 +553,43 @@ __global__ void __launch_bounds__(128 * (1 + kConsumers), FlashRegisters<kConsum
 #endif
 }
 
+// ---- the host side both launchers share (flash_wgmma.cu: contiguous, flash_wgmma_paged.cu: paged) --------
+// Once per kernel instantiation (not a stream operation, so fine under graph capture): opt in to the dynamic
+// shared memory it needs and take all of the SM's unified L1 / shared memory as shared memory (the 64-row
+// variant needs room for two blocks). The kernel is a template argument, not a parameter: every instantiation
+// has the same function type, and the static below must be one per kernel.
+template <auto kernel>
+void flash_opt_in_once(int smem) {
+  static const bool opted_in = [&] {
+    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    return true;
+  }();
+  (void)opted_in;
+}
+
+// The parameters that do not depend on where K and V live.
+inline FlashWgmmaParams flash_common_params(const TensorView& out, const AttentionBatch& batch,
+                                            const AttentionShape& shape, bool heads_inner) {
+  FlashWgmmaParams p;
+  p.out = out.ptr<__nv_bfloat16>();
+  p.out_stride = out.strides[0];
+  p.cu_seqlens_q = batch.cu_seqlens_q_device();
+  p.cu_seqlens_k = batch.cu_seqlens_k_device();
+  p.group = static_cast<int>(shape.group_size());
+  p.window = static_cast<int>(shape.window);
+  p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e)
+  p.heads_inner = heads_inner ? 1 : 0;
+  return p;
+}
+
+// One block per (head, query tile of block_m rows, sequence); FlashOrder::HeadsInner puts the heads on x.
+inline dim3 flash_grid(const AttentionBatch& batch, const AttentionShape& shape, int block_m, bool heads_inner) {
+  const auto q_tiles = static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{block_m}));
+  const auto heads = static_cast<unsigned>(shape.n_heads);
+  return dim3(heads_inner ? heads : q_tiles, heads_inner ? q_tiles : heads, static_cast<unsigned>(batch.batch_size()));
+}
+
 }  // namespace flash_detail
 }  // namespace tvllm

@@ -18,6 +18,9 @@ namespace {
 
 using flash_detail::flash_wgmma_kernel;
 using flash_detail::FlashWgmmaParams;
+using flash_detail::flash_common_params;
+using flash_detail::flash_grid;
+using flash_detail::flash_opt_in_once;
 
 template <int D, int kConsumers>
 void launch_flash_wgmma_paged(const TensorView& out, const TensorView& q, const TensorView& pool_k,
@@ -27,13 +30,7 @@ void launch_flash_wgmma_paged(const TensorView& out, const TensorView& q, const 
   constexpr int kBlockM = 64 * kConsumers;
   constexpr int smem = flash_smem_bytes(D, kBlockM, false);
   const auto kernel = flash_wgmma_kernel<D, kConsumers, false, false, false, true>;
-  static const bool opted_in = [&] {  // once per instantiation, as flash_wgmma.cu does
-    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared));
-    return true;
-  }();
-  (void)opted_in;
+  flash_opt_in_once<flash_wgmma_kernel<D, kConsumers, false, false, false, true>>(smem);
   // Q as in flash_wgmma(); K and V: the whole layer of the pool as one matrix [num_blocks * block_size,
   // kv_dim], copied in boxes of one cache block (or one tile, for blocks of 128 keys and more).
   const int64_t bs = tables.block_size(), slots = tables.num_blocks() * bs;
@@ -44,23 +41,11 @@ void launch_flash_wgmma_paged(const TensorView& out, const TensorView& q, const 
                                                     box_rows, 64, TmaSwizzle::B128);
   const CUtensorMap map_v = make_tensor_map_bf16_2d(pool_v.data, slots, shape.kv_dim(), shape.kv_dim() * 2,
                                                     box_rows, 64, TmaSwizzle::B128);
-  FlashWgmmaParams p;
-  p.out = out.ptr<__nv_bfloat16>();
-  p.out_stride = out.strides[0];
-  p.cu_seqlens_q = batch.cu_seqlens_q_device();
-  p.cu_seqlens_k = batch.cu_seqlens_k_device();
-  p.group = static_cast<int>(shape.group_size());
-  p.window = static_cast<int>(shape.window);
-  p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e)
-  p.heads_inner = heads_inner ? 1 : 0;
+  FlashWgmmaParams p = flash_common_params(out, batch, shape, heads_inner);
   p.block_tables = tables.device_block_tables();
   p.table_stride = tables.max_blocks_per_seq();
   p.block_shift = block_shift_of(bs);
-  const auto q_tiles =
-      static_cast<unsigned>(ceil_div(static_cast<int64_t>(batch.max_q_len()), int64_t{kBlockM}));
-  const auto heads = static_cast<unsigned>(shape.n_heads);
-  const dim3 grid(heads_inner ? heads : q_tiles, heads_inner ? q_tiles : heads,
-                  static_cast<unsigned>(batch.batch_size()));
+  const dim3 grid = flash_grid(batch, shape, kBlockM, heads_inner);
   kernel<<<grid, 128 * (1 + kConsumers), smem, stream>>>(map_q, map_k, map_v, p);
   TVLLM_CHECK_LAUNCH();
 }
