@@ -4,6 +4,8 @@
 //   argmax / z_max    max over the blocks of (key << 32 | ~id): the larger key, on equal keys the lower id
 //   digit decisions   the rows' histograms are sums of integers (counts, masses): the blocks add theirs into
 //                     rank 0's in any order and get the same buckets; rank 0 picks with lesson 09's rule
+//                     (version 2: into slices owned by every block, and every block picks, by the same rule
+//                     from the same integers, so all make the same pick)
 //   draw              kept masses summed by contiguous pieces in index order: block b's chunk lies before
 //                     block b+1's, thread t's piece before thread t+1's, so "the first token whose
 //                     cumulative mass exceeds U" is found by narrowing down block, piece, token
@@ -52,6 +54,7 @@ struct alignas(16) Shared {
 };
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
 static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
+static_assert(3 * (kBuckets / 4) <= kBuckets, "version 2: three copies of a quarter of the buckets fit");
 
 // ---- block helpers (sampler_block.cuh) ----------------------------------------------------------------
 
@@ -64,12 +67,14 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
   return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
 }
 
-// Rank 0's decision of one digit over the row's histogram (`buckets` of them; zeroed on the way for the next
-// digit): the highest bucket at which st.above plus the measure from the top reaches the target. Each thread
-// owns `per` contiguous buckets; a block scan gives every thread the measure above its buckets, and the one
-// thread whose buckets hold the crossing finds it. The same rule as lesson 09's serial loop, in parallel.
-template <int kThreads>
-__device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const SamplingRow& row, Shared& s) {
+// One block's decision of one digit over the row's histogram (`buckets` of them, bucket b's measure given
+// by read(b)): the highest bucket at which st.above plus the measure from the top reaches the target. Each
+// thread owns `per` contiguous buckets; a block scan gives every thread the measure above its buckets, and
+// the one thread whose buckets hold the crossing finds it. The same rule as lesson 09's serial loop, in
+// parallel. Version 1: rank 0 decides, read() zeroes rank 0's histogram on the way; version 2 (clusters of
+// 4 or more): every block decides, read() fetches the buckets from the blocks that own them.
+template <int kThreads, class Read>
+__device__ Pick decide(Read read, int buckets, const RowState& st, const SamplingRow& row, Shared& s) {
   const int per = buckets / kThreads;
   const int first = static_cast<int>(threadIdx.x) * per;
   u64 h[kMaxPer] = {0, 0, 0, 0};
@@ -77,8 +82,7 @@ __device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const Sam
 #pragma unroll
   for (int j = 0; j < kMaxPer; ++j)
     if (j < per) {
-      h[j] = row_hist[first + j];
-      row_hist[first + j] = 0;
+      h[j] = read(first + j);
       mine += h[j];
     }
   if (threadIdx.x == 0) s.pick = Pick{0, st.above, 0, 0};  // unreachable fallback, as lesson 09's: bucket 0
@@ -207,11 +211,25 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   const float z_max = z_of_key(static_cast<uint32_t>(row_best >> 32));  // the largest scaled logit
 
   // 3. The radix select: top-k's digits, then top-p's (among the top-k survivors), as the state says.
+  // Version 1 (and version 2 in clusters of 1 or 2): the blocks add their histograms into rank 0's; barrier;
+  // rank 0 decides and writes the row's next state into every block; barrier. Two barriers a digit.
+  // Version 2 in clusters of 4 or more: ONE barrier a digit. Block q owns the row histogram's buckets
+  // [q * range, (q + 1) * range), in three copies used in turn by the digits (s.row_hist holds 3 * range
+  // words): the blocks add into the owners' copy `pass % 3`; barrier; EVERY block reads the whole row
+  // histogram from the owners and makes the same decision (the same integers, the same rule). Three copies
+  // because nothing orders one block's reading of digit d's copy against another block's adding digit d+1:
+  // d+1 adds into the next copy, and each owner zeroes copy (pass + 2) % 3, last read at digit d-1 (before
+  // this barrier) and next added into at digit d+2 (after the next one).
   RowState st = first_state;
   u64* rank0_hist = cluster.map_shared_rank(s.row_hist, 0);
+  const bool one_barrier = kVersion >= 2 && blocks >= 4 && kBuckets % blocks == 0;  // cluster-uniform
+  const int range = kBuckets / blocks;  // buckets per owner (one_barrier: 3 * range <= kBuckets)
+  auto owned = [&](int copy, int b) {   // the address of bucket b of the row histogram's copy `copy`
+    return cluster.map_shared_rank(s.row_hist, b / range) + copy * range + b % range;
+  };
   bool counted = count_in_load;  // version 2: the first digit's histogram is already complete
   u64 my_kept = 0;  // version 2, top-p rows: this thread's buckets' share of the block's kept mass
-  while (st.mode != kModeDraw) {
+  for (int pass = 0; st.mode != kModeDraw; ++pass) {
     const bool top_p = st.mode == kModeTopP;
     // Token i = tid + j * kThreads, as a loop every lane of a warp runs the same number of times (i0 is the
     // warp's first token): the warp votes below.
@@ -244,25 +262,41 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     // buckets back to zero for the next digit (version 2 keeps top-p's until the pick is known).
     const int buckets = 1 << digit_bits(st.level);
     const bool keep_local = kDrawFromDigits && top_p;
+    const int copy = pass % 3;
     for (int b = tid; b < buckets; b += kThreads) {
       const u64 v = (static_cast<u64>(s.hi[b]) << 32) + s.lo[b];
       if (v != 0) {
-        atomicAdd(rank0_hist + b, v);
+        atomicAdd(one_barrier ? owned(copy, b) : rank0_hist + b, v);
         if (!keep_local) s.lo[b] = s.hi[b] = 0;
       }
     }
     cluster.sync();  // the row's histogram is complete
-    if (rank == 0) {
-      const Pick pick = decide<kThreads>(s.row_hist, buckets, st, row, s);
-      const RowState next = advance(st, row, pick);
-      if (tid < blocks) {
-        *cluster.map_shared_rank(&s.state, tid) = next;
-        *cluster.map_shared_rank(&s.picked, tid) = pick.bucket;
+    RowState next;
+    int picked_bucket;
+    if (one_barrier) {
+      for (int i = tid; i < range; i += kThreads) s.row_hist[((pass + 2) % 3) * range + i] = 0;
+      const Pick pick = decide<kThreads>([&](int b) { return *owned(copy, b); }, buckets, st, row, s);
+      next = advance(st, row, pick);
+      picked_bucket = pick.bucket;
+    } else {
+      if (rank == 0) {
+        auto take = [&](int b) {  // rank 0's row histogram, zeroed on the way for the next digit
+          const u64 v = s.row_hist[b];
+          s.row_hist[b] = 0;
+          return v;
+        };
+        const Pick pick = decide<kThreads>(take, buckets, st, row, s);
+        if (tid < blocks) {
+          *cluster.map_shared_rank(&s.state, tid) = advance(st, row, pick);
+          *cluster.map_shared_rank(&s.picked, tid) = pick.bucket;
+        }
       }
+      cluster.sync();  // every block has the new state
+      next = s.state;
+      picked_bucket = s.picked;
     }
-    cluster.sync();  // every block has the new state
     if (keep_local) {  // version 2: this block's tokens that the pick keeps for sure (bucket_is_kept)
-      const uint32_t picked = static_cast<uint32_t>(s.picked);
+      const uint32_t picked = static_cast<uint32_t>(picked_bucket);
       for (int b = tid; b < buckets; b += kThreads) {
         const u64 v = (static_cast<u64>(s.hi[b]) << 32) + s.lo[b];
         if (bucket_is_kept(st.level, static_cast<uint32_t>(b), picked)) my_kept += v;
@@ -270,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
       }
       __syncthreads();  // zeroed before any thread of the block counts the next digit
     }
-    st = s.state;
+    st = next;
   }
 
   // 4. The draw. Thread t's piece [t * piece, (t + 1) * piece) of the chunk: its kept mass, a block scan.

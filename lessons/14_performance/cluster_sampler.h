@@ -146,7 +146,11 @@ struct Plan {
   int version = 2;  // the kernel: 1 the first cluster kernel, 2 (the default) with the two changes below
 };
 
-// Version 2 changes WHERE two sums are computed, never WHAT is summed (the same integers, so the same ids):
+// Version 2 changes WHERE sums are computed and who decides, never WHAT is summed (the same integers, so the
+// same ids):
+//   * one cluster barrier per digit instead of two (clusters of 4 or more blocks): every block decides the
+//     digit itself from the row histogram, which the blocks own in slices, three copies used in turn
+//     (cluster_sampler.cu says why three); version 1 has rank 0 decide and broadcast, a second barrier;
 //   * top-k's first digit is counted during the load (a count needs the key only, not z_max): the atomics run
 //     in the shadow of the global loads, and one pass over the keys in shared memory disappears;
 //   * rows with top-p take each block's kept mass from the block's own top-p histograms (the mass above the
