@@ -6,7 +6,9 @@
 //   cluster path (the default on Hopper, vocab up to 16 x 40960 = 655360): ONE launch. Each row gets a
 //     thread-block cluster of up to 16 blocks; each block reads its chunk of logits once, keeps the keys in
 //     shared memory, and the blocks meet at cluster barriers between the radix digits and before the draw
-//     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU).
+//     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU). Two versions of that kernel:
+//     version 2, the default, pays one cluster barrier per digit and skips most of top-p's exponentials in
+//     the draw; Path::kClusterV1 keeps the first for comparison (cluster_sampler.h lists the differences).
 //   multi-pass path (any vocab, any GPU): seven launches over a grid (chunks, rows), the row's state and
 //     histograms in a global workspace between them:
 //
