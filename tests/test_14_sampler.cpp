@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -230,6 +231,23 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnFlatAndTiedRowsWithTheBatch64Plan)
                            "row " + std::to_string(e) + " version " + std::to_string(version)),
                 0);
     }
+}
+
+// Version 2 skips the load's division at temperature 1: x / 1 must be x, bit for bit, for every float the
+// sampler can see (the key is made from these bits). IEEE division is correctly rounded and x is exact.
+TEST(ClusterSampler14, DividingByTemperatureOneChangesNoBit) {
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, std::nanf(""), 1e-45f, -1e-45f,
+                           1.17549435e-38f, 3.4028235e38f, -3.4028235e38f, 0.1f, -7.25f};
+  Rng rng(11);
+  for (int i = 0; i < 100000; ++i) {  // random bit patterns: every exponent, denormals included
+    const uint32_t bits = static_cast<uint32_t>(rng.next_u64());
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    xs.push_back(f);
+  }
+  for (float x : xs)
+    ASSERT_EQ(sampling::f_bits(sampling::scaled_logit(x, 1.0f)), sampling::f_bits(sampling::sanitize_logit(x)))
+        << x;
 }
 
 TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {

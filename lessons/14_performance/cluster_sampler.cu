@@ -159,6 +159,9 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   // no lower bound, so every token is a candidate): counted here, while the loads are in flight.
   const RowState first_state = initial_state(row, vocab);
   const bool count_in_load = kVersion >= 2 && !greedy && first_state.mode == kModeTopK;
+  // Version 2: at temperature 1 the division is skipped. x / 1 is x exactly for every float (IEEE division is
+  // correctly rounded and x is representable), so the key is the same bits; scaled_logit sanitizes first.
+  const bool unit_temperature = kVersion >= 2 && row.temperature == 1.0f;
   if (count_in_load) __syncthreads();  // the zeroed buckets, before any thread counts into them
 
   // 1. Load: every key once from global memory (8 loads in flight per thread), the block's max pair. Token
@@ -177,7 +180,8 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
       const int i = base + j * kThreads;
       uint32_t key = 0;
       if (i < n) {
-        key = order_key(greedy ? sanitize_logit(v[j]) : scaled_logit(v[j], row.temperature));
+        key = order_key(greedy || unit_temperature ? sanitize_logit(v[j])
+                                                   : scaled_logit(v[j], row.temperature));
         best = max(best, (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(begin + i)));
         keys[i] = key;  // the one division per token: later passes read the key
       }

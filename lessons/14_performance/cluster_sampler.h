@@ -159,6 +159,7 @@ struct Plan {
 //     (version 1: every block, for every token, although top-p's first digit had just computed them all).
 //     Only in the 512-thread kernel (blocks sharing SMs, big batches): exponentials cost issue slots there;
 //     a block alone on its SM (1024 threads, small batches) is bound by latency, which this does not shorten.
+// (And at temperature 1 the load skips the division: x / 1 == x exactly, the same key.)
 // bucket_is_kept below is that rule, shared by the kernel and the CPU model (top-p always ends at digit 2:
 // advance() takes no shortcut for it).
 
