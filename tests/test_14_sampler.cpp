@@ -198,8 +198,8 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
 
 // The rows a batch of 64 at the model's vocab should be hardest on: the batch-64 plan (8 blocks of 512
 // threads, 16032 tokens a block), with the whole row one tie group (flat: every block holds a share of the
-// kept mass at every digit), ten values repeated, bf16-rounded logits (the benchmark's: thousands of ties) and
-// a plateau at the top. Version 2 takes each block's kept mass from its top-p histograms: sample_model throws
+// kept mass at every digit), ten values repeated, bf16-rounded logits (the benchmark's: thousands of ties)
+// and a plateau at the top. Version 2 takes each block's kept mass from its top-p histograms: sample_model throws
 // if that ever differs from the sum of the block's pieces, so this also checks the rule, block by block.
 TEST(ClusterSampler14, ModelMatchesTheOracleOnFlatAndTiedRowsWithTheBatch64Plan) {
   const int64_t vocab = 128256;
@@ -246,7 +246,8 @@ TEST(ClusterSampler14, DividingByTemperatureOneChangesNoBit) {
     xs.push_back(f);
   }
   for (float x : xs)
-    ASSERT_EQ(sampling::f_bits(sampling::scaled_logit(x, 1.0f)), sampling::f_bits(sampling::sanitize_logit(x)))
+    ASSERT_EQ(sampling::f_bits(sampling::scaled_logit(x, 1.0f)),
+              sampling::f_bits(sampling::sanitize_logit(x)))
         << x;
 }
 

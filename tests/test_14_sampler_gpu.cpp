@@ -238,8 +238,8 @@ TEST(FastSampler14Gpu, TiesAtTheThresholdsAndEdgeRows) {
 // Batch 64 at the model's vocab (8 blocks of 512 threads per row on the H200, the plan the benchmark times)
 // with the rows hardest on the thresholds and on version 2's block masses: a flat row (all zeros, and all
 // 3.25: one tie group of 128256 tokens at every digit, every block holding kept mass), ten repeated values,
-// bf16-rounded normal logits (the benchmark's rows: thousands of ties) with and without 500 tokens tied at the
-// top, and a grammar-style mask (all but 40 tokens -inf). Every knob of the benchmark, on every path.
+// bf16-rounded normal logits (the benchmark's rows: thousands of ties) with and without 500 tokens tied at
+// the top, and a grammar-style mask (all but 40 tokens -inf). Every knob of the benchmark, on every path.
 TEST(FastSampler14Gpu, FlatAndTiedRowsAtBatch64AndVocab128256) {
   TVLLM_REQUIRE_GPU();
   const int64_t vocab = 128256;
@@ -278,7 +278,8 @@ TEST(FastSampler14Gpu, FlatAndTiedRowsAtBatch64AndVocab128256) {
     const std::vector<int32_t> fast = sample_fast(sampler, logits, vocab, vocab, rows);
     expect_same_ids(fast, cpu, rows,
                     std::string(path_name(path)) + " (cluster " +
-                        std::to_string(sampler.cluster_per_row(batch, vocab)) + ") flat and tied rows, batch 64");
+                        std::to_string(sampler.cluster_per_row(batch, vocab)) +
+                        ") flat and tied rows, batch 64");
   }
 }
 

@@ -50,7 +50,7 @@ struct alignas(16) Shared {
   RowState state;  // rank 0 writes the row's new state here, in every block, after each decision
   Pick pick;       // rank 0's decision, shared by its threads
   int pick_thread;
-  int picked;  // version 2: rank 0 writes the decided bucket here too, in every block
+  int picked;  // version 2 in clusters of 1 or 2: rank 0 writes the decided bucket here too, in every block
 };
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
 static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
@@ -127,7 +127,7 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
 
 // grid (cluster, batch), cluster (cluster, 1, 1): the blocks of cluster r sample row r; block rank q owns
 // tokens [q * chunk, (q + 1) * chunk) of it, and keeps their keys in shared memory after the fixed part.
-// kVersion 2 adds the two changes cluster_sampler.h describes (marked "version 2" below).
+// kVersion 2 adds the changes cluster_sampler.h describes (marked "version 2" below).
 template <int kThreads, int kVersion>
 __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     sample_rows(const float* __restrict__ logits, int64_t row_stride, int vocab, int chunk, int piece,
