@@ -199,8 +199,9 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
 // The rows a batch of 64 at the model's vocab should be hardest on: the batch-64 plan (8 blocks of 512
 // threads, 16032 tokens a block), with the whole row one tie group (flat: every block holds a share of the
 // kept mass at every digit), ten values repeated, bf16-rounded logits (the benchmark's: thousands of ties)
-// and a plateau at the top. Version 2 takes each block's kept mass from its top-p histograms: sample_model throws
-// if that ever differs from the sum of the block's pieces, so this also checks the rule, block by block.
+// and a plateau at the top. Version 2 takes each block's kept mass from its top-p histograms: sample_model
+// throws if that ever differs from the sum of the block's pieces, so this also checks the rule, block by
+// block.
 TEST(ClusterSampler14, ModelMatchesTheOracleOnFlatAndTiedRowsWithTheBatch64Plan) {
   const int64_t vocab = 128256;
   const cs::Plan plan = cs::plan_call(64, vocab, 132, 16);
