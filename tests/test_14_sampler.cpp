@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cluster_sampler.h"
+#include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
 #include "sampling.h"
@@ -194,6 +196,62 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
   }
 }
 
+// The rows a batch of 64 at the model's vocab should be hardest on: the batch-64 plan (8 blocks of 512
+// threads, 16032 tokens a block), with the whole row one tie group (flat: every block holds a share of the
+// kept mass at every digit), ten values repeated, bf16-rounded logits (the benchmark's: thousands of ties)
+// and a plateau at the top. Version 2 takes each block's kept mass from its top-p histograms: sample_model
+// throws if that ever differs from the sum of the block's pieces, so this also checks the rule, block by
+// block.
+TEST(ClusterSampler14, ModelMatchesTheOracleOnFlatAndTiedRowsWithTheBatch64Plan) {
+  const int64_t vocab = 128256;
+  const cs::Plan plan = cs::plan_call(64, vocab, 132, 16);
+  ASSERT_EQ(plan.cluster, 8);
+  ASSERT_EQ(plan.version, 2);
+  std::vector<std::vector<float>> rows;
+  rows.emplace_back(vocab, 0.0f);  // flat
+  rows.emplace_back(vocab, 3.25f);  // flat, not zero
+  std::vector<float> steps(vocab);
+  for (int64_t i = 0; i < vocab; ++i) steps[static_cast<size_t>(i)] = static_cast<float>((i * 7) % 10);
+  rows.push_back(steps);
+  std::vector<float> bf16 = random_normal(vocab, 2024, 2.0f);
+  for (float& v : bf16) v = bf16_to_f32(f32_to_bf16(v));
+  rows.push_back(bf16);
+  for (int64_t i = 0; i < vocab; i += vocab / 500) bf16[static_cast<size_t>(i)] = 9.0f;  // 500 tied on top
+  rows.push_back(bf16);
+  std::vector<SamplingRow> params;
+  for (uint64_t step = 0; step < 3; ++step)
+    for (const SamplingRow& r : {row_of(0.0f, 0, 1.0f, 7, step), row_of(1.0f, 0, 1.0f, 7, step),
+                                 row_of(0.7f, 50, 1.0f, 7, step), row_of(1.0f, 0, 0.9f, 7, step),
+                                 row_of(0.7f, 50, 0.9f, 7, step), row_of(1.0f, 1000, 0.5f, 7, step)})
+      params.push_back(r);
+  for (size_t e = 0; e < rows.size(); ++e)
+    for (int version : {1, 2}) {
+      cs::Plan p = plan;
+      p.version = version;
+      EXPECT_EQ(mismatches(rows[e], params, p,
+                           "row " + std::to_string(e) + " version " + std::to_string(version)),
+                0);
+    }
+}
+
+// Version 2 skips the load's division at temperature 1: x / 1 must be x, bit for bit, for every float the
+// sampler can see (the key is made from these bits). IEEE division is correctly rounded and x is exact.
+TEST(ClusterSampler14, DividingByTemperatureOneChangesNoBit) {
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, std::nanf(""), 1e-45f, -1e-45f,
+                           1.17549435e-38f, 3.4028235e38f, -3.4028235e38f, 0.1f, -7.25f};
+  Rng rng(11);
+  for (int i = 0; i < 100000; ++i) {  // random bit patterns: every exponent, denormals included
+    const uint32_t bits = static_cast<uint32_t>(rng.next_u64());
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    xs.push_back(f);
+  }
+  for (float x : xs)
+    ASSERT_EQ(sampling::f_bits(sampling::scaled_logit(x, 1.0f)),
+              sampling::f_bits(sampling::sanitize_logit(x)))
+        << x;
+}
+
 TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {
   const std::vector<float> row(100, 0.0f);
   cs::Plan p = cs::plan_with(100, 1, cs::kThreadsShared);
@@ -203,6 +261,7 @@ TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {
       cs::sample_model(nullptr, 100, row_of(1, 0, 1, 0, 0), cs::plan_with(100, 1, cs::kThreadsShared)),
       InputError);
   EXPECT_THROW(cs::plan_with(100, 1, 256), InputError);  // only the two block sizes the kernel is built for
+  EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 3), InputError);  // versions 1 and 2 only
 }
 
 }  // namespace

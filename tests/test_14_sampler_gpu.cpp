@@ -56,9 +56,12 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
   return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
 
-constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kMultiPass};
+// The default (the cluster path, version 2, on Hopper), the first cluster kernel and the multi-pass path.
+constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kClusterV1,
+                                            FastSampler::Path::kMultiPass};
 const char* path_name(FastSampler::Path p) {
-  return p == FastSampler::Path::kAuto ? "default" : "multi-pass";
+  return p == FastSampler::Path::kAuto ? "default" : (p == FastSampler::Path::kClusterV1 ? "cluster v1"
+                                                                                          : "multi-pass");
 }
 
 TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
@@ -111,6 +114,8 @@ TEST(FastSampler14Gpu, TheClusterPathIsTakenOnHopperAndTooBigRowsFallBack) {
     EXPECT_GE(sampler.cluster_per_row(1, 128256), 8);
     EXPECT_EQ(sampler.launches(64, 128256), 1);
   }
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV1).cluster_per_row(64, 128256),
+            sampler.cluster_per_row(64, 128256));  // the same plan, the first kernel
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).cluster_per_row(64, 128256), 0);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).launches(64, 128256),
             FastSampler::kMultiPassLaunches);
@@ -230,6 +235,54 @@ TEST(FastSampler14Gpu, TiesAtTheThresholdsAndEdgeRows) {
   }
 }
 
+// Batch 64 at the model's vocab (8 blocks of 512 threads per row on the H200, the plan the benchmark times)
+// with the rows hardest on the thresholds and on version 2's block masses: a flat row (all zeros, and all
+// 3.25: one tie group of 128256 tokens at every digit, every block holding kept mass), ten repeated values,
+// bf16-rounded normal logits (the benchmark's rows: thousands of ties) with and without 500 tokens tied at
+// the top, and a grammar-style mask (all but 40 tokens -inf). Every knob of the benchmark, on every path.
+TEST(FastSampler14Gpu, FlatAndTiedRowsAtBatch64AndVocab128256) {
+  TVLLM_REQUIRE_GPU();
+  const int64_t vocab = 128256;
+  const int batch = 64;
+  std::vector<std::vector<float>> kinds;
+  kinds.emplace_back(vocab, 0.0f);
+  kinds.emplace_back(vocab, 3.25f);
+  std::vector<float> steps(vocab);
+  for (int64_t i = 0; i < vocab; ++i) steps[static_cast<size_t>(i)] = static_cast<float>((i * 7) % 10);
+  kinds.push_back(steps);
+  std::vector<float> bf16 = random_normal(vocab, 2024, 2.0f);
+  for (float& v : bf16) v = bf16_to_f32(f32_to_bf16(v));
+  kinds.push_back(bf16);
+  for (int64_t i = 0; i < vocab; i += vocab / 500) bf16[static_cast<size_t>(i)] = 9.0f;
+  kinds.push_back(bf16);
+  std::vector<float> masked(vocab, -INFINITY);
+  for (int64_t i = 0; i < 40; ++i) masked[static_cast<size_t>(i * 3203)] = static_cast<float>(i % 4);
+  kinds.push_back(masked);
+  const SamplingRow knobs[] = {row_of(0.0f, 0, 1.0f, 0, 0), row_of(1.0f, 0, 1.0f, 0, 0),
+                               row_of(0.7f, 50, 1.0f, 0, 0), row_of(1.0f, 0, 0.9f, 0, 0),
+                               row_of(0.7f, 50, 0.9f, 0, 0),  row_of(1.0f, 1000, 0.5f, 0, 0)};
+  // Row b: kind b % 6, knobs (b / 6) % 6, its own seed and step: every (kind, knobs) pair in one batch.
+  std::vector<float> logits;
+  std::vector<SamplingRow> rows;
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float>& kind = kinds[static_cast<size_t>(b) % kinds.size()];
+    logits.insert(logits.end(), kind.begin(), kind.end());
+    SamplingRow r = knobs[static_cast<size_t>(b / 6) % 6];
+    r.seed = 1000 + static_cast<uint64_t>(b);
+    r.step = static_cast<uint64_t>(b) * 7;
+    rows.push_back(r);
+  }
+  const std::vector<int32_t> cpu = sample_on_cpu(logits, vocab, vocab, rows);
+  for (FastSampler::Path path : kBothPaths) {
+    FastSampler sampler(batch, vocab, path);
+    const std::vector<int32_t> fast = sample_fast(sampler, logits, vocab, vocab, rows);
+    expect_same_ids(fast, cpu, rows,
+                    std::string(path_name(path)) + " (cluster " +
+                        std::to_string(sampler.cluster_per_row(batch, vocab)) +
+                        ") flat and tied rows, batch 64");
+  }
+}
+
 TEST(FastSampler14Gpu, PaddedRowsAndRowsAlone) {
   TVLLM_REQUIRE_GPU();
   // Rows with a stride larger than vocab whose padding holds +inf and NaN (which would win if read); and
@@ -333,9 +386,10 @@ TEST(FastSampler14Gpu, PrintsTimings) {
       params.top_p = s.p;
       const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
       std::printf(
-          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   multi-pass %8.1f us   "
-          "lesson 09 %8.1f us\n",
-          batch, s.name, timing.fast_us, timing.cluster, timing.multipass_us, timing.lesson09_us);
+          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   cluster v1 %8.1f us   "
+          "multi-pass %8.1f us   lesson 09 %8.1f us\n",
+          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v1_us, timing.multipass_us,
+          timing.lesson09_us);
       EXPECT_GT(timing.fast_us, 0.0);
     }
 }

@@ -4,6 +4,8 @@
 //   argmax / z_max    max over the blocks of (key << 32 | ~id): the larger key, on equal keys the lower id
 //   digit decisions   the rows' histograms are sums of integers (counts, masses): the blocks add theirs into
 //                     rank 0's in any order and get the same buckets; rank 0 picks with lesson 09's rule
+//                     (version 2: into slices owned by every block, and every block picks, by the same rule
+//                     from the same integers, so all make the same pick)
 //   draw              kept masses summed by contiguous pieces in index order: block b's chunk lies before
 //                     block b+1's, thread t's piece before thread t+1's, so "the first token whose
 //                     cumulative mass exceeds U" is found by narrowing down block, piece, token
@@ -48,9 +50,11 @@ struct alignas(16) Shared {
   RowState state;  // rank 0 writes the row's new state here, in every block, after each decision
   Pick pick;       // rank 0's decision, shared by its threads
   int pick_thread;
+  int picked;  // version 2 in clusters of 1 or 2: rank 0 writes the decided bucket here too, in every block
 };
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
 static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
+static_assert(3 * (kBuckets / 4) <= kBuckets, "version 2: three copies of a quarter of the buckets fit");
 
 // ---- block helpers (sampler_block.cuh) ----------------------------------------------------------------
 
@@ -63,12 +67,14 @@ __device__ u64 block_inclusive_scan(u64 v, u64* total, Shared& s) {
   return sampler_block::block_inclusive_scan<kThreads>(v, total, s.warp_u64);
 }
 
-// Rank 0's decision of one digit over the row's histogram (`buckets` of them; zeroed on the way for the next
-// digit): the highest bucket at which st.above plus the measure from the top reaches the target. Each thread
-// owns `per` contiguous buckets; a block scan gives every thread the measure above its buckets, and the one
-// thread whose buckets hold the crossing finds it. The same rule as lesson 09's serial loop, in parallel.
-template <int kThreads>
-__device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const SamplingRow& row, Shared& s) {
+// One block's decision of one digit over the row's histogram (`buckets` of them, bucket b's measure given
+// by read(b)): the highest bucket at which st.above plus the measure from the top reaches the target. Each
+// thread owns `per` contiguous buckets; a block scan gives every thread the measure above its buckets, and
+// the one thread whose buckets hold the crossing finds it. The same rule as lesson 09's serial loop, in
+// parallel. Version 1: rank 0 decides, read() zeroes rank 0's histogram on the way; version 2 (clusters of
+// 4 or more): every block decides, read() fetches the buckets from the blocks that own them.
+template <int kThreads, class Read>
+__device__ Pick decide(Read read, int buckets, const RowState& st, const SamplingRow& row, Shared& s) {
   const int per = buckets / kThreads;
   const int first = static_cast<int>(threadIdx.x) * per;
   u64 h[kMaxPer] = {0, 0, 0, 0};
@@ -76,8 +82,7 @@ __device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const Sam
 #pragma unroll
   for (int j = 0; j < kMaxPer; ++j)
     if (j < per) {
-      h[j] = row_hist[first + j];
-      row_hist[first + j] = 0;
+      h[j] = read(first + j);
       mine += h[j];
     }
   if (threadIdx.x == 0) s.pick = Pick{0, st.above, 0, 0};  // unreachable fallback, as lesson 09's: bucket 0
@@ -102,11 +107,28 @@ __device__ Pick decide(u64* row_hist, int buckets, const RowState& st, const Sam
   return pick;
 }
 
+// Counts one token per lane of a warp (those with `counted`) into bucket `digit` of the 32-bit histogram
+// `lo`. Every lane of the warp must call it. A warp whose counted tokens all fall into one bucket adds them
+// with ONE atomic (32 atomics on one shared-memory word would run one after another).
+__device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_t* lo) {
+  const unsigned counted_lanes = __ballot_sync(0xffffffffu, counted);
+  if (counted_lanes == 0) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int first = __ffs(static_cast<int>(counted_lanes)) - 1;
+  const uint32_t first_digit = __shfl_sync(0xffffffffu, digit, first);
+  if (__all_sync(0xffffffffu, !counted || digit == first_digit)) {
+    if (lane == first) atomicAdd(lo + first_digit, static_cast<uint32_t>(__popc(counted_lanes)));
+  } else if (counted) {
+    atomicAdd(lo + digit, 1u);
+  }
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------------
 
 // grid (cluster, batch), cluster (cluster, 1, 1): the blocks of cluster r sample row r; block rank q owns
 // tokens [q * chunk, (q + 1) * chunk) of it, and keeps their keys in shared memory after the fixed part.
-template <int kThreads>
+// kVersion 2 adds the changes cluster_sampler.h describes (marked "version 2" below).
+template <int kThreads, int kVersion>
 __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     sample_rows(const float* __restrict__ logits, int64_t row_stride, int vocab, int chunk, int piece,
                 const SamplingRow* __restrict__ rows, int32_t* __restrict__ out_ids) {
@@ -124,16 +146,31 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   const int begin = rank * chunk;
   const int n = max(0, min(vocab, begin + chunk) - begin);  // this block's tokens
   const bool greedy = !(row.temperature > 0.0f);            // 0 (and, defensively, anything not positive)
+  // Version 2's draw from the digits' masses saves exponentials, i.e. issue slots: it pays where blocks share
+  // an SM (512 threads: many rows), not where each block has an SM of its own and only the latency counts
+  // (1024 threads: batch 1 to 8 at vocab 128256, whose top-p draw then stays version 1's, step for step).
+  constexpr bool kDrawFromDigits = kVersion >= 2 && kThreads == kThreadsShared;
 
   for (int b = tid; b < kBuckets; b += kThreads) {
     s.lo[b] = s.hi[b] = 0;
     s.row_hist[b] = 0;
   }
+  // Version 2: top-k's first digit is a count of every token by its top 11 bits (initial_state: level 0,
+  // no lower bound, so every token is a candidate): counted here, while the loads are in flight.
+  const RowState first_state = initial_state(row, vocab);
+  const bool count_in_load = kVersion >= 2 && !greedy && first_state.mode == kModeTopK;
+  // Version 2: at temperature 1 the division is skipped. x / 1 is x exactly for every float (IEEE division is
+  // correctly rounded and x is representable), so the key is the same bits; scaled_logit sanitizes first.
+  const bool unit_temperature = kVersion >= 2 && row.temperature == 1.0f;
+  if (count_in_load) __syncthreads();  // the zeroed buckets, before any thread counts into them
 
-  // 1. Load: every key once from global memory (8 loads in flight per thread), the block's max pair.
+  // 1. Load: every key once from global memory (8 loads in flight per thread), the block's max pair. Token
+  // i = w0 + lane + j * kThreads: every lane of a warp runs the loop as often as the others (w0 is the warp's
+  // first token), so the warp may vote in count_warp.
   u64 best = 0;  // below every real pair: the smallest key, -inf's, is 0x007fffff
   constexpr int kUnroll = 8;
-  for (int base = tid; base < n; base += kUnroll * kThreads) {
+  for (int w0 = tid - lane; w0 < n; w0 += kUnroll * kThreads) {
+    const int base = w0 + lane;
     float v[kUnroll];
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j)
@@ -141,11 +178,14 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
       const int i = base + j * kThreads;
+      uint32_t key = 0;
       if (i < n) {
-        const uint32_t key = order_key(greedy ? sanitize_logit(v[j]) : scaled_logit(v[j], row.temperature));
+        key = order_key(greedy || unit_temperature ? sanitize_logit(v[j])
+                                                   : scaled_logit(v[j], row.temperature));
         best = max(best, (static_cast<u64>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(begin + i)));
         keys[i] = key;  // the one division per token: later passes read the key
       }
+      if (count_in_load) count_warp(i < n, digit_of(first_state, key), s.lo);
     }
   }
   best = warp_max_u64(best);
@@ -175,13 +215,29 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   const float z_max = z_of_key(static_cast<uint32_t>(row_best >> 32));  // the largest scaled logit
 
   // 3. The radix select: top-k's digits, then top-p's (among the top-k survivors), as the state says.
-  RowState st = initial_state(row, vocab);
+  // Version 1 (and version 2 in clusters of 1 or 2): the blocks add their histograms into rank 0's; barrier;
+  // rank 0 decides and writes the row's next state into every block; barrier. Two barriers a digit.
+  // Version 2 in clusters of 4 or more: ONE barrier a digit. Block q owns the row histogram's buckets
+  // [q * range, (q + 1) * range), in three copies used in turn by the digits (s.row_hist holds 3 * range
+  // words): the blocks add into the owners' copy `pass % 3`; barrier; EVERY block reads the whole row
+  // histogram from the owners and makes the same decision (the same integers, the same rule). Three copies
+  // because nothing orders one block's reading of digit d's copy against another block's adding digit d+1:
+  // d+1 adds into the next copy, and each owner zeroes copy (pass + 2) % 3, last read at digit d-1 (before
+  // this barrier) and next added into at digit d+2 (after the next one).
+  RowState st = first_state;
   u64* rank0_hist = cluster.map_shared_rank(s.row_hist, 0);
-  while (st.mode != kModeDraw) {
+  const bool one_barrier = kVersion >= 2 && blocks >= 4 && kBuckets % blocks == 0;  // cluster-uniform
+  const int range = kBuckets / blocks;  // buckets per owner (one_barrier: 3 * range <= kBuckets)
+  auto owned = [&](int copy, int b) {   // the address of bucket b of the row histogram's copy `copy`
+    return cluster.map_shared_rank(s.row_hist, b / range) + copy * range + b % range;
+  };
+  bool counted = count_in_load;  // version 2: the first digit's histogram is already complete
+  u64 my_kept = 0;  // version 2, top-p rows: this thread's buckets' share of the block's kept mass
+  for (int pass = 0; st.mode != kModeDraw; ++pass) {
     const bool top_p = st.mode == kModeTopP;
     // Token i = tid + j * kThreads, as a loop every lane of a warp runs the same number of times (i0 is the
     // warp's first token): the warp votes below.
-    for (int i0 = tid - lane; i0 < n; i0 += kThreads) {
+    for (int i0 = counted ? n : tid - lane; i0 < n; i0 += kThreads) {
       const int i = i0 + lane;
       const uint32_t key = i < n ? keys[i] : 0u;
       u64 measure = 0;  // 1 (top-k) or the token's mass (top-p); 0 for a token that is not a candidate
@@ -204,33 +260,74 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
           sampler_block::add_to_bucket(s.lo, s.hi, digit, measure);
       }
     }
+    counted = false;
     __syncthreads();
     // Nonzero buckets into rank 0's row histogram (integers: the order of the adds cannot matter); our own
-    // buckets back to zero for the next digit.
+    // buckets back to zero for the next digit (version 2 keeps top-p's until the pick is known).
     const int buckets = 1 << digit_bits(st.level);
+    const bool keep_local = kDrawFromDigits && top_p;
+    const int copy = pass % 3;
     for (int b = tid; b < buckets; b += kThreads) {
       const u64 v = (static_cast<u64>(s.hi[b]) << 32) + s.lo[b];
       if (v != 0) {
-        atomicAdd(rank0_hist + b, v);
-        s.lo[b] = s.hi[b] = 0;
+        atomicAdd(one_barrier ? owned(copy, b) : rank0_hist + b, v);
+        if (!keep_local) s.lo[b] = s.hi[b] = 0;
       }
     }
     cluster.sync();  // the row's histogram is complete
-    if (rank == 0) {
-      const RowState next = advance(st, row, decide<kThreads>(s.row_hist, buckets, st, row, s));
-      if (tid < blocks) *cluster.map_shared_rank(&s.state, tid) = next;
+    RowState next;
+    int picked_bucket;
+    if (one_barrier) {
+      for (int i = tid; i < range; i += kThreads) s.row_hist[((pass + 2) % 3) * range + i] = 0;
+      const Pick pick = decide<kThreads>([&](int b) { return *owned(copy, b); }, buckets, st, row, s);
+      next = advance(st, row, pick);
+      picked_bucket = pick.bucket;
+    } else {
+      if (rank == 0) {
+        auto take = [&](int b) {  // rank 0's row histogram, zeroed on the way for the next digit
+          const u64 v = s.row_hist[b];
+          s.row_hist[b] = 0;
+          return v;
+        };
+        const Pick pick = decide<kThreads>(take, buckets, st, row, s);
+        if (tid < blocks) {
+          *cluster.map_shared_rank(&s.state, tid) = advance(st, row, pick);
+          *cluster.map_shared_rank(&s.picked, tid) = pick.bucket;
+        }
+      }
+      cluster.sync();  // every block has the new state
+      next = s.state;
+      picked_bucket = s.picked;
     }
-    cluster.sync();  // every block has the new state
-    st = s.state;
+    if (keep_local) {  // version 2: this block's tokens that the pick keeps for sure (bucket_is_kept)
+      const uint32_t picked = static_cast<uint32_t>(picked_bucket);
+      for (int b = tid; b < buckets; b += kThreads) {
+        const u64 v = (static_cast<u64>(s.hi[b]) << 32) + s.lo[b];
+        if (bucket_is_kept(st.level, static_cast<uint32_t>(b), picked)) my_kept += v;
+        s.lo[b] = s.hi[b] = 0;  // the next digit's atomics come after the next barrier (its pass's end)
+      }
+      __syncthreads();  // zeroed before any thread of the block counts the next digit
+    }
+    st = next;
   }
 
   // 4. The draw. Thread t's piece [t * piece, (t + 1) * piece) of the chunk: its kept mass, a block scan.
+  // Version 2, rows with top-p: the block's kept mass is the sum of the threads' my_kept (the same integer
+  // the pieces would give), and only the block that holds U scans its pieces, below.
+  const bool mass_from_digits = kDrawFromDigits && row.top_p < 1.0f;  // top-p ran: initial_state / advance
   const int p_lo = min(n, tid * piece), p_hi = min(n, p_lo + piece);
-  u64 mine = 0;
-  for (int i = p_lo; i < p_hi; ++i) mine += kept_mass(keys[i], z_max, st.threshold);
+  auto scan_pieces = [&](u64* piece_mass, u64* block_total) {
+    u64 m = 0;
+    for (int i = p_lo; i < p_hi; ++i) m += kept_mass(keys[i], z_max, st.threshold);
+    *piece_mass = m;
+    return block_inclusive_scan<kThreads>(m, block_total, s);
+  };
   if (tid == 0) s.pick_thread = -1;
-  u64 block_mass = 0;
-  const u64 incl = block_inclusive_scan<kThreads>(mine, &block_mass, s);
+  u64 mine = 0, incl = 0, block_mass = 0;
+  if (mass_from_digits)
+    (void)block_inclusive_scan<kThreads>(my_kept, &block_mass, s);  // only the total is used
+  else
+    incl = scan_pieces(&mine, &block_mass);
   if (tid == 0) s.draw_sum = block_mass;
   cluster.sync();   // every block's kept mass is ready
   if (warp == 0) {  // the row's kept mass W and the mass of the blocks before this one
@@ -246,6 +343,10 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   const u64 kept = s.row_value, before = s.before;
   // U uniform in [0, W) from (seed, step); the token whose interval [mass before it, + its mass) holds U.
   const u64 u = mulhi_u64(random_u64(row.seed, row.step), kept);
+  if (mass_from_digits && before <= u && u < before + block_mass) {  // the same for the whole block
+    u64 total = 0;
+    incl = scan_pieces(&mine, &total);  // total == block_mass: the same tokens' masses, summed otherwise
+  }
   const u64 piece_base = before + incl - mine;
   if (piece_base <= u && u < piece_base + mine) {  // exactly one thread of the row (its mass is > 0)
     s.pick_thread = tid;
@@ -294,26 +395,25 @@ cudaLaunchConfig_t launch_config(dim3 grid, int threads, int cluster, size_t sme
 }
 
 // The largest cluster one instantiation of the kernel can launch at full shared memory (0: none).
-template <int kThreads>
+template <int kThreads, int kVersion>
 int max_cluster_of() {
-  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const auto kernel = sample_rows<kThreads, kVersion>;
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(max_shared_bytes())));
   // All of the SM's unified L1/shared storage as shared memory, so that two blocks of ~96 KiB fit (the
   // kernel streams its logits once: it has little use for an L1 cache).
-  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   // Clusters above 8 blocks are "non-portable": allowed on the H100/H200 after this opt-in. If the device
   // refuses it, the query below simply finds 8 the largest.
-  if (cudaFuncSetAttribute(sample_rows<kThreads>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-      cudaSuccess)
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
     (void)cudaGetLastError();  // clear the (non-sticky) error
   for (int c = kMaxClusterSize; c >= 1; c /= 2) {
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(c), 1, 1), kThreads, c,
                                                     max_shared_bytes(), nullptr, &attribute);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, sample_rows<kThreads>, &config) == cudaSuccess &&
-        clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0)
       return c;
     (void)cudaGetLastError();
   }
@@ -331,7 +431,9 @@ int max_cluster_size() {
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major < 9) return 0;  // thread-block clusters are Hopper's
-  return std::min(max_cluster_of<kThreadsShared>(), max_cluster_of<kThreadsAlone>());
+  // Both versions use the same shared memory, so they reach the same sizes; each needs its attributes set.
+  return std::min({max_cluster_of<kThreadsShared, 1>(), max_cluster_of<kThreadsAlone, 1>(),
+                   max_cluster_of<kThreadsShared, 2>(), max_cluster_of<kThreadsAlone, 2>()});
 }
 
 void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
@@ -339,18 +441,22 @@ void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, c
   TVLLM_REQUIRE(
       plan.cluster >= 1 && (plan.threads == kThreadsShared || plan.threads == kThreadsAlone) &&
           plan.chunk >= 1 && plan.piece >= 1 && static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
-          plan.chunk <= kMaxTokensPerBlock && static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk,
+          plan.chunk <= kMaxTokensPerBlock && static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk &&
+          (plan.version == 1 || plan.version == 2),
       "cluster_sampler::launch: the plan does not cover the row");
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
       launch_config(dim3(static_cast<unsigned>(plan.cluster), static_cast<unsigned>(batch), 1), plan.threads,
                     plan.cluster, shared_bytes(plan), stream, &attribute);
-  if (plan.threads == kThreadsAlone)
-    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows<kThreadsAlone>, logits, row_stride,
-                                        static_cast<int>(vocab), plan.chunk, plan.piece, rows, out_ids));
+  auto go = [&](auto kernel) {
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, logits, row_stride, static_cast<int>(vocab),
+                                        plan.chunk, plan.piece, rows, out_ids));
+  };
+  const bool alone = plan.threads == kThreadsAlone;
+  if (plan.version == 1)
+    alone ? go(sample_rows<kThreadsAlone, 1>) : go(sample_rows<kThreadsShared, 1>);
   else
-    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows<kThreadsShared>, logits, row_stride,
-                                        static_cast<int>(vocab), plan.chunk, plan.piece, rows, out_ids));
+    alone ? go(sample_rows<kThreadsAlone, 2>) : go(sample_rows<kThreadsShared, 2>);
 }
 
 }  // namespace tvllm::cluster_sampler

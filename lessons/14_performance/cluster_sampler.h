@@ -143,7 +143,25 @@ struct Plan {
   int threads = 0;  // kThreadsShared or kThreadsAlone
   int chunk = 0;
   int piece = 0;
+  int version = 2;  // the kernel: 1 the first cluster kernel, 2 (the default) with the two changes below
 };
+
+// Version 2 changes WHERE sums are computed and who decides, never WHAT is summed (the same integers, so the
+// same ids):
+//   * one cluster barrier per digit instead of two (clusters of 4 or more blocks): every block decides the
+//     digit itself from the row histogram, which the blocks own in slices, three copies used in turn
+//     (cluster_sampler.cu says why three); version 1 has rank 0 decide and broadcast, a second barrier;
+//   * top-k's first digit is counted during the load (a count needs the key only, not z_max): the atomics run
+//     in the shadow of the global loads, and one pass over the keys in shared memory disappears;
+//   * rows with top-p take each block's kept mass from the block's own top-p histograms (the mass above the
+//     picked bucket at every digit, plus the picked bucket at the last digit: exactly the block's tokens with
+//     key >= threshold), so only the block whose mass interval holds U computes exponentials in the draw
+//     (version 1: every block, for every token, although top-p's first digit had just computed them all).
+//     Only in the 512-thread kernel (blocks sharing SMs, big batches): exponentials cost issue slots there;
+//     a block alone on its SM (1024 threads, small batches) is bound by latency, which this does not shorten.
+// (And at temperature 1 the load skips the division: x / 1 == x exactly, the same key.)
+// bucket_is_kept below is that rule, shared by the kernel and the CPU model (top-p always ends at digit 2:
+// advance() takes no shortcut for it).
 
 // cluster: a power of two, at least enough blocks to hold the row (kMaxTokensPerBlock each), at most
 // max_cluster (what the device can launch); within that, enough blocks per row for the batch to give every
@@ -153,7 +171,14 @@ struct Plan {
 Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster);
 
 // A plan with exactly `cluster` blocks of `threads` threads per row (tests try every size).
-Plan plan_with(int64_t vocab, int cluster, int threads);
+Plan plan_with(int64_t vocab, int cluster, int threads, int version = 2);
+
+// Version 2's draw: does a block's histogram bucket `b` of a top-p digit at `level`, whose picked bucket is
+// `picked`, hold only kept tokens (key >= the final threshold)? Buckets above the pick do; the picked bucket
+// does only at the last digit (its keys are then the threshold itself); the buckets below never do.
+TVLLM_CLUSTER_HD bool bucket_is_kept(int level, uint32_t b, uint32_t picked) {
+  return b > picked || (level == 2 && b == picked);
+}
 
 // The dynamic shared memory a block of the plan uses (the keys of its chunk plus the fixed part).
 size_t shared_bytes(const Plan& plan);

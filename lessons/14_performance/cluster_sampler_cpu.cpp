@@ -34,12 +34,14 @@ Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster) {
   return plan_with(vocab, cluster, alone ? kThreadsAlone : kThreadsShared);
 }
 
-Plan plan_with(int64_t vocab, int cluster, int threads) {
-  TVLLM_REQUIRE(vocab >= 1 && cluster >= 1 && (threads == kThreadsShared || threads == kThreadsAlone),
+Plan plan_with(int64_t vocab, int cluster, int threads, int version) {
+  TVLLM_REQUIRE(vocab >= 1 && cluster >= 1 && (threads == kThreadsShared || threads == kThreadsAlone) &&
+                    (version == 1 || version == 2),
                 "cluster_sampler::plan_with: bad shape");
   Plan plan;
   plan.cluster = cluster;
   plan.threads = threads;
+  plan.version = version;
   plan.chunk = static_cast<int>(ceil_div64(vocab, cluster));
   plan.piece = static_cast<int>(ceil_div64(plan.chunk, threads)) | 1;  // odd: see Plan
   return plan;
@@ -68,14 +70,20 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
   const float z_max = z_of_key(static_cast<uint32_t>(best >> 32));
 
   // 2. The digits: the row's histogram (the kernel: per block, added into rank 0's), the pick, the state.
+  // Version 2 also keeps each block's own top-p histograms (block_hist) to take the blocks' kept masses
+  // from them (block_kept, used by the draw).
   RowState st = initial_state(row, vocab);
   std::vector<uint64_t> hist(kBuckets);
+  const size_t blocks = static_cast<size_t>(plan.cluster);
+  std::vector<uint64_t> block_hist(blocks * kBuckets), block_kept(blocks, 0);
   while (st.mode != kModeDraw) {
     std::fill(hist.begin(), hist.end(), 0);
+    std::fill(block_hist.begin(), block_hist.end(), 0);
     for (size_t i = 0; i < n; ++i) {
       if (!is_candidate(st, keys[i])) continue;
-      hist[digit_of(st, keys[i])] +=
-          st.mode == kModeTopK ? 1 : sampling::token_mass(z_of_key(keys[i]), z_max);
+      const uint64_t measure = st.mode == kModeTopK ? 1 : sampling::token_mass(z_of_key(keys[i]), z_max);
+      hist[digit_of(st, keys[i])] += measure;
+      block_hist[i / static_cast<size_t>(plan.chunk) * kBuckets + digit_of(st, keys[i])] += measure;
     }
     const int buckets = 1 << digit_bits(st.level);
     uint64_t total = 0;
@@ -92,6 +100,11 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
       }
       acc += h;
     }
+    if (st.mode == kModeTopP)
+      for (size_t q = 0; q < blocks; ++q)
+        for (int b = 0; b < buckets; ++b)
+          if (bucket_is_kept(st.level, static_cast<uint32_t>(b), static_cast<uint32_t>(pick.bucket)))
+            block_kept[q] += block_hist[q * kBuckets + static_cast<size_t>(b)];
     st = advance(st, row, pick);
   }
 
@@ -116,6 +129,17 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
     }
   if (kept == 0) return 0;  // the kernel's answer for an impossible row
   const uint64_t u = sampling::mulhi_u64(sampling::random_u64(row.seed, row.step), kept);
+  if (plan.version >= 2 && row.top_p < 1.0f) {
+    // Version 2's kernel finds U's block by the masses the digits gave (block_kept), and only that block
+    // sums its pieces: the rule holds only if every block's digit masses equal its pieces' sums. Checked.
+    for (size_t q = 0; q < blocks; ++q) {
+      uint64_t pieces = 0;
+      for (int64_t t = 0; t < threads; ++t) pieces += piece_mass[q * static_cast<size_t>(threads) + t];
+      if (pieces != block_kept[q])
+        throw std::logic_error("cluster_sampler::sample_model: block " + std::to_string(q) +
+                               "'s kept mass from the digits differs from its pieces");
+    }
+  }
   uint64_t base = 0;
   for (size_t p = 0; p < piece_mass.size(); ++p) {
     if (u < base + piece_mass[p]) {  // the piece holding U: walk it token by token

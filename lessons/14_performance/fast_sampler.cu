@@ -463,7 +463,8 @@ FastSampler::FastSampler(int max_batch, int64_t max_vocab, Path path)
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   sms_ = std::max(1, sms);
-  if (path == Path::kAuto) max_cluster_ = cluster_sampler::max_cluster_size();
+  if (path != Path::kMultiPass) max_cluster_ = cluster_sampler::max_cluster_size();
+  if (path == Path::kClusterV1) cluster_version_ = 1;
   TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_pass, kThreads, 0));
   wave_blocks_ = std::max(1, sms * std::max(per_sm, 1));
   max_chunks_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wave_blocks_, max_vocab / kMinChunk)));
@@ -500,7 +501,8 @@ void FastSampler::sample(const float* logits, int64_t row_stride, int64_t vocab,
                                          " < vocab " + std::to_string(vocab));
   if (batch == 0) return;
   TVLLM_REQUIRE(logits && rows && out_ids, "FastSampler::sample: null pointer");
-  const cluster_sampler::Plan plan = cluster_sampler::plan_call(batch, vocab, sms_, max_cluster_);
+  cluster_sampler::Plan plan = cluster_sampler::plan_call(batch, vocab, sms_, max_cluster_);
+  plan.version = cluster_version_;
   if (plan.cluster > 0) {
     cluster_sampler::launch(logits, row_stride, vocab, batch, rows, out_ids, plan, stream);
     return;
@@ -545,6 +547,8 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   rows_d.copy_from_host(rows.data(), rows_d.bytes());
   FastSampler fast(batch, vocab);
   FastSampler multipass(batch, vocab, FastSampler::Path::kMultiPass);
+  FastSampler cluster_v1(batch, vocab, FastSampler::Path::kClusterV1);
+  DeviceBuffer v1_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   GpuSampler reference(batch, vocab);
   DeviceBuffer multipass_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   cudaStream_t stream = nullptr;
@@ -567,6 +571,10 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
     fast.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), fast_ids.as<int32_t>(), stream);
   });
   timing.cluster = fast.cluster_per_row(batch, vocab);
+  timing.cluster_v1_us = time_us([&] {
+    cluster_v1.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
+                      v1_ids.as<int32_t>(), stream);
+  });
   timing.multipass_us = time_us([&] {
     multipass.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), multipass_ids.as<int32_t>(),
                      stream);
@@ -583,6 +591,9 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   fast_ids.copy_to_host(a.data(), fast_ids.bytes());
   ref_ids.copy_to_host(b.data(), ref_ids.bytes());
   multipass_ids.copy_to_host(m.data(), multipass_ids.bytes());
+  std::vector<int32_t> v1(static_cast<size_t>(batch));
+  v1_ids.copy_to_host(v1.data(), v1_ids.bytes());
+  TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's first cluster kernel and GpuSampler disagree");
   TVLLM_REQUIRE(a == b, "bench_fast_sampler: FastSampler and GpuSampler disagree");
   TVLLM_REQUIRE(m == b, "bench_fast_sampler: FastSampler's multi-pass path and GpuSampler disagree");
   return timing;

@@ -6,7 +6,9 @@
 //   cluster path (the default on Hopper, vocab up to 16 x 40960 = 655360): ONE launch. Each row gets a
 //     thread-block cluster of up to 16 blocks; each block reads its chunk of logits once, keeps the keys in
 //     shared memory, and the blocks meet at cluster barriers between the radix digits and before the draw
-//     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU).
+//     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU). Two versions of that kernel:
+//     version 2, the default, pays one cluster barrier per digit and skips most of top-p's exponentials in
+//     the draw; Path::kClusterV1 keeps the first for comparison (cluster_sampler.h lists the differences).
 //   multi-pass path (any vocab, any GPU): seven launches over a grid (chunks, rows), the row's state and
 //     histograms in a global workspace between them:
 //
@@ -55,8 +57,9 @@ namespace tvllm {
 class FastSampler final : public TokenSampler {
  public:
   enum class Path {
-    kAuto,       // the cluster path whenever the device and the vocab allow it, else the multi-pass path
-    kMultiPass,  // always the multi-pass path (tests and the benchmark compare the two)
+    kAuto,       // the cluster path (version 2) whenever the device and the vocab allow it, else multi-pass
+    kMultiPass,  // always the multi-pass path (tests and the benchmark compare the paths)
+    kClusterV1,  // as kAuto, with the first cluster kernel (version 1; cluster_sampler.h says what changed)
   };
 
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
@@ -90,6 +93,7 @@ class FastSampler final : public TokenSampler {
   int64_t max_vocab_;
   int sms_ = 1;
   int max_cluster_ = 0;  // the largest cluster the device launches for the cluster path; 0: never take it
+  int cluster_version_ = 2;  // the cluster kernel's version (Path::kClusterV1: 1)
   int wave_blocks_;      // blocks of the heaviest multi-pass kernel that run at once on the whole GPU
   int max_chunks_;
   DeviceBuffer workspace_;  // multi-pass path: row states, histograms, segment masses (fast_sampler.cu)
@@ -99,10 +103,12 @@ class FastSampler final : public TokenSampler {
 
 // Times sample() with CUDA events on a stream of its own: `batch` model-like rows of `vocab` logits
 // (normal, spread 2, rounded to bf16), every row with `params`; warm-up, then the mean over `iters`
-// back-to-back calls. Times the default FastSampler, the multi-pass path alone and lesson 09's GpuSampler
-// on the same rows, and checks all three agree on every id (InputError if not). Needs a GPU.
+// back-to-back calls. Times the default FastSampler, the first cluster kernel, the multi-pass path alone and
+// lesson 09's GpuSampler on the same rows, and checks all four agree on every id (InputError if not). Needs a
+// GPU.
 struct SamplerTiming {
   double fast_us = 0.0;       // FastSampler::sample (default: the cluster path where it applies), per call
+  double cluster_v1_us = 0.0;  // FastSampler::sample with Path::kClusterV1 (the first cluster kernel)
   double multipass_us = 0.0;  // FastSampler::sample with Path::kMultiPass, per call
   double lesson09_us = 0.0;   // GpuSampler::sample, per call
   int cluster = 0;            // blocks per row the default took (0: it took the multi-pass path)
