@@ -1,0 +1,265 @@
+// Lesson 14: the megakernel's host side (megakernel.h): what it declines, the program it plans once per model,
+// and the cooperative launch of one step. The kernel is megakernel_kernel.cuh.
+#include "megakernel.h"
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cached_attention.h"
+#include "common/buffer.h"
+#include "common/device.h"
+#include "common/errors.h"
+#include "fast_forward.h"
+#include "megakernel_kernel.cuh"
+#include "megakernel_plan.h"
+#include "pdl.h"
+
+namespace tvllm {
+
+namespace {
+
+// Everything one (context, weights) pair needs on the device, built by megakernel_prepare.
+struct MkState {
+  MegakernelGeometry geometry;
+  int max_splits = 0;
+  DeviceBuffer chunks, begins, ops, norms;
+  DeviceBuffer barrier;   // U32 [2] count, generation | I32 error flag
+  DeviceBuffer partials;  // F32 [n_heads][max_splits][head_dim + 2]
+  uint32_t xs_offset = 0, red_offset = 0, bar_offset = 0;
+};
+
+std::mutex g_states_mutex;
+std::map<std::pair<const ExecContext*, const ModelWeights*>, std::unique_ptr<MkState>> g_states;
+std::atomic<int64_t> g_steps{0};
+
+MkState* find_state(const ExecContext& ctx, const ModelWeights& w) {
+  std::lock_guard<std::mutex> lock(g_states_mutex);
+  const auto it = g_states.find({&ctx, &w});
+  return it == g_states.end() ? nullptr : it->second.get();
+}
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+std::string config_declines(const ModelConfig& c) {
+  if (!fast_forward_declines(c).empty()) return fast_forward_declines(c);
+  if (c.qkv_bias) return "q/k/v biases";
+  if (c.qk_norm) return "a q/k norm";
+  if (c.sliding_window > 0) return "a sliding window";
+  if (c.head_dim != 64 && c.head_dim != 128) return "head_dim " + std::to_string(c.head_dim);
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
+      c.group_size() > mk::kMaxGroup)
+    return "more than " + std::to_string(mk::kMaxGroup) + " query heads per kv head";
+  return "";
+}
+
+// Attention scratch in floats (aliases xs: attention runs between the qkv and o phases, when xs is free).
+int64_t attention_floats(int64_t D) { return mk::kMaxGroup * D + 2 * D + mk::kConsumerWarps * mk::kMaxGroup * (D + 2); }
+
+template <int D>
+void set_max_smem(int64_t bytes) {
+  TVLLM_CUDA_CHECK(
+      cudaFuncSetAttribute(mk::megakernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <int D>
+int blocks_per_sm(int64_t smem) {
+  int n = 0;
+  TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::megakernel<D>, mk::kThreads,
+                                                                 static_cast<size_t>(smem)));
+  return n;
+}
+
+}  // namespace
+
+std::string megakernel_declines(const ModelWeights& w) {
+  const std::string config = config_declines(w.config);
+  if (!config.empty()) return config;
+  if (w.fp8_resident) return "FP8-resident weights (not yet: the fused FP8 GEMVs run)";
+  if (w.device != Device::CUDA) return "the CPU";
+  if (!fast_forward_supported(w)) return "weights the fused path does not take";
+  for (const LayerWeights& L : w.layers)
+    if (L.wqkv.dtype != DType::BF16 || L.wo.dtype != DType::BF16 || L.w_gate_up.dtype != DType::BF16 ||
+        L.w_down.dtype != DType::BF16)
+      return "non-BF16 weights";
+  if (w.lm_head.dtype != DType::BF16 || w.embed.dtype != DType::BF16) return "non-BF16 embeddings or lm_head";
+  const DeviceProps props = query_device();
+  if (props.compute_major < 9) return "a pre-sm_90 GPU (no bulk copies)";
+  int coop = 0;
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+  if (!coop) return "a GPU without cooperative launches";
+  return "";
+}
+
+bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
+  if (find_state(ctx, w)) return true;
+  if (ctx.device() != Device::CUDA || !megakernel_declines(w).empty()) return false;
+  const ModelConfig& c = w.config;
+  const int D = static_cast<int>(c.head_dim);
+  auto st = std::make_unique<MkState>();
+  const int sms = query_device().multiprocessors;
+  int optin = 0;
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+
+  // Shared memory: the ring, then xs (the activation vector; the attention scratch aliases it), red, barriers.
+  const int64_t xs_bytes = std::max<int64_t>(
+      round_up(std::max({c.hidden_size, c.q_dim(), c.intermediate_size}) * 2, 128), attention_floats(D) * 4);
+  const int64_t red_bytes = round_up((mk::kConsumers + 2) * 4, 128);
+  const int64_t fixed = xs_bytes + red_bytes;
+  int64_t stage_bytes = 32768;
+  while (stage_bytes > 4096 && (optin - fixed - 256) / stage_bytes < 4) stage_bytes /= 2;
+  const int64_t stages = std::min<int64_t>((optin - fixed - 256) / stage_bytes, 64);
+  if (stages < 2) return false;  // a tiny shared memory: the fused path
+  const int64_t ring_bytes = stages * stage_bytes;
+  st->xs_offset = static_cast<uint32_t>(ring_bytes);
+  st->red_offset = static_cast<uint32_t>(ring_bytes + xs_bytes);
+  st->bar_offset = static_cast<uint32_t>(ring_bytes + xs_bytes + red_bytes);
+  const int64_t smem = st->bar_offset + 2 * stages * 8;
+  if (D == 64) {
+    set_max_smem<64>(smem);
+    if (blocks_per_sm<64>(smem) < 1) return false;
+  } else {
+    set_max_smem<128>(smem);
+    if (blocks_per_sm<128>(smem) < 1) return false;
+  }
+
+  // The program: 4 phases per layer, then the lm_head (megakernel_plan.h). Outputs per chunk: at most 128, so
+  // a gate|up chunk's 256 stage rows still have one consumer thread each.
+  std::vector<MkMatrix> matrices;
+  std::vector<mk::OpDesc> ops;
+  std::vector<mk::LayerNorms> norms;
+  const auto add = [&](const TensorView& wt, bool paired, mk::Op kind) {
+    const int64_t outputs = paired ? wt.shape[0] / 2 : wt.shape[0];
+    matrices.push_back({outputs, wt.shape[1], 2, paired});
+    ops.push_back({static_cast<const mk::bf16*>(wt.data), static_cast<uint32_t>(wt.shape[1]),
+                   static_cast<uint32_t>(outputs), static_cast<uint32_t>(kind), 0});
+  };
+  for (const LayerWeights& L : w.layers) {
+    add(L.wqkv, false, mk::Op::Qkv);
+    add(L.wo, false, mk::Op::O);
+    add(L.w_gate_up, true, mk::Op::GateUp);
+    add(L.w_down, false, mk::Op::Down);
+    norms.push_back({static_cast<const mk::bf16*>(L.input_norm.data), static_cast<const mk::bf16*>(L.post_norm.data)});
+  }
+  add(w.lm_head, false, mk::Op::LmHead);
+  const MegakernelPlan plan(matrices, sms, stage_bytes, 128);
+
+  const auto upload = [](DeviceBuffer& buf, const void* src, size_t bytes) {
+    buf = DeviceBuffer(std::max<size_t>(bytes, 16));
+    buf.copy_from_host(src, bytes);
+  };
+  upload(st->chunks, plan.chunks().data(), plan.chunks().size() * sizeof(MkChunk));
+  upload(st->begins, plan.begins().data(), plan.begins().size() * sizeof(uint32_t));
+  upload(st->ops, ops.data(), ops.size() * sizeof(mk::OpDesc));
+  upload(st->norms, norms.data(), norms.size() * sizeof(mk::LayerNorms));
+  st->barrier = DeviceBuffer(16);
+  st->barrier.fill_zero();
+  st->max_splits = std::max<int>(1, sms / static_cast<int>(c.num_key_value_heads));
+  st->partials = DeviceBuffer(static_cast<size_t>(c.num_attention_heads) * st->max_splits * (D + 2) * 4);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads are done before any step reads them
+
+  st->geometry = {sms, static_cast<int>(stages), stage_bytes, static_cast<int64_t>(plan.chunks().size()), smem};
+  std::lock_guard<std::mutex> lock(g_states_mutex);
+  g_states[{&ctx, &w}] = std::move(st);
+  return true;
+}
+
+MegakernelGeometry megakernel_geometry(ExecContext& ctx, const ModelWeights& w) {
+  const MkState* st = find_state(ctx, w);
+  return st ? st->geometry : MegakernelGeometry{};
+}
+
+int64_t megakernel_steps_launched() { return g_steps.load(); }
+
+TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const StepInputs& step,
+                              AttentionBackend& backend) {
+  const auto fallback = [&] {
+    return pdl_supported() ? fast_forward_pdl(ctx, w, step, backend) : fast_forward(ctx, w, step, backend);
+  };
+  MkState* st = find_state(ctx, w);
+  auto* cached = dynamic_cast<CachedAttention*>(&backend);
+  if (!st || !cached || ctx.device() != Device::CUDA || step.num_tokens() != 1 || step.num_sequences() != 1 ||
+      step.num_logits_rows() != 1 || step.host_logits_rows()[0] != 0 || ctx.matmul_kernel() != kDefaultMatmulKernel ||
+      cached->decode_kind() == DecodeAttention::Flash || cached->slots().size() != 1)
+    return fallback();
+  check_forward_args(ctx, w, step);
+  const ModelConfig& c = w.config;
+  const KvCache& cache = cached->cache();
+  Workspace& ws = ctx.workspace();
+  const int32_t pos = step.host_positions()[0];
+  TVLLM_REQUIRE(pos >= 0 && pos < cache.max_context() && pos < ws.rope.max_positions(),
+                "megakernel: position " + std::to_string(pos) + " is past the KV cache or the RoPE table");
+  const TensorView k0 = cache.k(0);
+  const int64_t layer_stride =
+      c.num_hidden_layers > 1 ? (static_cast<char*>(cache.k(1).data) - static_cast<char*>(k0.data)) / 2 : 0;
+
+  mk::Params p{};
+  p.chunks = st->chunks.as<MkChunk>();
+  p.begins = st->begins.as<uint32_t>();
+  p.ops = st->ops.as<mk::OpDesc>();
+  p.norms = st->norms.as<mk::LayerNorms>();
+  p.phases = 4 * static_cast<int>(c.num_hidden_layers) + 1;
+  p.layers = static_cast<int>(c.num_hidden_layers);
+  p.hidden = static_cast<int>(c.hidden_size);
+  p.q_dim = static_cast<int>(c.q_dim());
+  p.kv_dim = static_cast<int>(c.kv_dim());
+  p.inter = static_cast<int>(c.intermediate_size);
+  p.n_heads = static_cast<int>(c.num_attention_heads);
+  p.n_kv = static_cast<int>(c.num_key_value_heads);
+  p.head_dim = static_cast<int>(c.head_dim);
+  p.embed = static_cast<const mk::bf16*>(w.embed.data);
+  p.final_norm = static_cast<const mk::bf16*>(w.final_norm.data);
+  p.h = static_cast<mk::bf16*>(ws.hidden.data());
+  p.qkv = static_cast<mk::bf16*>(ws.qkv.data());
+  p.act = static_cast<mk::bf16*>(ws.act.data());
+  p.logits = static_cast<float*>(ws.logits.data());
+  p.partials = st->partials.as<float>();
+  p.max_splits = st->max_splits;
+  p.token = static_cast<const int32_t*>(step.token_ids().data);
+  p.position = static_cast<const int32_t*>(step.positions().data);
+  p.slot = cached->slots().device_slots();
+  p.cache_k = static_cast<mk::bf16*>(k0.data);
+  p.layer_stride = layer_stride;
+  p.v_offset = (static_cast<char*>(cache.v(0).data) - static_cast<char*>(k0.data)) / 2;
+  p.max_context = static_cast<int>(cache.max_context());
+  p.rope_cos = static_cast<const float*>(ws.rope.cos(Device::CUDA).data);
+  p.rope_sin = static_cast<const float*>(ws.rope.sin(Device::CUDA).data);
+  p.rope_positions = static_cast<int>(ws.rope.max_positions());
+  p.eps = static_cast<float>(c.rms_norm_eps);
+  p.scale_log2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)) * 1.4426950408889634);
+  p.bar = st->barrier.as<unsigned>();
+  p.error = reinterpret_cast<int*>(st->barrier.as<unsigned>() + 2);
+  p.stages = st->geometry.stages;
+  p.stage_bytes = static_cast<uint32_t>(st->geometry.stage_bytes);
+  p.xs_offset = st->xs_offset;
+  p.red_offset = st->red_offset;
+  p.att_offset = st->xs_offset;
+  p.bar_offset = st->bar_offset;
+
+  // One block per SM, launched cooperatively: the driver starts all of them at once or refuses the launch, so
+  // the grid barrier never waits for a block that cannot be scheduled. Capturable in a CUDA graph (a kernel node
+  // with the cooperative attribute).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(st->geometry.blocks));
+  cfg.blockDim = dim3(mk::kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(st->geometry.smem_bytes);
+  cfg.stream = ctx.stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (c.head_dim == 64) {
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mk::megakernel<64>, p));
+  } else {
+    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mk::megakernel<128>, p));
+  }
+  ++g_steps;
+  return ws.logits.view().rows(0, 1);
+}
+
+}  // namespace tvllm
