@@ -29,11 +29,11 @@ namespace {
 
 TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
   const std::vector<LatencyVariant> v = progression_variants();
-  ASSERT_EQ(v.size(), 6u);
+  ASSERT_EQ(v.size(), 7u);
   EXPECT_FALSE(v[0].fast.has_value());  // lesson 10 as it is
   // Each row turns exactly one switch on over the row before it, in the chapter's order.
   const auto on = [](const FastPathOptions& o) {
-    return std::vector<bool>{o.graphs, o.fused, o.fast_sampler, o.pdl, o.fast_attention};
+    return std::vector<bool>{o.graphs, o.fused, o.fast_sampler, o.pdl, o.fast_attention, o.megakernel};
   };
   for (size_t i = 1; i < v.size(); ++i) {
     ASSERT_TRUE(v[i].fast.has_value()) << v[i].name;
@@ -41,7 +41,8 @@ TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
     for (size_t k = 0; k < now.size(); ++k) EXPECT_EQ(now[k], k < i) << v[i].name << ", switch " << k;
   }
   EXPECT_NE(v[4].name.find("programmatic dependent launch"), std::string::npos);
-  EXPECT_NE(v.back().name.find("fast decode attention"), std::string::npos);
+  EXPECT_NE(v[5].name.find("fast decode attention"), std::string::npos);
+  EXPECT_NE(v.back().name.find("megakernel"), std::string::npos);
   // The last row is what the product runs by default.
   const FastPathOptions defaults;
   EXPECT_EQ(on(*v.back().fast), on(defaults));

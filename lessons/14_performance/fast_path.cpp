@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
+#include "megakernel.h"
 #include "pdl.h"
 
 namespace tvllm {
@@ -21,10 +22,13 @@ namespace {
 // invariance); returns the kernel decode steps will use, whose split policy the launchers pin.
 void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max_rows, const FastPathOptions& o,
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler,
-             const std::function<DecodeAttention()>& use_fast_attention) {
+             const std::function<DecodeAttention()>& use_fast_attention, bool contiguous_kv) {
   if (w.device != Device::CUDA) return;
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
+  // The megakernel reads lesson 10's contiguous cache (the Generator's); the Engine's paged one is not yet read.
+  if (o.fused && o.megakernel && contiguous_kv && fast_forward_supported(w) && megakernel_prepare(ctx, w))
+    ctx.set_forward(megakernel_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
   DecodeAttention decode = DecodeAttention::Split;
   if (o.fast_attention && fast_decode_attention_pays(shape)) {
@@ -53,13 +57,15 @@ GraphBuckets graph_buckets(const FastPathOptions& o, int64_t max_sequences) {
   return b;
 }
 
-FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention) {
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention,
+                                  bool megakernel) {
   FastPathOptions o;
   o.fused = fused;
   o.graphs = graphs;
   o.fast_sampler = fast_sampler;
   o.pdl = pdl;
   o.fast_attention = fast_attention;
+  o.megakernel = megakernel;
   return o;
 }
 
@@ -81,6 +87,7 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
   s += !o.graphs                 ? ", eager (--enforce-eager)"
        : o.max_graph_batch == 0 ? ", CUDA graphs for every decode batch" + padded
                                 : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
+  if (o.fused && declined.empty() && !o.megakernel) s += ", no megakernel (--no-megakernel)";
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
   if (!o.fast_attention) {
     s += ", lesson 10 decode attention";
@@ -104,7 +111,8 @@ void use_fast_path(Generator& gen, const FastPathOptions& o) {
         if (gen.attention().decode_kind() != DecodeAttention::Flash)
           gen.attention().set_decode_attention(DecodeAttention::Fast);
         return gen.attention().decode_kind();
-      });
+      },
+      true);
 }
 
 void use_fast_path(Engine& engine, const FastPathOptions& o) {
@@ -116,7 +124,8 @@ void use_fast_path(Engine& engine, const FastPathOptions& o) {
         if (engine.config().batch_invariant) return DecodeAttention::Flash;  // the engine chose Flash: keep it
         engine.kv().set_decode_attention(DecodeAttention::Fast);
         return DecodeAttention::Fast;
-      });
+      },
+      false);
 }
 
 std::vector<int64_t> warm_up_prefills(const Engine& engine) {

@@ -25,6 +25,7 @@ namespace {
 
 // Everything one (context, weights) pair needs on the device, built by megakernel_prepare.
 struct MkState {
+  std::vector<const void*> signature;  // what the program was planned for (weights_signature)
   MegakernelGeometry geometry;
   int max_splits = 0;
   DeviceBuffer chunks, begins, ops, norms;
@@ -33,6 +34,20 @@ struct MkState {
   uint32_t xs_offset = 0, red_offset = 0, bar_offset = 0;
 };
 
+// Every pointer the program holds, plus the shapes: a state is used only for the weights it was planned for (a
+// ModelWeights may be destroyed and another one built at the same address).
+std::vector<const void*> weights_signature(const ModelWeights& w) {
+  std::vector<const void*> s = {w.embed.data, w.final_norm.data, w.lm_head.data,
+                                reinterpret_cast<const void*>(static_cast<intptr_t>(w.config.hidden_size)),
+                                reinterpret_cast<const void*>(static_cast<intptr_t>(w.config.intermediate_size)),
+                                reinterpret_cast<const void*>(static_cast<intptr_t>(w.config.vocab_size))};
+  for (const LayerWeights& L : w.layers)
+    for (const void* ptr : {L.wqkv.data, L.wo.data, L.w_gate_up.data, L.w_down.data, L.input_norm.data,
+                            L.post_norm.data})
+      s.push_back(ptr);
+  return s;
+}
+
 std::mutex g_states_mutex;
 std::map<std::pair<const ExecContext*, const ModelWeights*>, std::unique_ptr<MkState>> g_states;
 std::atomic<int64_t> g_steps{0};
@@ -40,7 +55,8 @@ std::atomic<int64_t> g_steps{0};
 MkState* find_state(const ExecContext& ctx, const ModelWeights& w) {
   std::lock_guard<std::mutex> lock(g_states_mutex);
   const auto it = g_states.find({&ctx, &w});
-  return it == g_states.end() ? nullptr : it->second.get();
+  if (it == g_states.end() || it->second->signature != weights_signature(w)) return nullptr;
+  return it->second.get();
 }
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -111,8 +127,8 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   const int64_t red_bytes = round_up((mk::kConsumers + 2) * 4, 128);
   const int64_t fixed = xs_bytes + red_bytes;
   int64_t stage_bytes = 32768;
-  while (stage_bytes > 4096 && (optin - fixed - 256) / stage_bytes < 4) stage_bytes /= 2;
-  const int64_t stages = std::min<int64_t>((optin - fixed - 256) / stage_bytes, 64);
+  while (stage_bytes > 4096 && (optin - fixed - 1024) / stage_bytes < 4) stage_bytes /= 2;
+  const int64_t stages = std::min<int64_t>((optin - fixed - 1024) / stage_bytes, 64);  // 1024: the mbarriers
   if (stages < 2) return false;  // a tiny shared memory: the fused path
   const int64_t ring_bytes = stages * stage_bytes;
   st->xs_offset = static_cast<uint32_t>(ring_bytes);
@@ -162,6 +178,7 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   st->partials = DeviceBuffer(static_cast<size_t>(c.num_attention_heads) * st->max_splits * (D + 2) * 4);
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads are done before any step reads them
 
+  st->signature = weights_signature(w);
   st->geometry = {sms, static_cast<int>(stages), stage_bytes, static_cast<int64_t>(plan.chunks().size()), smem};
   std::lock_guard<std::mutex> lock(g_states_mutex);
   g_states[{&ctx, &w}] = std::move(st);

@@ -171,7 +171,9 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
     if (t == 0) mbar_arrive(&ring.empty[s]);  // the stage is free: the producer may refill it
     if (t < static_cast<int>(c.rows)) {
       float total[2] = {0.f, 0.f};
-      for (int hh = 0; hh < halves; ++hh) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        if (hh >= halves) break;
         const int r = hh * static_cast<int>(c.rows) + t;
         for (int sub = 0; sub < per_row; ++sub) total[hh] += red[r * per_row + sub];
       }
@@ -293,7 +295,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     float pr[kMaxGroup];
 #pragma unroll
     for (int i = 0; i < kMaxGroup; ++i) {
-      if (i >= G) break;
+      if (i >= G) continue;  // not break: a fully unrolled loop keeps the arrays in registers
       const float s = j < j1 ? sc[i] * p.scale_log2 : -INFINITY;
       const float mnew = fmaxf(m[i], warp_max(s));  // lane 0's key is always valid: finite
       const float alpha = exp2f(m[i] - mnew);
@@ -317,7 +319,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
       }
 #pragma unroll
       for (int i = 0; i < kMaxGroup; ++i) {
-        if (i >= G) break;
+        if (i >= G) continue;
         const float pu = __shfl_sync(0xffffffffu, pr[i], u);
 #pragma unroll
         for (int e = 0; e < E; ++e) o[i][e] = fmaf(pu, vf[e], o[i][e]);
@@ -325,7 +327,9 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     }
   }
   // The warps' states into shared memory, then combined (fixed warp order) into the item's partials.
-  for (int i = 0; i < G; ++i) {
+#pragma unroll
+  for (int i = 0; i < kMaxGroup; ++i) {
+    if (i >= G) continue;
     float* wp = wpart + (warp * kMaxGroup + i) * (D + 2);
 #pragma unroll
     for (int e = 0; e < E; ++e) wp[lane * E + e] = o[i][e];
