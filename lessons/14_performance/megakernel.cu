@@ -103,6 +103,11 @@ std::string megakernel_declines(const ModelWeights& w) {
         L.w_down.dtype != DType::BF16)
       return "non-BF16 weights";
   if (w.lm_head.dtype != DType::BF16 || w.embed.dtype != DType::BF16) return "non-BF16 embeddings or lm_head";
+  // The kernel reads the embedding row and the norm weights in 16-byte packs.
+  const auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  bool all_aligned = aligned(w.embed) && aligned(w.final_norm);
+  for (const LayerWeights& L : w.layers) all_aligned = all_aligned && aligned(L.input_norm) && aligned(L.post_norm);
+  if (!all_aligned) return "an embedding or norm weight not 16-byte aligned";
   const DeviceProps props = query_device();
   if (props.compute_major < 9) return "a pre-sm_90 GPU (no bulk copies)";
   int coop = 0;
@@ -135,11 +140,13 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   st->red_offset = static_cast<uint32_t>(ring_bytes + xs_bytes);
   st->bar_offset = static_cast<uint32_t>(ring_bytes + xs_bytes + red_bytes);
   const int64_t smem = st->bar_offset + 2 * stages * 8;
+  // The attribute is per kernel, not per model: always the device's maximum, so that preparing a second model
+  // with a smaller ring never lowers what the first one launches with.
   if (D == 64) {
-    set_max_smem<64>(smem);
+    set_max_smem<64>(optin);
     if (blocks_per_sm<64>(smem) < 1) return false;
   } else {
-    set_max_smem<128>(smem);
+    set_max_smem<128>(optin);
     if (blocks_per_sm<128>(smem) < 1) return false;
   }
 
