@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "common/input_error.h"
+#include "megakernel.h"
 #include "megakernel_plan.h"
 
 namespace tvllm {
@@ -117,6 +120,27 @@ TEST(Megakernel14Plan, BadArgumentsAreInputErrors) {
   EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 0, 1024, 8), InputError);
   EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1000 + 4, 8), InputError);
   EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 0), InputError);
+}
+
+// What the megakernel declines, by name, from the config first (no GPU needed for these).
+TEST(Megakernel14, DeclinesModelsByNameAndTheCpu) {
+  // CPU weights with only a config (ModelWeights is move-only: one per case).
+  const auto declines = [](const std::function<void(ModelConfig&)>& edit) {
+    ModelWeights w;
+    w.config.num_attention_heads = 8, w.config.num_key_value_heads = 2, w.config.head_dim = 64;
+    w.device = Device::CPU;
+    edit(w.config);
+    return megakernel_declines(w);
+  };
+  EXPECT_EQ(declines([](ModelConfig&) {}), "the CPU");
+  EXPECT_EQ(declines([](ModelConfig& c) { c.head_dim = 96; }), "head_dim 96");
+  EXPECT_EQ(declines([](ModelConfig& c) { c.qkv_bias = true; }), "q/k/v biases");
+  EXPECT_EQ(declines([](ModelConfig& c) { c.qk_norm = true; }), "a q/k norm");
+  EXPECT_EQ(declines([](ModelConfig& c) { c.sliding_window = 4096; }), "a sliding window");
+  EXPECT_EQ(declines([](ModelConfig& c) { c.o_bias = true; }), "o_proj bias");
+  // 16 query heads per kv head: more than the attention phase's 8.
+  EXPECT_NE(declines([](ModelConfig& c) { c.num_attention_heads = 32; }).find("query heads per kv head"),
+            std::string::npos);
 }
 
 }  // namespace

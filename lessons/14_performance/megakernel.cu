@@ -43,7 +43,8 @@ std::vector<const void*> weights_signature(const ModelWeights& w) {
                                 reinterpret_cast<const void*>(static_cast<intptr_t>(w.config.vocab_size))};
   for (const LayerWeights& L : w.layers)
     for (const void* ptr : {L.wqkv.data, L.wo.data, L.w_gate_up.data, L.w_down.data, L.input_norm.data,
-                            L.post_norm.data})
+                            L.post_norm.data, L.wqkv_scale.data, L.wo_scale.data, L.w_gate_up_scale.data,
+                            L.w_down_scale.data})
       s.push_back(ptr);
   return s;
 }
@@ -95,13 +96,17 @@ int blocks_per_sm(int64_t smem) {
 std::string megakernel_declines(const ModelWeights& w) {
   const std::string config = config_declines(w.config);
   if (!config.empty()) return config;
-  if (w.fp8_resident) return "FP8-resident weights (not yet: the fused FP8 GEMVs run)";
   if (w.device != Device::CUDA) return "the CPU";
   if (!fast_forward_supported(w)) return "weights the fused path does not take";
+  // BF16, or FP8-resident (lesson 16: E4M3 codes + a F32 scale per row) with rows of whole 16-byte packs (K % 16
+  // == 0: the bulk copies' alignment; the fused FP8 GEMVs also take K % 16 == 8, e.g. the bundled model's 600).
+  const DType want = w.fp8_resident ? DType::F8_E4M3 : DType::BF16;
   for (const LayerWeights& L : w.layers)
-    if (L.wqkv.dtype != DType::BF16 || L.wo.dtype != DType::BF16 || L.w_gate_up.dtype != DType::BF16 ||
-        L.w_down.dtype != DType::BF16)
-      return "non-BF16 weights";
+    for (const TensorView* m : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) {
+      if (m->dtype != want) return w.fp8_resident ? "FP8-resident weights mixed with others" : "non-BF16 weights";
+      if (w.fp8_resident && m->shape[1] % 16 != 0)
+        return "FP8-resident rows of " + std::to_string(m->shape[1]) + " codes (not whole 16-byte packs)";
+    }
   if (w.lm_head.dtype != DType::BF16 || w.embed.dtype != DType::BF16) return "non-BF16 embeddings or lm_head";
   // The kernel reads the embedding row and the norm weights in 16-byte packs.
   const auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
@@ -155,20 +160,22 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   std::vector<MkMatrix> matrices;
   std::vector<mk::OpDesc> ops;
   std::vector<mk::LayerNorms> norms;
-  const auto add = [&](const TensorView& wt, bool paired, mk::Op kind) {
+  const auto add = [&](const TensorView& wt, const TensorView& scale, bool paired, mk::Op kind) {
     const int64_t outputs = paired ? wt.shape[0] / 2 : wt.shape[0];
-    matrices.push_back({outputs, wt.shape[1], 2, paired});
-    ops.push_back({static_cast<const mk::bf16*>(wt.data), static_cast<uint32_t>(wt.shape[1]),
-                   static_cast<uint32_t>(outputs), static_cast<uint32_t>(kind), 0});
+    const int64_t eb = wt.dtype == DType::F8_E4M3 ? 1 : 2;
+    matrices.push_back({outputs, wt.shape[1], eb, paired});
+    ops.push_back({wt.data, eb == 1 ? static_cast<const float*>(scale.data) : nullptr,
+                   static_cast<uint32_t>(wt.shape[1]), static_cast<uint32_t>(outputs), static_cast<uint32_t>(kind),
+                   static_cast<uint32_t>(eb)});
   };
   for (const LayerWeights& L : w.layers) {
-    add(L.wqkv, false, mk::Op::Qkv);
-    add(L.wo, false, mk::Op::O);
-    add(L.w_gate_up, true, mk::Op::GateUp);
-    add(L.w_down, false, mk::Op::Down);
+    add(L.wqkv, L.wqkv_scale, false, mk::Op::Qkv);
+    add(L.wo, L.wo_scale, false, mk::Op::O);
+    add(L.w_gate_up, L.w_gate_up_scale, true, mk::Op::GateUp);
+    add(L.w_down, L.w_down_scale, false, mk::Op::Down);
     norms.push_back({static_cast<const mk::bf16*>(L.input_norm.data), static_cast<const mk::bf16*>(L.post_norm.data)});
   }
-  add(w.lm_head, false, mk::Op::LmHead);
+  add(w.lm_head, {}, false, mk::Op::LmHead);
   const MegakernelPlan plan(matrices, sms, stage_bytes, 128);
 
   const auto upload = [](DeviceBuffer& buf, const void* src, size_t bytes) {

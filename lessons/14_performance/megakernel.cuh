@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -121,6 +123,27 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
   unpack8(b, fb);
 #pragma unroll
   for (int i = 0; i < 8; ++i) s = fmaf(fa[i], fb[i], s);
+  return s;
+}
+
+// s + sum of 16 E4M3 codes (one pack, low byte first) times 16 bf16 (two packs), in index order. Every E4M3
+// value is a half: cvt.rn.f16x2.e4m3x2 and the widening to fp32 are exact (as gemv.cu's Cvt decoding).
+__device__ __forceinline__ float dot16_e4m3(const uint4& codes, const uint4& x_lo, const uint4& x_hi, float s) {
+  float fx[16];
+  unpack8(x_lo, fx);
+  unpack8(x_hi, fx + 8);
+  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((w[j] >> (16 * h)) & 0xffffu),
+                                                         __NV_E4M3);
+      const float2 f = __half22float2(__half2(raw));
+      s = fmaf(f.x, fx[4 * j + 2 * h], s);
+      s = fmaf(f.y, fx[4 * j + 2 * h + 1], s);
+    }
+  }
   return s;
 }
 

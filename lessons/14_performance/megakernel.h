@@ -15,9 +15,10 @@
 // phase's weights: the ramp-up and tail every separate GEMV kernel pays are paid once per step.
 //
 // What it takes (megakernel_declines says what it does not): a CUDA sm_90+ device, BF16 weights packed like the
-// fused path's (wqkv, w_gate_up), no biases, no q/k norm, no sliding window, head_dim 64 or 128, at most 8 query
-// heads per kv head, lesson 10's contiguous KV cache (CachedAttention), and a step of ONE token of ONE sequence
-// whose logits row is that token. Everything else runs fast_forward_pdl, the fused path.
+// fused path's (wqkv, w_gate_up) or FP8-resident ones (lesson 16: E4M3 codes + a F32 scale per row, every K a
+// multiple of 16), no biases, no q/k norm, no sliding window, head_dim 64 or 128, at most 8 query heads per kv
+// head, lesson 10's contiguous KV cache (CachedAttention), and a step of ONE token of ONE sequence whose logits
+// row is that token. Everything else runs fast_forward_pdl, the fused path.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,9 @@
 
 namespace tvllm {
 
-// "" when the megakernel can run this model on this device, else why not ("FP8-resident weights", "head_dim 96",
-// "a sliding window", "pre-sm_90 GPU", ...). The config-only reasons first, then the weights' and the device's.
+// "" when the megakernel can run this model on this device, else why not ("head_dim 96", "a sliding window",
+// "the CPU", "a pre-sm_90 GPU (no bulk copies)", ...). The config's reasons first, then the device's and the
+// weights'.
 std::string megakernel_declines(const ModelWeights& weights);
 
 // Builds (once per context and weights) what the megakernel needs on the device: the program, the op table, the

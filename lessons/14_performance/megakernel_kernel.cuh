@@ -24,11 +24,12 @@ namespace mk {
 enum class Op : uint32_t { Qkv = 0, O = 1, GateUp = 2, Down = 3, LmHead = 4 };
 
 struct OpDesc {
-  const bf16* w;     // [rows, K]: for GateUp [2 * outputs, K] (gate rows, then up rows)
+  const void* w;       // [rows, K]: for GateUp [2 * outputs, K] (gate rows, then up rows). BF16 or E4M3 codes
+  const float* scale;  // E4M3: F32 [rows], one per weight row (lesson 16); nullptr for BF16
   uint32_t K;
   uint32_t outputs;
-  uint32_t kind;     // Op
-  uint32_t pad;
+  uint32_t kind;        // Op
+  uint32_t elem_bytes;  // 2 (BF16) or 1 (E4M3)
 };
 
 struct LayerNorms {
@@ -90,14 +91,15 @@ __device__ void produce(const Params& p, const Ring& ring) {
     mbar_wait(&ring.empty[s], (use & 1u) ^ 1u, p.error, kErrRingFull);
     const MkChunk c = p.chunks[ci];
     const OpDesc op = p.ops[c.phase];
-    const uint32_t half_bytes = c.rows * c.kc * 2u;
+    const uint32_t half_bytes = c.rows * c.kc * op.elem_bytes;
     const bool paired = op.kind == static_cast<uint32_t>(Op::GateUp);
+    const char* w = static_cast<const char*>(op.w);
     char* dst = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
     mbar_arrive_expect_tx(&ring.full[s], paired ? 2u * half_bytes : half_bytes);
-    bulk_copy(dst, op.w + static_cast<int64_t>(c.row0) * op.K + c.k0, half_bytes, &ring.full[s]);
+    bulk_copy(dst, w + (static_cast<int64_t>(c.row0) * op.K + c.k0) * op.elem_bytes, half_bytes, &ring.full[s]);
     if (paired)
-      bulk_copy(dst + half_bytes, op.w + (static_cast<int64_t>(c.row0) + op.outputs) * op.K + c.k0, half_bytes,
-                &ring.full[s]);
+      bulk_copy(dst + half_bytes, w + ((static_cast<int64_t>(c.row0) + op.outputs) * op.K + c.k0) * op.elem_bytes,
+                half_bytes, &ring.full[s]);
   }
 }
 
@@ -153,7 +155,7 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
     (void)first;
     const int s = static_cast<int>(n % ring.S);
     mbar_wait(&ring.full[s], (n / ring.S) & 1u, p.error, kErrRingEmpty);
-    const bf16* stage = reinterpret_cast<const bf16*>(ring.stages + static_cast<size_t>(s) * ring.stage_bytes);
+    const char* stage = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
     const int srows = static_cast<int>(c.rows) * halves;
     const int kc = static_cast<int>(c.kc);
     const int per_row = srows >= kConsumerWarps ? 1 : kConsumerWarps / srows;
@@ -161,9 +163,13 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
     const uint4* x4 = reinterpret_cast<const uint4*>(xs + c.k0);
     for (int r = warp / per_row; r < srows && warp < groups * per_row; r += groups) {
       const int sub = warp % per_row;
-      const uint4* w4 = reinterpret_cast<const uint4*>(stage + static_cast<size_t>(r) * kc);
+      const uint4* w4 = reinterpret_cast<const uint4*>(stage + static_cast<size_t>(r) * kc * op.elem_bytes);
       float acc = 0.f;
-      for (int q = sub * 32 + lane; q < kc / 8; q += per_row * 32) acc = dot8(w4[q], x4[q], acc);
+      if (op.elem_bytes == 2) {
+        for (int q = sub * 32 + lane; q < kc / 8; q += per_row * 32) acc = dot8(w4[q], x4[q], acc);
+      } else {  // E4M3: 16 codes per pack against two packs of x; the row's scale comes in the epilogue
+        for (int q = sub * 32 + lane; q < kc / 16; q += per_row * 32) acc = dot16_e4m3(w4[q], x4[2 * q], x4[2 * q + 1], acc);
+      }
       acc = warp_sum(acc);
       if (lane == 0) red[r * per_row + sub] = acc;
     }
@@ -187,6 +193,11 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
         slice_acc[1] = total[1];
       } else {
         const int64_t o = static_cast<int64_t>(c.row0) + t;
+        // E4M3: each row's scale multiplies its finished sum once, in fp32, before the roundings (gemv.h).
+        if (op.scale) {
+          total[0] *= __ldg(op.scale + o);
+          if (halves == 2) total[1] *= __ldg(op.scale + op.outputs + o);
+        }
         // The epilogues: gemv.h's "Rounding", element by element.
         switch (kind) {
           case Op::Qkv:
