@@ -130,6 +130,13 @@ TEST(FastPath14, TheFamiliesExtrasAreDeclinedByName) {
   const std::string plain = describe_fast_path({}, Device::CUDA, &llama.config);
   EXPECT_TRUE(contains(plain, "fused GEMV decode") && !contains(plain, "composed")) << plain;
   EXPECT_EQ(describe_fast_path({}, Device::CUDA), plain) << "without a config: the options alone";
+  // The megakernel (section 14): on by default, named; off by --no-megakernel; declined by name for Qwen2.
+  EXPECT_TRUE(contains(plain, ", megakernel for batch-1 decode")) << plain;
+  EXPECT_TRUE(contains(describe_fast_path(fast_path_options(true, true, true, true, true), Device::CUDA, &llama.config),
+                       ", no megakernel (--no-megakernel)"));
+  const ModelDir qwen2 = ModelDir::open(testing::family_model_dir("qwen2"));
+  EXPECT_TRUE(contains(describe_fast_path({}, Device::CUDA, &qwen2.config),
+                       ", no megakernel (it does not take this model's q/k/v biases)"));
 }
 
 // What FastPath14Gpu.QwenFamiliesTakeTheFusedPath can tell: it holds the fused path's teacher-forced logits within

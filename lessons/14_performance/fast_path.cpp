@@ -87,7 +87,12 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
   s += !o.graphs                 ? ", eager (--enforce-eager)"
        : o.max_graph_batch == 0 ? ", CUDA graphs for every decode batch" + padded
                                 : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
-  if (o.fused && declined.empty() && !o.megakernel) s += ", no megakernel (--no-megakernel)";
+  if (o.fused && declined.empty()) {
+    const std::string mk = config ? megakernel_declines(*config) : "";
+    s += !o.megakernel  ? ", no megakernel (--no-megakernel)"
+         : mk.empty()   ? ", megakernel for batch-1 decode (sm_90+)"
+                        : ", no megakernel (it does not take this model's " + mk + ")";
+  }
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
   if (!o.fast_attention) {
     s += ", lesson 10 decode attention";

@@ -93,6 +93,8 @@ int blocks_per_sm(int64_t smem) {
 
 }  // namespace
 
+std::string megakernel_declines(const ModelConfig& c) { return config_declines(c); }
+
 std::string megakernel_declines(const ModelWeights& w) {
   const std::string config = config_declines(w.config);
   if (!config.empty()) return config;

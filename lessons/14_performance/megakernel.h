@@ -33,6 +33,8 @@ namespace tvllm {
 // "the CPU", "a pre-sm_90 GPU (no bulk copies)", ...). The config's reasons first, then the device's and the
 // weights'.
 std::string megakernel_declines(const ModelWeights& weights);
+// The config's part of it alone (the command line's notice, before any weights are bound).
+std::string megakernel_declines(const ModelConfig& config);
 
 // Builds (once per context and weights) what the megakernel needs on the device: the program, the op table, the
 // grid barrier's counters, the attention partials. Allocates and synchronises: call it when installing, never
