@@ -3,6 +3,7 @@
 #include "megakernel.h"
 
 #include <atomic>
+#include <iterator>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -197,6 +198,9 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   st->signature = weights_signature(w);
   st->geometry = {sms, static_cast<int>(stages), stage_bytes, static_cast<int64_t>(plan.chunks().size()), smem};
   std::lock_guard<std::mutex> lock(g_states_mutex);
+  // A context runs one model: whatever was prepared for this context address before (another model, or a
+  // context since destroyed and rebuilt here) is dropped, so the table grows with live contexts only.
+  for (auto it = g_states.begin(); it != g_states.end();) it = it->first.first == &ctx ? g_states.erase(it) : std::next(it);
   g_states[{&ctx, &w}] = std::move(st);
   return true;
 }
