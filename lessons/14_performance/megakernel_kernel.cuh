@@ -144,7 +144,6 @@ __device__ void copy_into_xs(const bf16* src, int K, bf16* xs) {
 __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_t& n, const bf16* xs, float* red,
                            float* slice_acc, const bf16* residual_base) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const uint32_t first = p.begins[blockIdx.x * (p.phases + 1)];
   const uint32_t begin = p.begins[blockIdx.x * (p.phases + 1) + phase];
   const uint32_t end = p.begins[blockIdx.x * (p.phases + 1) + phase + 1];
   const OpDesc op = p.ops[phase];
@@ -152,7 +151,6 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
   const int halves = kind == Op::GateUp ? 2 : 1;
   for (uint32_t ci = begin; ci < end; ++ci, ++n) {
     const MkChunk c = p.chunks[ci];
-    (void)first;
     const int s = static_cast<int>(n % ring.S);
     mbar_wait(&ring.full[s], (n / ring.S) & 1u, p.error, kErrRingEmpty);
     const char* stage = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
