@@ -38,7 +38,9 @@ void expect_valid(const MegakernelPlan& plan, int max_rows) {
         ASSERT_LE(c.k0 + c.kc, static_cast<uint64_t>(m.K));
         ASSERT_EQ((c.flags & kMkFirstSlice) != 0, c.k0 == 0);
         ASSERT_EQ((c.flags & kMkLastSlice) != 0, c.k0 + c.kc == m.K);
-        if (c.kc != m.K) ASSERT_EQ(c.rows, 1u);
+        if (c.kc != m.K) {
+          ASSERT_EQ(c.rows, 1u);
+        }
         // In order: rows ascending, a row's slices consecutive and ascending.
         if (static_cast<int64_t>(c.row0) == prev_row) {
           ASSERT_EQ(c.k0, prev_k_end);

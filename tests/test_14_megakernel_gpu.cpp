@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "common/random.h"
+#include "engine.h"
+#include "engine_paged.h"
 #include "fast_forward.h"
 #include "fast_path.h"
 #include "generate.h"
@@ -292,6 +294,52 @@ TEST(Megakernel14Gpu, StepsItDoesNotTakeRunTheFusedPath) {
   EXPECT_EQ(megakernel_steps_launched(), before) << "two sequences per step: never the megakernel";
   const auto b = fused.generate(prompts, opt);
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(a[i].ids, b[i].ids) << "the same path, the same ids";
+}
+
+// The Engine at concurrency 1 (`tiny-vllm serve` with one client): decode steps of one sequence take the
+// megakernel over lesson 10's contiguous cache and over lesson 12's paged pool (block-table look-ups). Greedy ids
+// equal the Engine without it, or first differ at a near-tie of the fused path's own logits.
+std::vector<int32_t> engine_ids(Engine& engine, const std::vector<int32_t>& prompt, int64_t n) {
+  std::vector<int32_t> ids;
+  RequestParams params;
+  params.max_tokens = n;
+  params.ignore_eos = true;
+  engine.submit(prompt, params, [&](const EngineEvent& e) {
+    if (e.kind == EngineEvent::Kind::Token) ids.push_back(e.token);
+  });
+  engine.run_until_idle();
+  return ids;
+}
+
+TEST(Megakernel14Gpu, TheEngineAtConcurrencyOneTakesItOnBothKvLayouts) {
+  REQUIRE_MEGAKERNEL(bundled().w);
+  const ReferenceGeneration& g = refs().gens.sequences.front();
+  const EngineLimits lim = Generator::limits_for(bundled().w.config, 256, 1, 256);
+  Generator probe(bundled().w, lim);  // the fused path's margins, for a near-tie
+  use_fast_path(probe, fused_only());
+  for (const bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "contiguous");
+    Engine mega(bundled().w, testing::engine_config(64, 4, 512), paged ? paged_kv() : contiguous_kv());
+    Engine fused(bundled().w, testing::engine_config(64, 4, 512), paged ? paged_kv() : contiguous_kv());
+    use_fast_path(mega);
+    use_fast_path(fused, fused_only());
+    ASSERT_EQ(mega.context().forward_fn(), &megakernel_forward);
+    const int64_t before = megakernel_steps_launched();
+    const std::vector<int32_t> a = engine_ids(mega, g.prompt_ids, 40);
+    EXPECT_GT(megakernel_steps_launched(), before) << "the megakernel must run (captured at least once)";
+    const std::vector<int32_t> b = engine_ids(fused, g.prompt_ids, 40);
+    ASSERT_EQ(a.size(), 40u);
+    ASSERT_EQ(b.size(), 40u);
+    const auto diverge = std::mismatch(a.begin(), a.end(), b.begin());
+    if (diverge.first == a.end()) continue;
+    const auto i = static_cast<int64_t>(diverge.first - a.begin());
+    const Tensor logits = probe.forced_logits(g.prompt_ids, b);
+    std::vector<float> row(static_cast<size_t>(bundled().w.config.vocab_size));
+    const float* p = logits.view().rows(i, 1).ptr<const float>();
+    row.assign(p, p + row.size());
+    std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
+    EXPECT_LE(row[0] - row[1], 2 * refs().eps(g)) << "the ids differ first at step " << i << ", a clear margin";
+  }
 }
 
 }  // namespace

@@ -22,12 +22,12 @@ namespace {
 // invariance); returns the kernel decode steps will use, whose split policy the launchers pin.
 void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max_rows, const FastPathOptions& o,
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler,
-             const std::function<DecodeAttention()>& use_fast_attention, bool contiguous_kv) {
+             const std::function<DecodeAttention()>& use_fast_attention) {
   if (w.device != Device::CUDA) return;
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
-  // The megakernel reads lesson 10's contiguous cache (the Generator's); the Engine's paged one is not yet read.
-  if (o.fused && o.megakernel && contiguous_kv && fast_forward_supported(w) && megakernel_prepare(ctx, w))
+  // Batch-1 decode steps as one kernel (megakernel.h); it reads lesson 10's contiguous cache and lesson 12's pool.
+  if (o.fused && o.megakernel && fast_forward_supported(w) && megakernel_prepare(ctx, w))
     ctx.set_forward(megakernel_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
   DecodeAttention decode = DecodeAttention::Split;
@@ -116,8 +116,7 @@ void use_fast_path(Generator& gen, const FastPathOptions& o) {
         if (gen.attention().decode_kind() != DecodeAttention::Flash)
           gen.attention().set_decode_attention(DecodeAttention::Fast);
         return gen.attention().decode_kind();
-      },
-      true);
+      });
 }
 
 void use_fast_path(Engine& engine, const FastPathOptions& o) {
@@ -129,8 +128,7 @@ void use_fast_path(Engine& engine, const FastPathOptions& o) {
         if (engine.config().batch_invariant) return DecodeAttention::Flash;  // the engine chose Flash: keep it
         engine.kv().set_decode_attention(DecodeAttention::Fast);
         return DecodeAttention::Fast;
-      },
-      false);
+      });
 }
 
 std::vector<int64_t> warm_up_prefills(const Engine& engine) {

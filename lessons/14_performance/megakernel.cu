@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cached_attention.h"
+#include "paged_attention.h"
 #include "common/buffer.h"
 #include "common/device.h"
 #include "common/errors.h"
@@ -218,21 +219,32 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
     return pdl_supported() ? fast_forward_pdl(ctx, w, step, backend) : fast_forward(ctx, w, step, backend);
   };
   MkState* st = find_state(ctx, w);
+  // Lesson 10's contiguous cache (the Generator's; the Engine's ContiguousKv) or lesson 12's paged pool.
   auto* cached = dynamic_cast<CachedAttention*>(&backend);
-  if (!st || !cached || ctx.device() != Device::CUDA || step.num_tokens() != 1 || step.num_sequences() != 1 ||
-      step.num_logits_rows() != 1 || step.host_logits_rows()[0] != 0 || ctx.matmul_kernel() != kDefaultMatmulKernel ||
-      cached->decode_kind() == DecodeAttention::Flash || cached->slots().size() != 1)
+  auto* paged = dynamic_cast<PagedAttention*>(&backend);
+  if (!st || (!cached && !paged) || ctx.device() != Device::CUDA || step.num_tokens() != 1 ||
+      step.num_sequences() != 1 || step.num_logits_rows() != 1 || step.host_logits_rows()[0] != 0 ||
+      ctx.matmul_kernel() != kDefaultMatmulKernel)
+    return fallback();
+  // Batch invariance attends with the flash kernel on purpose (lesson 11): not the megakernel's splits.
+  if (cached ? cached->decode_kind() == DecodeAttention::Flash || cached->slots().size() != 1
+             : paged->decode_kind() == DecodeAttention::Flash || paged->tables().num_sequences() != 1 ||
+                   paged->tables().num_tokens() != 1)
     return fallback();
   check_forward_args(ctx, w, step);
   const ModelConfig& c = w.config;
-  const KvCache& cache = cached->cache();
   Workspace& ws = ctx.workspace();
   const int32_t pos = step.host_positions()[0];
-  TVLLM_REQUIRE(pos >= 0 && pos < cache.max_context() && pos < ws.rope.max_positions(),
+  const int64_t capacity =
+      cached ? cached->cache().max_context() : paged->tables().table_len(0) * paged->tables().block_size();
+  TVLLM_REQUIRE(pos >= 0 && pos < capacity && pos < ws.rope.max_positions(),
                 "megakernel: position " + std::to_string(pos) + " is past the KV cache or the RoPE table");
-  const TensorView k0 = cache.k(0);
+  // Both keep every layer's k then v in one allocation: layer l's k at 2l layer sizes, its v one after.
+  const TensorView k0 = cached ? cached->cache().k(0) : paged->pool().k(0);
+  const TensorView v0 = cached ? cached->cache().v(0) : paged->pool().v(0);
+  const auto k_of = [&](int layer) { return cached ? cached->cache().k(layer) : paged->pool().k(layer); };
   const int64_t layer_stride =
-      c.num_hidden_layers > 1 ? (static_cast<char*>(cache.k(1).data) - static_cast<char*>(k0.data)) / 2 : 0;
+      c.num_hidden_layers > 1 ? (static_cast<char*>(k_of(1).data) - static_cast<char*>(k0.data)) / 2 : 0;
 
   mk::Params p{};
   p.chunks = st->chunks.as<MkChunk>();
@@ -258,11 +270,14 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
   p.max_splits = st->max_splits;
   p.token = static_cast<const int32_t*>(step.token_ids().data);
   p.position = static_cast<const int32_t*>(step.positions().data);
-  p.slot = cached->slots().device_slots();
+  p.slot = cached ? cached->slots().device_slots() : nullptr;
+  p.block_table = paged ? paged->tables().device_block_tables() : nullptr;
+  p.new_row = paged ? paged->tables().device_slot_mapping() : nullptr;
+  p.block_size = paged ? static_cast<int>(paged->tables().block_size()) : 0;
   p.cache_k = static_cast<mk::bf16*>(k0.data);
   p.layer_stride = layer_stride;
-  p.v_offset = (static_cast<char*>(cache.v(0).data) - static_cast<char*>(k0.data)) / 2;
-  p.max_context = static_cast<int>(cache.max_context());
+  p.v_offset = (static_cast<char*>(v0.data) - static_cast<char*>(k0.data)) / 2;
+  p.max_context = cached ? static_cast<int>(cached->cache().max_context()) : 0;
   p.rope_cos = static_cast<const float*>(ws.rope.cos(Device::CUDA).data);
   p.rope_sin = static_cast<const float*>(ws.rope.sin(Device::CUDA).data);
   p.rope_positions = static_cast<int>(ws.rope.max_positions());

@@ -17,8 +17,8 @@
 // What it takes (megakernel_declines says what it does not): a CUDA sm_90+ device, BF16 weights packed like the
 // fused path's (wqkv, w_gate_up) or FP8-resident ones (lesson 16: E4M3 codes + a F32 scale per row, every K a
 // multiple of 16), no biases, no q/k norm, no sliding window, head_dim 64 or 128, at most 8 query heads per kv
-// head, lesson 10's contiguous KV cache (CachedAttention), and a step of ONE token of ONE sequence whose logits
-// row is that token. Everything else runs fast_forward_pdl, the fused path.
+// head, lesson 10's contiguous KV cache (CachedAttention) or lesson 12's paged pool (PagedAttention), and a step
+// of ONE token of ONE sequence whose logits row is that token. Everything else runs fast_forward_pdl.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +41,8 @@ std::string megakernel_declines(const ModelConfig& config);
 // during a graph capture (use_fast_path does). Returns false (and prepares nothing) when megakernel_declines.
 bool megakernel_prepare(ExecContext& ctx, const ModelWeights& weights);
 
-// ForwardFn: the megakernel for a step it takes (prepared, one token, one sequence, CachedAttention, the logits
+// ForwardFn: the megakernel for a step it takes (prepared, one token, one sequence, CachedAttention or
+// PagedAttention (not in batch-invariant Flash mode), the logits
 // row is the token, the default matmul kernel), fast_forward_pdl (fast_forward where PDL is not available) for
 // every other step. Same contract as forward(): queued on ctx.stream(), no allocation, no synchronisation.
 TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,

@@ -54,8 +54,15 @@ struct Params {
   int max_splits;
   const int32_t* token;     // [1] device: the step's token
   const int32_t* position;  // [1] device: its position (the context is position + 1 keys)
-  const int32_t* slot;      // [1] device: the sequence's cache slot
-  bf16* cache_k;            // layer 0's k [slots, max_context, kv_dim]; v at + v_offset; layer l at + l * layer_stride
+  // Where position j's k and v rows are (row r: r * kv_dim elements into a layer's k or v):
+  //   contiguous (lesson 10)  r = slot * max_context + j
+  //   paged (lesson 12)       r = block_table[j / block_size] * block_size + j % block_size; the new token's row
+  //                           is new_row[0] (the step's slot mapping; < 0: a padding row, written nowhere)
+  const int32_t* slot;         // [1] device: the sequence's cache slot (contiguous)
+  const int32_t* block_table;  // device: sequence 0's block table (paged), nullptr for the contiguous cache
+  const int32_t* new_row;      // [1] device: the new token's row (paged)
+  int block_size;
+  bf16* cache_k;            // layer 0's k [rows, kv_dim]; v at + v_offset; layer l at + l * layer_stride
   int64_t layer_stride, v_offset;
   int max_context;
   const float* rope_cos;    // [rope_positions, head_dim / 2]
@@ -261,14 +268,20 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   }
   for (int d = t; d < D; d += kConsumers) vn[d] = __bfloat162float(__ldcg(p.qkv + p.q_dim + p.kv_dim + g * D + d));
   consumers_sync();
-  const int64_t row0 = static_cast<int64_t>(__ldg(p.slot)) * p.max_context;
+  const bool paged = p.block_table != nullptr;
+  const int64_t row0 = paged ? 0 : static_cast<int64_t>(__ldg(p.slot)) * p.max_context;
+  const auto row_of = [&](int j) -> int64_t {
+    return paged ? static_cast<int64_t>(__ldg(p.block_table + j / p.block_size)) * p.block_size + j % p.block_size
+                 : row0 + j;
+  };
   bf16* kl = p.cache_k + layer * p.layer_stride;
   bf16* vl = kl + p.v_offset;
   // The new token's k and v into the cache, for the steps after this one (this step reads them from kn, vn).
-  if (pos >= j0 && pos < j1)
+  const int64_t new_row = paged ? static_cast<int64_t>(__ldg(p.new_row)) : row0 + pos;
+  if (pos >= j0 && pos < j1 && new_row >= 0)
     for (int d = t; d < D; d += kConsumers) {
-      kl[(row0 + pos) * p.kv_dim + g * D + d] = __float2bfloat16_rn(kn[d]);
-      vl[(row0 + pos) * p.kv_dim + g * D + d] = __float2bfloat16_rn(vn[d]);
+      kl[new_row * p.kv_dim + g * D + d] = __float2bfloat16_rn(kn[d]);
+      vl[new_row * p.kv_dim + g * D + d] = __float2bfloat16_rn(vn[d]);
     }
 
   float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][E];
@@ -285,7 +298,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
 #pragma unroll
     for (int i = 0; i < kMaxGroup; ++i) sc[i] = 0.f;
     if (j < j1) {
-      const uint4* krow = reinterpret_cast<const uint4*>(kl + (row0 + j) * p.kv_dim + g * D);
+      const uint4* krow = reinterpret_cast<const uint4*>(kl + row_of(j) * p.kv_dim + g * D);
       for (int q = 0; q < D / 8; ++q) {
         float kf[8];
         if (j == pos) {
@@ -322,7 +335,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
 #pragma unroll
         for (int e = 0; e < E; ++e) vf[e] = vn[lane * E + e];
       } else {
-        const bf16* vrow = vl + (row0 + ju) * p.kv_dim + g * D + lane * E;
+        const bf16* vrow = vl + row_of(ju) * p.kv_dim + g * D + lane * E;
 #pragma unroll
         for (int e = 0; e < E; ++e) vf[e] = __bfloat162float(vrow[e]);
       }
