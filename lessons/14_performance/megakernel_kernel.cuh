@@ -91,13 +91,16 @@ struct Ring {
 __device__ void produce(const Params& p, const Ring& ring) {
   const uint32_t first = p.begins[blockIdx.x * (p.phases + 1)];
   const uint32_t last = p.begins[blockIdx.x * (p.phases + 1) + p.phases];
+  // A descriptor is an L2 round trip (~0.5 us): the next one is loaded while this one's stage is awaited and
+  // issued, and the op (the matrix) is reloaded only when the phase changes.
+  MkChunk c = first < last ? p.chunks[first] : MkChunk{};
+  OpDesc op = p.ops[c.phase];
   for (uint32_t ci = first; ci < last; ++ci) {
+    const MkChunk next = ci + 1 < last ? p.chunks[ci + 1] : c;
     const uint32_t n = ci - first;
     const int s = static_cast<int>(n % ring.S);
     const uint32_t use = n / ring.S;
     mbar_wait(&ring.empty[s], (use & 1u) ^ 1u, p.error, kErrRingFull);
-    const MkChunk c = p.chunks[ci];
-    const OpDesc op = p.ops[c.phase];
     const uint32_t half_bytes = c.rows * c.kc * op.elem_bytes;
     const bool paired = op.kind == static_cast<uint32_t>(Op::GateUp);
     const char* w = static_cast<const char*>(op.w);
@@ -107,6 +110,8 @@ __device__ void produce(const Params& p, const Ring& ring) {
     if (paired)
       bulk_copy(dst + half_bytes, w + ((static_cast<int64_t>(c.row0) + op.outputs) * op.K + c.k0) * op.elem_bytes,
                 half_bytes, &ring.full[s]);
+    if (next.phase != c.phase) op = p.ops[next.phase];
+    c = next;
   }
 }
 
@@ -156,8 +161,9 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
   const OpDesc op = p.ops[phase];
   const Op kind = static_cast<Op>(op.kind);
   const int halves = kind == Op::GateUp ? 2 : 1;
+  MkChunk c = begin < end ? p.chunks[begin] : MkChunk{};
   for (uint32_t ci = begin; ci < end; ++ci, ++n) {
-    const MkChunk c = p.chunks[ci];
+    const MkChunk next = ci + 1 < end ? p.chunks[ci + 1] : c;  // loaded while this chunk is computed
     const int s = static_cast<int>(n % ring.S);
     mbar_wait(&ring.full[s], (n / ring.S) & 1u, p.error, kErrRingEmpty);
     const char* stage = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
@@ -225,6 +231,7 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
       }
     }
     consumers_sync();  // red and slice_acc free for the next chunk
+    c = next;
   }
 }
 
