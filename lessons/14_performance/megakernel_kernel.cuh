@@ -252,6 +252,19 @@ __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, fl
   bo = round_bf16(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
 }
 
+// E consecutive bf16 of a value row (4 or 8 bytes, aligned: a lane's E dims) as floats.
+template <int E>
+__device__ __forceinline__ void load_values(const bf16* src, float* out) {
+  if constexpr (E == 2) {
+    const uint32_t w = __ldg(reinterpret_cast<const unsigned int*>(src));
+    out[0] = __uint_as_float(w << 16), out[1] = __uint_as_float(w & 0xffff0000u);
+  } else {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(src));
+    out[0] = __uint_as_float(w.x << 16), out[1] = __uint_as_float(w.x & 0xffff0000u);
+    out[2] = __uint_as_float(w.y << 16), out[3] = __uint_as_float(w.y & 0xffff0000u);
+  }
+}
+
 template <int D>
 __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1, int sp, int pos, float* att) {
   constexpr int E = D / 32;  // value dims per lane
@@ -304,21 +317,31 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     float sc[kMaxGroup];
 #pragma unroll
     for (int i = 0; i < kMaxGroup; ++i) sc[i] = 0.f;
-    if (j < j1) {
+    // The lane's key: its D/8 packs loaded 8 at a time before any is used (bytes in flight, not one round trip
+    // per pack); the new token's key comes from shared memory.
+    const auto add_pack = [&](int q, const float* kf) {
+#pragma unroll
+      for (int i = 0; i < kMaxGroup; ++i)
+        if (i < G)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sc[i] = fmaf(qs[i * D + q * 8 + e], kf[e], sc[i]);
+    };
+    if (j < j1 && j == pos) {
+#pragma unroll
+      for (int q = 0; q < D / 8; ++q) add_pack(q, kn + q * 8);
+    } else if (j < j1) {
       const uint4* krow = reinterpret_cast<const uint4*>(kl + row_of(j) * p.kv_dim + g * D);
-      for (int q = 0; q < D / 8; ++q) {
-        float kf[8];
-        if (j == pos) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) kf[e] = kn[q * 8 + e];
-        } else {
-          unpack8(__ldg(krow + q), kf);
+      for (int q0 = 0; q0 < D / 8; q0 += 8) {
+        uint4 kp[8];
+#pragma unroll
+        for (int b = 0; b < 8; ++b) kp[b] = __ldg(krow + q0 + b);
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          float kf[8];
+          unpack8(kp[b], kf);
+          add_pack(q0 + b, kf);
         }
-#pragma unroll
-        for (int i = 0; i < kMaxGroup; ++i)
-          if (i < G)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sc[i] = fmaf(qs[i * D + q * 8 + e], kf[e], sc[i]);
       }
     }
     float pr[kMaxGroup];
@@ -334,24 +357,32 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
       for (int e = 0; e < E; ++e) o[i][e] *= alpha;
       m[i] = mnew;
     }
+    // Values: lane-per-dimension (E dims each), the round's keys U at a time with all U rows' loads issued
+    // before the first is used; each key's weight p comes from its lane by a shuffle.
+    constexpr int U = E == 2 ? 16 : 8;
     const int keys = min(32, j1 - base);
-    for (int u = 0; u < keys; ++u) {
-      const int ju = base + u;
-      float vf[E];
-      if (ju == pos) {
+    for (int u0 = 0; u0 < keys; u0 += U) {
+      float vf[U][E];
 #pragma unroll
-        for (int e = 0; e < E; ++e) vf[e] = vn[lane * E + e];
-      } else {
-        const bf16* vrow = vl + row_of(ju) * p.kv_dim + g * D + lane * E;
+      for (int b = 0; b < U; ++b) {
+        const int ju = base + u0 + b;
+        if (u0 + b < keys && ju != pos) {
+          load_values<E>(vl + row_of(ju) * p.kv_dim + g * D + lane * E, vf[b]);
+        } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e) vf[e] = __bfloat162float(vrow[e]);
+          for (int e = 0; e < E; ++e) vf[b][e] = u0 + b < keys ? vn[lane * E + e] : 0.f;
+        }
       }
 #pragma unroll
-      for (int i = 0; i < kMaxGroup; ++i) {
-        if (i >= G) continue;
-        const float pu = __shfl_sync(0xffffffffu, pr[i], u);
+      for (int b = 0; b < U; ++b) {
+        if (u0 + b >= keys) continue;  // uniform across the warp: every lane shuffles or none
 #pragma unroll
-        for (int e = 0; e < E; ++e) o[i][e] = fmaf(pu, vf[e], o[i][e]);
+        for (int i = 0; i < kMaxGroup; ++i) {
+          if (i >= G) continue;
+          const float pu = __shfl_sync(0xffffffffu, pr[i], u0 + b);
+#pragma unroll
+          for (int e = 0; e < E; ++e) o[i][e] = fmaf(pu, vf[b][e], o[i][e]);
+        }
       }
     }
   }
