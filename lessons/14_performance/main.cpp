@@ -235,6 +235,16 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
   use_fast_path(no_pdl, plain_launches);
   use_fast_path(pdl, fused_pdl);
   const bool mega = fast.context().forward_fn() == &megakernel_forward;
+  if (mega) {
+    const MegakernelGeometry g = megakernel_geometry(fast.context(), w);
+    std::printf("megakernel: %d blocks (one per SM), %d stages of %lld KiB, %lld chunks per step, %lld KiB of shared "
+                "memory per block\n",
+                g.blocks, g.stages, (long long)(g.stage_bytes / 1024), (long long)g.chunks,
+                (long long)(g.smem_bytes / 1024));
+  } else {
+    std::printf("megakernel: not taken (%s)\n", megakernel_declines(w).empty() ? "--no-megakernel or no sm_90"
+                                                                            : megakernel_declines(w).c_str());
+  }
   std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA, &c).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
