@@ -6,6 +6,10 @@
 // not the same bits: each is within eps of the exact logits (lesson 08's bound: eps = max(0.2 rms(logits),
 // 1.5 x Hugging Face's own bf16 error)), so they are within 2 eps of each other, and their argmaxes agree wherever
 // the margin exceeds 2 eps: the rule of FastPath14Gpu.TeacherForcedLogitsMatchTheComposedForward.
+// On top, a relative L2 bound of 0.1 over all logits: the max bound (2 x 0.2 rms) allows 0.4, but the typical
+// logit moves far less than the worst one (lesson 08's emulation: the max error is 0.10-0.15 rms against the
+// exact logits, the rms error a fraction of it), so two bf16 paths sit well under 0.1; a phase computed wrong
+// (a stale h, a missed row, the wrong kv head) moves every logit and lands near 1.
 // Every test also checks that the megakernel actually ran (megakernel_steps_launched), not the fallback.
 #include <gtest/gtest.h>
 
@@ -121,7 +125,6 @@ TEST(Megakernel14Gpu, TeacherForcedLogitsMatchTheFusedPath) {
     std::printf("    %s: %s, relative L2 %.2e\n", g.name.c_str(), t.summary().c_str(), relative_l2(a.view(), b.view()));
     EXPECT_TRUE(t.pass()) << g.name << ": " << t.summary();
     EXPECT_LE(t.max_abs_error, 2 * e) << g.name << ": " << t.summary();
-    // A working kernel agrees far better than the bound; a broken phase (a wrong row, a stale h) is ~1.
     EXPECT_LT(relative_l2(a.view(), b.view()), 0.1) << g.name;
   }
 }
