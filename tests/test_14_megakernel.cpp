@@ -136,7 +136,8 @@ TEST(Megakernel14, DeclinesModelsByNameAndTheCpu) {
   };
   EXPECT_EQ(declines([](ModelConfig&) {}), "the CPU");
   EXPECT_EQ(declines([](ModelConfig& c) { c.head_dim = 96; }), "head_dim 96");
-  EXPECT_EQ(declines([](ModelConfig& c) { c.qkv_bias = true; }), "q/k/v biases");
+  // Qwen2's q/k/v biases are taken (added to the bf16 qkv product): only the device declines here.
+  EXPECT_EQ(declines([](ModelConfig& c) { c.qkv_bias = true; }), "the CPU");
   EXPECT_EQ(declines([](ModelConfig& c) { c.qk_norm = true; }), "a q/k norm");
   EXPECT_EQ(declines([](ModelConfig& c) { c.sliding_window = 4096; }), "a sliding window");
   EXPECT_EQ(declines([](ModelConfig& c) { c.o_bias = true; }), "o_proj bias");

@@ -46,7 +46,7 @@ std::vector<const void*> weights_signature(const ModelWeights& w) {
   for (const LayerWeights& L : w.layers)
     for (const void* ptr : {L.wqkv.data, L.wo.data, L.w_gate_up.data, L.w_down.data, L.input_norm.data,
                             L.post_norm.data, L.wqkv_scale.data, L.wo_scale.data, L.w_gate_up_scale.data,
-                            L.w_down_scale.data})
+                            L.w_down_scale.data, L.bqkv.data})
       s.push_back(ptr);
   return s;
 }
@@ -66,7 +66,6 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 std::string config_declines(const ModelConfig& c) {
   if (!fast_forward_declines(c).empty()) return fast_forward_declines(c);
-  if (c.qkv_bias) return "q/k/v biases";
   if (c.qk_norm) return "a q/k norm";
   if (c.sliding_window > 0) return "a sliding window";
   if (c.head_dim != 64 && c.head_dim != 128) return "head_dim " + std::to_string(c.head_dim);
@@ -108,6 +107,7 @@ std::string megakernel_declines(const ModelWeights& w) {
   for (const LayerWeights& L : w.layers)
     for (const TensorView* m : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) {
       if (m->dtype != want) return w.fp8_resident ? "FP8-resident weights mixed with others" : "non-BF16 weights";
+      if (L.bqkv.data && L.bqkv.dtype != DType::BF16) return "non-BF16 q/k/v biases";
       if (w.fp8_resident && m->shape[1] % 16 != 0)
         return "FP8-resident rows of " + std::to_string(m->shape[1]) + " codes (not whole 16-byte packs)";
     }
@@ -164,16 +164,17 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   std::vector<MkMatrix> matrices;
   std::vector<mk::OpDesc> ops;
   std::vector<mk::LayerNorms> norms;
-  const auto add = [&](const TensorView& wt, const TensorView& scale, bool paired, mk::Op kind) {
+  const auto add = [&](const TensorView& wt, const TensorView& scale, bool paired, mk::Op kind,
+                       const TensorView& bias = {}) {
     const int64_t outputs = paired ? wt.shape[0] / 2 : wt.shape[0];
     const int64_t eb = wt.dtype == DType::F8_E4M3 ? 1 : 2;
     matrices.push_back({outputs, wt.shape[1], eb, paired});
     ops.push_back({wt.data, eb == 1 ? static_cast<const float*>(scale.data) : nullptr,
-                   static_cast<uint32_t>(wt.shape[1]), static_cast<uint32_t>(outputs), static_cast<uint32_t>(kind),
+                   static_cast<const mk::bf16*>(bias.data), static_cast<uint32_t>(wt.shape[1]), static_cast<uint32_t>(outputs), static_cast<uint32_t>(kind),
                    static_cast<uint32_t>(eb)});
   };
   for (const LayerWeights& L : w.layers) {
-    add(L.wqkv, L.wqkv_scale, false, mk::Op::Qkv);
+    add(L.wqkv, L.wqkv_scale, false, mk::Op::Qkv, L.bqkv);
     add(L.wo, L.wo_scale, false, mk::Op::O);
     add(L.w_gate_up, L.w_gate_up_scale, true, mk::Op::GateUp);
     add(L.w_down, L.w_down_scale, false, mk::Op::Down);

@@ -26,6 +26,7 @@ enum class Op : uint32_t { Qkv = 0, O = 1, GateUp = 2, Down = 3, LmHead = 4 };
 struct OpDesc {
   const void* w;       // [rows, K]: for GateUp [2 * outputs, K] (gate rows, then up rows). BF16 or E4M3 codes
   const float* scale;  // E4M3: F32 [rows], one per weight row (lesson 16); nullptr for BF16
+  const bf16* bias;    // Qkv of Qwen2: bq | bk | bv, added to the bf16 product (lesson 08's add_bias); else nullptr
   uint32_t K;
   uint32_t outputs;
   uint32_t kind;        // Op
@@ -212,7 +213,9 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
         // The epilogues: gemv.h's "Rounding", element by element.
         switch (kind) {
           case Op::Qkv:
-            p.qkv[o] = __float2bfloat16_rn(total[0]);
+            // Qwen2: the bias on the bf16 product, rounded again (add_bias after the projection).
+            p.qkv[o] = op.bias ? __float2bfloat16_rn(round_bf16(total[0]) + __bfloat162float(op.bias[o]))
+                               : __float2bfloat16_rn(total[0]);
             break;
           case Op::O:
           case Op::Down:
