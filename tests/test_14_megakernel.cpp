@@ -138,7 +138,7 @@ TEST(Megakernel14, DeclinesModelsByNameAndTheCpu) {
   EXPECT_EQ(declines([](ModelConfig& c) { c.head_dim = 96; }), "head_dim 96");
   // Qwen2's q/k/v biases are taken (added to the bf16 qkv product): only the device declines here.
   EXPECT_EQ(declines([](ModelConfig& c) { c.qkv_bias = true; }), "the CPU");
-  EXPECT_EQ(declines([](ModelConfig& c) { c.qk_norm = true; }), "a q/k norm");
+  EXPECT_EQ(declines([](ModelConfig& c) { c.qk_norm = true; }), "the CPU");  // Qwen3's q/k norm is taken too
   EXPECT_EQ(declines([](ModelConfig& c) { c.sliding_window = 4096; }), "a sliding window");
   EXPECT_EQ(declines([](ModelConfig& c) { c.o_bias = true; }), "o_proj bias");
   // 16 query heads per kv head: more than the attention phase's 8.

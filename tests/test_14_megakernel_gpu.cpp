@@ -165,17 +165,19 @@ TEST(Megakernel14Gpu, GreedyIdsEqualTheFusedPathExceptAtNearTies) {
 }
 
 // (c) Random models of other shapes (head_dim 128 with GQA 2; head_dim 64 without GQA; hidden and intermediate
-// not multiples of 64 / 128, odd vocabularies; a Qwen2 with q/k/v biases), against lesson 08's composed forward
-// on the same GPU.
-// qwen2: the same model as Qwen2 (model_type qwen2: q/k/v biases, random too), the family the megakernel takes
-// with its one extra (the bias on the bf16 qkv product, lesson 08's add_bias rounding).
+// not multiples of 64 / 128, odd vocabularies; a Qwen2 with q/k/v biases, a Qwen3 with its q/k norm), against
+// lesson 08's composed forward on the same GPU.
+// family "qwen2": the same model as Qwen2 (q/k/v biases, random too); "qwen3": as Qwen3 (a q/k norm per head,
+// weights near 1). The families' extras the megakernel computes: the bias on the bf16 qkv product (lesson 08's
+// add_bias), the per-head norm before RoPE (head_rmsnorm).
 void write_random_llama(const testing::SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed,
-                        bool qwen2 = false) {
+                        const std::string& family = "llama") {
   std::filesystem::create_directories(dir);
   std::string config = s.config_json();
-  if (qwen2) {
-    config.replace(config.find("LlamaForCausalLM"), 16, "Qwen2ForCausalLM");
-    config.replace(config.find("\"llama\""), 7, "\"qwen2\"");
+  const bool qwen2 = family == "qwen2", qwen3 = family == "qwen3";
+  if (qwen2 || qwen3) {
+    config.replace(config.find("LlamaForCausalLM"), 16, qwen2 ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM");
+    config.replace(config.find("\"llama\""), 7, qwen2 ? "\"qwen2\"" : "\"qwen3\"");
   }
   testing::write_file(dir / "config.json", config);
   testing::SafetensorsBuilder b;
@@ -186,6 +188,12 @@ void write_random_llama(const testing::SyntheticLlama& s, const std::filesystem:
       tensors.push_back({prefix + "q_proj.bias", {s.heads * s.head_dim}});
       tensors.push_back({prefix + "k_proj.bias", {s.kv_heads * s.head_dim}});
       tensors.push_back({prefix + "v_proj.bias", {s.kv_heads * s.head_dim}});
+    }
+  if (qwen3)
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const std::string prefix = "model.layers." + std::to_string(l) + ".self_attn.";
+      tensors.push_back({prefix + "q_norm.weight", {s.head_dim}});
+      tensors.push_back({prefix + "k_norm.weight", {s.head_dim}});
     }
   for (const auto& [name, shape] : tensors) {
     std::vector<float> v = random_normal(static_cast<size_t>(shape_numel(shape)), seed++, 0.05f);
@@ -200,20 +208,21 @@ TEST(Megakernel14Gpu, RandomModelsOfOtherShapesMatchTheComposedForward) {
   TVLLM_REQUIRE_GPU();
   struct Shape {
     int64_t hidden, heads, kv_heads, head_dim, intermediate, vocab;
-    bool qwen2;
+    const char* family;
   };
-  for (const Shape& sh : {Shape{320, 4, 2, 128, 904, 1001, false}, Shape{264, 3, 3, 64, 712, 999, false},
-                          Shape{256, 4, 2, 64, 520, 777, true}}) {
-    SCOPED_TRACE("head_dim " + std::to_string(sh.head_dim) + (sh.qwen2 ? ", qwen2" : ""));
+  for (const Shape& sh : {Shape{320, 4, 2, 128, 904, 1001, "llama"}, Shape{264, 3, 3, 64, 712, 999, "llama"},
+                          Shape{256, 4, 2, 64, 520, 777, "qwen2"}, Shape{192, 2, 1, 128, 392, 513, "qwen3"}}) {
+    SCOPED_TRACE("head_dim " + std::to_string(sh.head_dim) + ", " + sh.family);
     testing::SyntheticLlama s;
     s.dtype = "F32";
     s.tied = false;
     s.hidden = sh.hidden, s.heads = sh.heads, s.kv_heads = sh.kv_heads, s.head_dim = sh.head_dim;
     s.intermediate = sh.intermediate, s.vocab = sh.vocab, s.layers = 2;
     testing::TempDir tmp;
-    write_random_llama(s, tmp.path(), 14 + static_cast<uint64_t>(sh.head_dim), sh.qwen2);
+    write_random_llama(s, tmp.path(), 14 + static_cast<uint64_t>(sh.head_dim), sh.family);
     const ModelDir model = ModelDir::open(tmp.path());
-    ASSERT_EQ(model.config.qkv_bias, sh.qwen2);
+    ASSERT_EQ(model.config.qkv_bias, std::string(sh.family) == "qwen2");
+    ASSERT_EQ(model.config.qk_norm, std::string(sh.family) == "qwen3");
     const ModelWeights w = ModelWeights::bind(model, Device::CUDA);
     REQUIRE_MEGAKERNEL(w);
     const EngineLimits lim = Generator::limits_for(w.config, 64, 1, 64);
@@ -230,8 +239,8 @@ TEST(Megakernel14Gpu, RandomModelsOfOtherShapesMatchTheComposedForward) {
     const Tensor b = composed.forced_logits(prompt, forced);
     const double e = kGpuLogitErrorPerRms * rms(b.view());
     const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * e);
-    std::printf("    head_dim %lld%s: %s, relative L2 %.2e\n", static_cast<long long>(sh.head_dim),
-                sh.qwen2 ? " (qwen2)" : "", t.summary().c_str(), relative_l2(a.view(), b.view()));
+    std::printf("    head_dim %lld (%s): %s, relative L2 %.2e\n", static_cast<long long>(sh.head_dim), sh.family,
+                t.summary().c_str(), relative_l2(a.view(), b.view()));
     EXPECT_TRUE(t.pass()) << t.summary();
     EXPECT_LE(t.max_abs_error, 2 * e) << t.summary();
     EXPECT_LT(relative_l2(a.view(), b.view()), 0.1);

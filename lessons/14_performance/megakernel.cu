@@ -46,7 +46,7 @@ std::vector<const void*> weights_signature(const ModelWeights& w) {
   for (const LayerWeights& L : w.layers)
     for (const void* ptr : {L.wqkv.data, L.wo.data, L.w_gate_up.data, L.w_down.data, L.input_norm.data,
                             L.post_norm.data, L.wqkv_scale.data, L.wo_scale.data, L.w_gate_up_scale.data,
-                            L.w_down_scale.data, L.bqkv.data})
+                            L.w_down_scale.data, L.bqkv.data, L.q_norm.data, L.k_norm.data})
       s.push_back(ptr);
   return s;
 }
@@ -66,7 +66,6 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 std::string config_declines(const ModelConfig& c) {
   if (!fast_forward_declines(c).empty()) return fast_forward_declines(c);
-  if (c.qk_norm) return "a q/k norm";
   if (c.sliding_window > 0) return "a sliding window";
   if (c.head_dim != 64 && c.head_dim != 128) return "head_dim " + std::to_string(c.head_dim);
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
@@ -108,6 +107,8 @@ std::string megakernel_declines(const ModelWeights& w) {
     for (const TensorView* m : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) {
       if (m->dtype != want) return w.fp8_resident ? "FP8-resident weights mixed with others" : "non-BF16 weights";
       if (L.bqkv.data && L.bqkv.dtype != DType::BF16) return "non-BF16 q/k/v biases";
+      if (L.has_qk_norm() && (L.q_norm.dtype != DType::BF16 || L.k_norm.dtype != DType::BF16))
+        return "non-BF16 q/k norm weights";
       if (w.fp8_resident && m->shape[1] % 16 != 0)
         return "FP8-resident rows of " + std::to_string(m->shape[1]) + " codes (not whole 16-byte packs)";
     }
@@ -178,7 +179,8 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
     add(L.wo, L.wo_scale, false, mk::Op::O);
     add(L.w_gate_up, L.w_gate_up_scale, true, mk::Op::GateUp);
     add(L.w_down, L.w_down_scale, false, mk::Op::Down);
-    norms.push_back({static_cast<const mk::bf16*>(L.input_norm.data), static_cast<const mk::bf16*>(L.post_norm.data)});
+    norms.push_back({static_cast<const mk::bf16*>(L.input_norm.data), static_cast<const mk::bf16*>(L.post_norm.data),
+                     static_cast<const mk::bf16*>(L.q_norm.data), static_cast<const mk::bf16*>(L.k_norm.data)});
   }
   add(w.lm_head, {}, false, mk::Op::LmHead);
   const MegakernelPlan plan(matrices, sms, stage_bytes, 128);

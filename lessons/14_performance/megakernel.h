@@ -16,7 +16,7 @@
 //
 // What it takes (megakernel_declines says what it does not): a CUDA sm_90+ device, BF16 weights packed like the
 // fused path's (wqkv, w_gate_up) or FP8-resident ones (lesson 16: E4M3 codes + a F32 scale per row, every K a
-// multiple of 16), no bias but Qwen2's q/k/v ones, no q/k norm, no sliding window, head_dim 64 or 128, at most 8 query heads per kv
+// multiple of 16), no bias but Qwen2's q/k/v ones (Qwen3's q/k norm is in), no sliding window, head_dim 64 or 128, at most 8 query heads per kv
 // head, lesson 10's contiguous KV cache (CachedAttention) or lesson 12's paged pool (PagedAttention), and a step
 // of ONE token of ONE sequence whose logits row is that token. Everything else runs fast_forward_pdl.
 #pragma once

@@ -36,6 +36,8 @@ struct OpDesc {
 struct LayerNorms {
   const bf16* input_norm;
   const bf16* post_norm;
+  const bf16* q_norm;  // Qwen3: [head_dim] each, or nullptr
+  const bf16* k_norm;
 };
 
 struct Params {
@@ -280,16 +282,36 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   const int rpos = min(max(pos, 0), p.rope_positions - 1);
   const float* cosr = p.rope_cos + static_cast<int64_t>(rpos) * half;
   const float* sinr = p.rope_sin + static_cast<int64_t>(rpos) * half;
-  for (int i = t; i < (G + 1) * half; i += kConsumers) {
-    const int hh = i / half, j = i % half;
+  // The group's G query heads and the new key (head G here) into shared memory, then (Qwen3) each head's RMS
+  // norm, then RoPE: lesson 08's order and roundings (head_rmsnorm, apply_rope), each step in place.
+  const auto head = [&](int hh) { return hh < G ? qs + hh * D : kn; };
+  for (int i = t; i < (G + 1) * D; i += kConsumers) {
+    const int hh = i / D, d = i % D;
     const bf16* src = hh < G ? p.qkv + static_cast<int64_t>(g * G + hh) * D : p.qkv + p.q_dim + g * D;
-    float a, b;
-    rope_pair(__bfloat162float(__ldcg(src + j)), __bfloat162float(__ldcg(src + j + half)), cosr[j], sinr[j], a, b);
-    float* dst = hh < G ? qs + hh * D : kn;
-    dst[j] = a;
-    dst[j + half] = b;
+    head(hh)[d] = __bfloat162float(__ldcg(src + d));
   }
   for (int d = t; d < D; d += kConsumers) vn[d] = __bfloat162float(__ldcg(p.qkv + p.q_dim + p.kv_dim + g * D + d));
+  consumers_sync();
+  const LayerNorms& nl = p.norms[layer];
+  if (nl.q_norm) {
+    for (int hh = warp; hh < G + 1; hh += kConsumerWarps) {  // a warp per head
+      float* x = head(hh);
+      const bf16* w = hh < G ? nl.q_norm : nl.k_norm;
+      float ss = 0.f;
+      for (int d = lane; d < D; d += 32) ss += x[d] * x[d];
+      const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
+      for (int d = lane; d < D; d += 32) x[d] = round_bf16(round_bf16(x[d] * inv) * __bfloat162float(w[d]));
+    }
+    consumers_sync();
+  }
+  for (int i = t; i < (G + 1) * half; i += kConsumers) {
+    const int hh = i / half, j = i % half;
+    float* x = head(hh);
+    float a, b;
+    rope_pair(x[j], x[j + half], cosr[j], sinr[j], a, b);
+    x[j] = a;
+    x[j + half] = b;
+  }
   consumers_sync();
   const bool paged = p.block_table != nullptr;
   const int64_t row0 = paged ? 0 : static_cast<int64_t>(__ldg(p.slot)) * p.max_context;
