@@ -29,11 +29,11 @@ namespace {
 
 TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
   const std::vector<LatencyVariant> v = progression_variants();
-  ASSERT_EQ(v.size(), 6u);
+  ASSERT_EQ(v.size(), 7u);
   EXPECT_FALSE(v[0].fast.has_value());  // lesson 10 as it is
   // Each row turns exactly one switch on over the row before it, in the chapter's order.
   const auto on = [](const FastPathOptions& o) {
-    return std::vector<bool>{o.graphs, o.fused, o.fast_sampler, o.pdl, o.fast_attention};
+    return std::vector<bool>{o.graphs, o.fused, o.fast_sampler, o.pdl, o.fast_attention, o.megakernel};
   };
   for (size_t i = 1; i < v.size(); ++i) {
     ASSERT_TRUE(v[i].fast.has_value()) << v[i].name;
@@ -41,7 +41,8 @@ TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
     for (size_t k = 0; k < now.size(); ++k) EXPECT_EQ(now[k], k < i) << v[i].name << ", switch " << k;
   }
   EXPECT_NE(v[4].name.find("programmatic dependent launch"), std::string::npos);
-  EXPECT_NE(v.back().name.find("fast decode attention"), std::string::npos);
+  EXPECT_NE(v[5].name.find("fast decode attention"), std::string::npos);
+  EXPECT_NE(v.back().name.find("megakernel"), std::string::npos);
   // The last row is what the product runs by default.
   const FastPathOptions defaults;
   EXPECT_EQ(on(*v.back().fast), on(defaults));
@@ -129,6 +130,13 @@ TEST(FastPath14, TheFamiliesExtrasAreDeclinedByName) {
   const std::string plain = describe_fast_path({}, Device::CUDA, &llama.config);
   EXPECT_TRUE(contains(plain, "fused GEMV decode") && !contains(plain, "composed")) << plain;
   EXPECT_EQ(describe_fast_path({}, Device::CUDA), plain) << "without a config: the options alone";
+  // The megakernel (section 14): on by default, named; off by --no-megakernel; declined by name for Qwen2.
+  EXPECT_TRUE(contains(plain, ", megakernel for batch-1 decode")) << plain;
+  EXPECT_TRUE(contains(describe_fast_path(fast_path_options(true, true, true, true, true), Device::CUDA, &llama.config),
+                       ", no megakernel (--no-megakernel)"));
+  const ModelDir mistral = ModelDir::open(testing::family_model_dir("mistral"));
+  EXPECT_TRUE(contains(describe_fast_path({}, Device::CUDA, &mistral.config), ", no megakernel (it does not take"))
+      << describe_fast_path({}, Device::CUDA, &mistral.config);
 }
 
 // What FastPath14Gpu.QwenFamiliesTakeTheFusedPath can tell: it holds the fused path's teacher-forced logits within

@@ -115,13 +115,17 @@ TEST(Pdl14Gpu, AvailableOnHopperAndInstalledByTheFastPath) {
     EXPECT_FALSE(pdl_supported()) << "sm_" << props.compute_major << props.compute_minor;
   const EngineLimits limits = Generator::limits_for(bundled().w.config, 256, 1, 256);
   Generator with(bundled().w, limits), without(bundled().w, limits);
-  use_fast_path(with);
+  // PDL is the fused path's: the megakernel (one launch per step) would take these steps otherwise.
+  FastPathOptions fused_only;
+  fused_only.megakernel = false;
+  use_fast_path(with, fused_only);
   FastPathOptions no_pdl;
   no_pdl.pdl = false;
+  no_pdl.megakernel = false;
   use_fast_path(without, no_pdl);
   EXPECT_EQ(with.context().forward_fn(), pdl_supported() ? &fast_forward_pdl : &fast_forward);
   EXPECT_EQ(without.context().forward_fn(), &fast_forward);
-  EXPECT_EQ(fast_path_uses_pdl({}, Device::CUDA), pdl_supported());
+  EXPECT_EQ(fast_path_uses_pdl(fused_only, Device::CUDA), pdl_supported());
   EXPECT_FALSE(fast_path_uses_pdl(no_pdl, Device::CUDA));
 }
 
@@ -202,6 +206,7 @@ TEST(Pdl14Gpu, DecodeLogitsAreTheSameBitsWithAndWithoutPdl) {
       FastPathOptions o;
       o.graphs = graphs;
       o.pdl = pdl;
+      o.megakernel = false;
       use_fast_path(gen, o);
       logits[pdl] = forced_logits_launched(gen, prompt, forced);
       if (graphs) {
@@ -233,9 +238,13 @@ TEST(Pdl14Gpu, GeneratedIdsAreTheSameWithAndWithoutPdl) {
   TVLLM_REQUIRE_GPU();
   const EngineLimits limits = Generator::limits_for(bundled().w.config, 256, 1, 256);
   Generator with(bundled().w, limits), without(bundled().w, limits);
-  use_fast_path(with);
+  // PDL is the fused path's: the megakernel (one launch per step) would take these steps otherwise.
+  FastPathOptions fused_only;
+  fused_only.megakernel = false;
+  use_fast_path(with, fused_only);
   FastPathOptions no_pdl;
   no_pdl.pdl = false;
+  no_pdl.megakernel = false;
   use_fast_path(without, no_pdl);
   for (const SamplingParams& sampling : {SamplingParams{0.0f, 0, 1.0f, 0}, SamplingParams{0.9f, 50, 0.9f, 42}}) {
     GenerateOptions opt;

@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "fast_sampler.h"
 #include "graph_runner.h"
+#include "megakernel.h"
 #include "pdl.h"
 
 namespace tvllm {
@@ -25,6 +26,9 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max
   if (w.device != Device::CUDA) return;
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
+  // Batch-1 decode steps as one kernel (megakernel.h); it reads lesson 10's contiguous cache and lesson 12's pool.
+  if (o.fused && o.megakernel && fast_forward_supported(w) && megakernel_prepare(ctx, w))
+    ctx.set_forward(megakernel_forward);
   const AttentionShape shape = AttentionShape::from_config(w.config);
   DecodeAttention decode = DecodeAttention::Split;
   if (o.fast_attention && fast_decode_attention_pays(shape)) {
@@ -53,13 +57,15 @@ GraphBuckets graph_buckets(const FastPathOptions& o, int64_t max_sequences) {
   return b;
 }
 
-FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention) {
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention,
+                                  bool megakernel) {
   FastPathOptions o;
   o.fused = fused;
   o.graphs = graphs;
   o.fast_sampler = fast_sampler;
   o.pdl = pdl;
   o.fast_attention = fast_attention;
+  o.megakernel = megakernel;
   return o;
 }
 
@@ -81,6 +87,12 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
   s += !o.graphs                 ? ", eager (--enforce-eager)"
        : o.max_graph_batch == 0 ? ", CUDA graphs for every decode batch" + padded
                                 : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
+  if (o.fused && declined.empty()) {
+    const std::string mk = config ? megakernel_declines(*config) : "";
+    s += !o.megakernel  ? ", no megakernel (--no-megakernel)"
+         : mk.empty()   ? ", megakernel for batch-1 decode (sm_90+)"
+                        : ", no megakernel (it does not take this model's " + mk + ")";
+  }
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";
   if (!o.fast_attention) {
     s += ", lesson 10 decode attention";

@@ -11,6 +11,8 @@
 //                enforce_eager (vLLM's --enforce-eager) a PinnedEagerLauncher instead, which launches the same
 //                kernels with the same splits eagerly: the same tokens, only slower
 //   fast_sampler set_sampler(FastSampler): top-k / top-p without a sort, the same ids as lesson 09's
+//   megakernel   with fused: megakernel_forward, the whole batch-1 decode step as one persistent kernel
+//                (megakernel.h), where megakernel_declines() is empty; other steps run the fused path
 //   fast_attention  install_fast_decode_attention() and DecodeAttention::Fast on the attention backend: decode
 //                steps read the KV cache with decode_attention_fast.cuh where it pays (fast_decode_attention_pays:
 //                head_dim <= 64, measured), and never in batch-invariant mode, whose Flash kernel is the point of
@@ -39,10 +41,15 @@ struct FastPathOptions {
   int graph_bucket_step = 16;
   bool pdl = true;             // false: --no-pdl. Only where pdl_supported(); needs fused
   bool fast_attention = true;  // false: --no-fast-attention. Lesson 14's decode attention kernel
+  // false: --no-megakernel. With fused, batch-1 decode steps run the megakernel (megakernel.h) where it takes
+  // the model and the GPU (sm_90+); every other step keeps the fused path.
+  bool megakernel = true;
 };
 
-// The five switches of the fast path as one value (each on or off), for the progression and the tests.
-FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention);
+// The switches of the fast path as one value (each on or off), for the progression and the tests. The megakernel
+// is off unless asked for: the rows before it in the progression measure the fused path alone.
+FastPathOptions fast_path_options(bool fused, bool graphs, bool fast_sampler, bool pdl, bool fast_attention,
+                                  bool megakernel = false);
 
 // Whether `options` launch the fused GEMVs as programmatic dependents on this machine: fused and pdl asked for,
 // a CUDA device, and pdl_supported().

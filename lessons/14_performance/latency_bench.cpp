@@ -34,7 +34,8 @@ std::vector<LatencyVariant> progression_variants() {
           {"+ fused GEMV decode", fast_path_options(true, true, false, false, false)},
           {"+ fast sampler", fast_path_options(true, true, true, false, false)},
           {"+ programmatic dependent launch", fast_path_options(true, true, true, true, false)},
-          {"+ fast decode attention (the default)", fast_path_options(true, true, true, true, true)}};
+          {"+ fast decode attention", fast_path_options(true, true, true, true, true)},
+          {"+ megakernel (the default)", fast_path_options(true, true, true, true, true, true)}};
 }
 
 namespace {

@@ -49,6 +49,7 @@
 #include "generate_check.h"
 #include "kv_cache.h"
 #include "latency_bench.h"
+#include "megakernel.h"
 #include "logits_check.h"
 #include "matmul.h"
 #include "model_dir.h"
@@ -222,14 +223,28 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     longest = std::max<int64_t>(longest, static_cast<int64_t>(g.prompt_ids.size()) + gens.max_new_tokens);
   const int64_t max_context = std::min(c.max_position_embeddings, longest);
   const EngineLimits limits = Generator::limits_for(c, max_context, 1, max_context);
-  Generator readable(w, limits), fast(w, limits), eager(w, limits), no_pdl(w, limits);
-  use_fast_path(fast);
+  Generator readable(w, limits), fast(w, limits), eager(w, limits), no_pdl(w, limits), pdl(w, limits);
+  use_fast_path(fast);  // the default: the megakernel at batch 1 where it runs (section 14)
   FastPathOptions no_graphs;
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
-  FastPathOptions plain_launches;
+  // PDL is the fused path's (section 7): compared with the megakernel off on both sides.
+  FastPathOptions plain_launches, fused_pdl;
   plain_launches.pdl = false;
+  plain_launches.megakernel = fused_pdl.megakernel = false;
   use_fast_path(no_pdl, plain_launches);
+  use_fast_path(pdl, fused_pdl);
+  const bool mega = fast.context().forward_fn() == &megakernel_forward;
+  if (mega) {
+    const MegakernelGeometry g = megakernel_geometry(fast.context(), w);
+    std::printf("megakernel: %d blocks (one per SM), %d stages of %lld KiB, %lld chunks per step, %lld KiB of shared "
+                "memory per block\n",
+                g.blocks, g.stages, (long long)(g.stage_bytes / 1024), (long long)g.chunks,
+                (long long)(g.smem_bytes / 1024));
+  } else {
+    std::printf("megakernel: not taken (%s)\n", megakernel_declines(w).empty() ? "--no-megakernel or no sm_90"
+                                                                            : megakernel_declines(w).c_str());
+  }
   std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA, &c).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
@@ -255,12 +270,19 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
     const ForcedAgreement a = forced_agreement(forced, g.output_ids, e);
     check(g.name + " fast teacher-forced top-1", a.pass(), a.summary());
     // PDL changes when the GEMVs start, not what they compute: the same bits (section 7).
+    const Tensor forced_pdl = pdl.forced_logits(g.prompt_ids, g.output_ids);
     const Tensor forced_plain = no_pdl.forced_logits(g.prompt_ids, g.output_ids);
-    const bool same = forced.view().nbytes() == forced_plain.view().nbytes() &&
-                      std::memcmp(forced.view().data, forced_plain.view().data, forced.view().nbytes()) == 0;
+    const bool same = forced_pdl.view().nbytes() == forced_plain.view().nbytes() &&
+                      std::memcmp(forced_pdl.view().data, forced_plain.view().data, forced_pdl.view().nbytes()) == 0;
     check(g.name + " PDL on == off (logits)", same,
           same ? std::string(fast_path_uses_pdl({}, Device::CUDA) ? "bit for bit" : "bit for bit (no PDL here)")
                : "the logits differ");
+    // The megakernel (section 14) sums in another order than the fused path: within 2e of it, not the same bits.
+    if (mega) {
+      const Top1Agreement m = top1_agreement(forced, forced_pdl, 2 * e);
+      check(g.name + " megakernel == fused (logits)", m.pass() && m.max_abs_error <= 2 * e,
+            m.summary() + " (bound " + fmt("%.4f", 2 * e) + ")");
+    }
     // The readable loop's logits on the same ids: both within e of the exact ones, so within 2e of each other.
     const Tensor base = readable.forced_logits(g.prompt_ids, g.output_ids);
     const Top1Agreement t = top1_agreement(forced, base, 2 * e);

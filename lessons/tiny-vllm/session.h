@@ -55,7 +55,8 @@ std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode);
 void add_fp8_weights_option(CLI::App* cmd, std::string& choice);
 
 struct FastPathFlags {
-  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false;
+  bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
+       no_megakernel = false;
   bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill attention off (sm_90 only)
   bool hopper_gemm = false;          // --hopper-gemm: lesson 15's GEMM for large steps (sm_90; off: no faster)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets

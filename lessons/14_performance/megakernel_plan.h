@@ -1,0 +1,81 @@
+// Lesson 14: the megakernel's program, planned on the host (megakernel.h tells the whole story).
+//
+// The megakernel streams every weight byte of a decode step through a ring of shared-memory stages, one block
+// per SM. Which bytes each block streams, in which order, is decided ONCE on the host and stored as a flat list
+// of chunks per block: the "program". Both halves of a block read the same list: the producer warp issues one
+// bulk copy per chunk (two for gate|up), the consumer warps multiply each chunk with the activation vector.
+//
+//   phase p (one weight matrix, N output rows of K columns)
+//     outputs 0 ..................................................... N-1
+//     block   |  0  |  1  |  2  | ... | G-1 |        contiguous, balanced: block b owns [N*b/G, N*(b+1)/G)
+//     chunks  |c|c|c|                             each chunk: whole rows that fit a stage (at most max_rows),
+//                                                 or, when ONE row is bigger than a stage, a slice of one row's
+//                                                 columns [k0, k0+kc) (the consumer then sums the slices in order)
+//
+// A "paired" matrix is gate|up: output j needs rows j and N + j of a [2N, K] weight (the stage holds the gate
+// rows, then the up rows), so it counts 2 rows per output.
+//
+// Host-only, no CUDA: tested on the CPU (tests/test_14_megakernel.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tvllm {
+
+// One weight phase: N outputs, each K elements of elem_bytes (2: bf16) per row, 1 or 2 (paired) rows.
+struct MkMatrix {
+  int64_t outputs = 0;
+  int64_t K = 0;
+  int64_t elem_bytes = 2;
+  bool paired = false;
+};
+
+// One chunk of a block's program. Plain 32-bit fields: it is copied to the GPU as is (megakernel.cu reads it).
+struct MkChunk {
+  uint32_t phase = 0;  // index into the plan's matrices
+  uint32_t row0 = 0;   // first output of the chunk
+  uint32_t rows = 0;   // outputs in the chunk (>= 1)
+  uint32_t k0 = 0;     // first column (elements)
+  uint32_t kc = 0;     // columns (elements); == K unless a row is split
+  uint32_t flags = 0;  // kMkFirstSlice | kMkLastSlice
+};
+inline constexpr uint32_t kMkFirstSlice = 1;  // k0 == 0: the consumer starts the row's sum
+inline constexpr uint32_t kMkLastSlice = 2;   // k0 + kc == K: the row's sum is complete, run the epilogue
+
+class MegakernelPlan {
+ public:
+  // blocks: one per SM (>= 1). stage_bytes: one ring stage (a multiple of 16, >= 16). max_rows: outputs per chunk
+  // at most (the consumer has one epilogue thread per stage row). InputError for bad arguments: a K that is not
+  // a whole number of 16-byte packs (K * elem_bytes % 16 != 0), a non-positive size.
+  MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows);
+
+  int blocks() const { return blocks_; }
+  int phases() const { return static_cast<int>(matrices_.size()); }
+  int64_t stage_bytes() const { return stage_bytes_; }
+  const std::vector<MkMatrix>& matrices() const { return matrices_; }
+
+  // Every chunk, block after block, each block's chunks in phase order.
+  const std::vector<MkChunk>& chunks() const { return chunks_; }
+  // [blocks * (phases + 1)]: block b's chunks of phase p are chunks()[begin(b, p) .. begin(b, p + 1)).
+  const std::vector<uint32_t>& begins() const { return begins_; }
+  uint32_t begin(int block, int phase) const { return begins_[static_cast<size_t>(block) * (phases() + 1) + phase]; }
+
+  // The outputs of phase p that block b owns: [first, last).
+  static int64_t first_output(int64_t outputs, int blocks, int block) { return outputs * block / blocks; }
+
+  // Bytes a chunk's stage holds (both halves for a paired matrix); always <= stage_bytes, a multiple of 16.
+  int64_t chunk_bytes(const MkChunk& c) const;
+  // Weight bytes block b streams in all (for the balance check and the chapter).
+  int64_t block_bytes(int block) const;
+
+ private:
+  std::vector<MkMatrix> matrices_;
+  int blocks_ = 0;
+  int64_t stage_bytes_ = 0;
+  std::vector<MkChunk> chunks_;
+  std::vector<uint32_t> begins_;
+};
+
+}  // namespace tvllm
