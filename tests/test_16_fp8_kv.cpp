@@ -13,8 +13,10 @@
 #include "common/errors.h"
 #include "common/random.h"
 #include "engine.h"
+#include "engine_bench.h"
 #include "engine_check.h"
 #include "engine_paged.h"
+#include "accuracy.h"
 #include "fp8.h"
 #include "model_dir.h"
 #include "model_weights.h"
@@ -213,6 +215,30 @@ TEST(Fp8Kv16, EngineWithFp8KvEqualsEachRequestAloneAndReturnsEveryBlock) {
   // (the accuracy table of the chapter measures how much).
   std::printf("FP8 KV engine: %d of %zu requests continue differently from bf16 KV\n", differs_from_bf16,
               requests.size());
+}
+
+}  // namespace
+}  // namespace tvllm
+
+namespace tvllm {
+namespace {
+
+TEST(Fp8Kv16, TeacherForcingThroughThePagedPoolEqualsTheGeneratorAndFp8MovesTheLogitsALittle) {
+  // The accuracy table's FP8 KV rows run through PagedAttention (accuracy.h): with a bf16 pool that path must give
+  // the Generator's logits bit for bit, so the FP8 rows differ from the reference by the KV format alone.
+  const ModelDir model = ModelDir::open(testing::tiny_model_dir());
+  TeacherForcing gen(model, Device::CPU, 64), paged(model, Device::CPU, 64, KvCacheDtype::BF16),
+      fp8(model, Device::CPU, 64, KvCacheDtype::FP8);
+  std::vector<int32_t> ids;
+  Rng rng(3);
+  for (int i = 0; i < 40; ++i) ids.push_back(static_cast<int32_t>(rng.below(model.config.vocab_size)));
+  const std::vector<float> a = to_f32_vector(gen.logits(ids)), b = to_f32_vector(paged.logits(ids));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
+  const Tensor c = fp8.logits(ids);
+  const LogitsComparison cmp = compare_logits(c.view(), Tensor::from_f32(a, c.view().shape, DType::F32, Device::CPU).view(), ids);
+  EXPECT_GT(cmp.rms_error, 0.0) << "the FP8 pool changed nothing";
+  EXPECT_LT(cmp.rms_error, 0.25 * cmp.reference_rms);
 }
 
 }  // namespace

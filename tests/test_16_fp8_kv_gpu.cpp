@@ -20,6 +20,7 @@
 #include "common/random.h"
 #include "common/validate.h"
 #include "engine.h"
+#include "engine_bench.h"
 #include "engine_check.h"
 #include "engine_paged.h"
 #include "paged_kv.h"
