@@ -44,8 +44,9 @@ TEST(Fp8Kv16, RoundingMatchesTheLessonsEncoderOnEveryKindOfValue) {
       ASSERT_EQ(got, want) << "x " << x << " scale " << scale;
       ASSERT_LE(std::fabs(got), 448.0f * scale * 1.0000001f) << "saturates at 448 * scale";
       // The relative error of a normal E4M3 value is at most 2^-4 (3 stored mantissa bits, round to nearest).
-      if (std::fabs(x / scale) >= 0.015625f && std::fabs(x / scale) <= 448.0f)
+      if (std::fabs(x / scale) >= 0.015625f && std::fabs(x / scale) <= 448.0f) {
         ASSERT_LE(std::fabs(got - x), std::fabs(x) * 0.0625f) << x;
+      }
     }
   }
 }

@@ -19,6 +19,7 @@
 #include "common/errors.h"
 #include "common/random.h"
 #include "common/validate.h"
+#include "decode_attention_fast.h"
 #include "engine.h"
 #include "engine_bench.h"
 #include "engine_check.h"
@@ -132,11 +133,31 @@ TEST(Fp8KvGpu, DecodeKernelOverAnFp8PoolMatchesCpu) {
       expect_close(got, want, s, kDecodeTol, "fp8 decode D " + std::to_string(s.head_dim) + " splits " +
                                                  std::to_string(splits));
     }
-    // Fast (lesson 14's kernel, bf16 only) is declined for lesson 10's: the same answer, whatever is installed.
-    const std::vector<float> want = attend(p, Device::CPU, s, q_lens, k_lens, 0, DecodeAttention::Split);
-    const std::vector<float> fast = attend(p, Device::CUDA, s, q_lens, k_lens, 0, DecodeAttention::Fast);
-    expect_close(fast, want, s, kDecodeTol, "fp8 decode, Fast asked for");
   }
+}
+
+TEST(Fp8KvGpu, FastDecodeKernelOverAnFp8PoolMatchesCpu) {
+  TVLLM_REQUIRE_GPU();
+  // Lesson 14's kernel through its FP8 seam (the register pipeline reads the codes, whichever pipeline is set),
+  // split counts chosen by lesson 14 (0) and forced.
+  install_fast_decode_attention();
+  ASSERT_NE(installed_fast_paged_decode_fp8(), nullptr);
+  EXPECT_EQ(decode_kind_for(DecodeAttention::Fast, KvQuant{true, 1.f, 1.f}), DecodeAttention::Fast);
+  const std::vector<int64_t> q_lens{1, 1, 1, 1, 0}, k_lens{1, 17, 1000, 3000, 5};
+  for (FastDecodePipeline pipe : {FastDecodePipeline::Ring, FastDecodePipeline::Registers}) {
+    set_fast_decode_pipeline(pipe);
+    for (const AttentionShape& s : {AttentionShape{32, 8, 64}, AttentionShape{16, 4, 128}, AttentionShape{6, 2, 80}}) {
+      Fp8Pools p(s, 260, 16, 0.5f, 2.0f, 19);
+      for (int splits : {0, 1, 13}) {
+        const std::vector<float> want = attend(p, Device::CPU, s, q_lens, k_lens, splits, DecodeAttention::Split);
+        const std::vector<float> got = attend(p, Device::CUDA, s, q_lens, k_lens, splits, DecodeAttention::Fast);
+        expect_close(got, want, s, kDecodeTol, std::string("fp8 fast decode ") + fast_decode_pipeline_name(pipe) +
+                                                   " D " + std::to_string(s.head_dim) + " splits " +
+                                                   std::to_string(splits));
+      }
+    }
+  }
+  set_fast_decode_pipeline(FastDecodePipeline::Ring);
 }
 
 TEST(Fp8KvGpu, FlashOverAnFp8PoolMatchesCpu) {

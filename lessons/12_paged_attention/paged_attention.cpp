@@ -62,8 +62,7 @@ void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k,
   // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
   //    ordered before the reads).
   if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {
-    const DecodeAttention kind =
-        quant.fp8 && decode_attention_ == DecodeAttention::Fast ? DecodeAttention::Split : decode_attention_;
+    const DecodeAttention kind = decode_kind_for(decode_attention_, quant);
     paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream, kind,
                            quant);
   } else {

@@ -500,8 +500,13 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
                 "paged_decode_attention: " + std::to_string(batch.batch_size()) +
                     " sequences exceed the DecodeWorkspace's max_sequences of " +
                     std::to_string(workspace->max_sequences()));
-  // Lesson 14's kernel reads bf16 rows only: an FP8 pool runs lesson 10's kernel, which reads the codes.
-  if (kernel == DecodeAttention::Fast && !quant.fp8) {
+  kernel = decode_kind_for(kernel, quant);  // Fast over FP8 without lesson 14's FP8 kernel: lesson 10's
+  if (kernel == DecodeAttention::Fast && quant.fp8) {
+    installed_fast_paged_decode_fp8()(out, q, pool_k, pool_v, batch, tables, shape, num_splits,
+                                      static_cast<int>(shape.window), quant, *workspace, stream);
+    return;
+  }
+  if (kernel == DecodeAttention::Fast) {
     const FastPagedDecodeFn fast = installed_fast_paged_decode();
     TVLLM_REQUIRE(fast != nullptr,
                   "paged_decode_attention: DecodeAttention::Fast is lesson 14's kernel, and it is not installed: call "
@@ -517,7 +522,21 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
 
 namespace {
 std::atomic<FastPagedDecodeFn> g_fast_paged{nullptr};  // lesson 14's kernel (kv_cache.cpp has the contiguous one)
+std::atomic<FastPagedDecodeFp8Fn> g_fast_paged_fp8{nullptr};  // the same over an FP8 pool
 }  // namespace
+
+void install_fast_paged_decode_fp8(FastPagedDecodeFp8Fn fn) {
+  TVLLM_REQUIRE(fn != nullptr, "install_fast_paged_decode_fp8: no kernel");
+  g_fast_paged_fp8.store(fn);
+}
+
+FastPagedDecodeFp8Fn installed_fast_paged_decode_fp8() { return g_fast_paged_fp8.load(); }
+
+DecodeAttention decode_kind_for(DecodeAttention asked, const KvQuant& quant) {
+  if (asked == DecodeAttention::Fast && quant.fp8 && installed_fast_paged_decode_fp8() == nullptr)
+    return DecodeAttention::Split;
+  return asked;
+}
 
 void install_fast_paged_decode(FastPagedDecodeFn fn) {
   TVLLM_REQUIRE(fn != nullptr, "install_fast_paged_decode: no kernel");
@@ -531,8 +550,8 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
                      DecodeWorkspace* workspace, cudaStream_t stream, DecodeAttention decode, const KvQuant& quant) {
   if (batch.max_q_len() <= 1 && decode != DecodeAttention::Flash) {
     const int num_sms = q.device == Device::CUDA && workspace ? workspace->num_sms() : 0;
-    // An FP8 pool runs lesson 10's kernel even when Fast is asked for: its split count too.
-    const DecodeAttention kind = quant.fp8 && decode == DecodeAttention::Fast ? DecodeAttention::Split : decode;
+    // The kernel that will run picks the split count (Fast over FP8 may fall back to lesson 10's: decode_kind_for).
+    const DecodeAttention kind = decode_kind_for(decode, quant);
     paged_decode_attention(out, q, pool_k, pool_v, batch, tables, shape,
                            decode_splits_for(kind, shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace,
                            stream, kind, quant);

@@ -242,7 +242,7 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
                             const KvQuant& quant = {});
 // An FP8 pool (quant.fp8) on CUDA: lesson 10's kernel reads the codes (8 per 8-byte load, converted to bf16
 // exactly) and folds the scales into its arithmetic (k_scale into the score scale, v_scale into the output), the
-// math in fp32; Fast (lesson 14's kernel reads bf16 rows only) falls back to it. Prefill and chunks over an FP8
+// math in fp32; Fast runs lesson 14's kernel the same way once its FP8 seam is installed, else lesson 10's. Prefill and chunks over an FP8
 // pool run lesson 07's CUDA-core flash kernel (the tensor-core one copies bf16 tiles with cp.async).
 
 // Lesson 14's decode kernel over the pool: the same seam as lesson 10's install_fast_decode (kv_cache.h says why
@@ -253,6 +253,18 @@ using FastPagedDecodeFn = void (*)(const TensorView& out, const TensorView& q, c
                                    int window, const DecodeWorkspace& workspace, cudaStream_t stream);
 void install_fast_paged_decode(FastPagedDecodeFn fn);  // idempotent; published atomically
 FastPagedDecodeFn installed_fast_paged_decode();         // null until lesson 14 installs it
+// The same kernel over an FP8 pool (lesson 16): a seam of its own, so that the bf16 one keeps its signature. When it
+// is not installed, Fast over an FP8 pool runs lesson 10's kernel (decode_kind_for says which kind runs).
+using FastPagedDecodeFp8Fn = void (*)(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                      const TensorView& pool_v, const AttentionBatch& batch,
+                                      const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                      int window, const KvQuant& quant, const DecodeWorkspace& workspace,
+                                      cudaStream_t stream);
+void install_fast_paged_decode_fp8(FastPagedDecodeFp8Fn fn);  // idempotent; published atomically
+FastPagedDecodeFp8Fn installed_fast_paged_decode_fp8();         // null until lesson 14 installs it
+// The decode kernel that runs when `asked` is asked for over a pool stored as `quant` says: Fast over FP8 without
+// the FP8 seam installed is Split; otherwise `asked`.
+DecodeAttention decode_kind_for(DecodeAttention asked, const KvQuant& quant);
 
 // A faster prefill over the pool (lesson 15's wgmma kernel on Hopper): the same seam again. PagedAttention asks it,
 // when its set_fast_prefill(true) was called, for every step with a sequence of more than one query that lesson
