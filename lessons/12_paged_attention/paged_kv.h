@@ -313,7 +313,7 @@ void paged_decode_attention_cuda(const TensorView& out, const TensorView& q, con
 // shapes and split count. Bytes = the K and V rows actually read (+ q and out), achieved GB/s as % of the
 // measured device copy bandwidth (common/bench.h). Prints a table to `out`. CUDA only (CudaError without a GPU).
 // When lesson 14's kernel is installed (install_fast_paged_decode and install_fast_decode), two more rows: it over
-// the same pool and cache, with its own split count.
+// the same pool and cache, with its own split count. Then (lesson 16) the paged rows again over an FP8 pool.
 struct PagedDecodeBench {
   int splits = 0;
   double bytes = 0.0;  // per step (all layers)
@@ -321,6 +321,10 @@ struct PagedDecodeBench {
   double paged_gbs = 0.0, contiguous_gbs = 0.0, copy_gbs = 0.0;
   int fast_splits = 0;  // lesson 14's rows (0: not installed)
   double fast_paged_ms = 0.0, fast_contiguous_ms = 0.0, fast_paged_gbs = 0.0, fast_contiguous_gbs = 0.0;
+  // Lesson 16: the same step over an FP8 pool (half the K and V bytes): lesson 10's kernel, and lesson 14's when its
+  // FP8 seam is installed (fp8_fast_paged_ms 0 otherwise).
+  double fp8_bytes = 0.0;
+  double fp8_paged_ms = 0.0, fp8_fast_paged_ms = 0.0;
 };
 PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_layers, int64_t batch, int64_t context,
                                     int64_t block_size, std::ostream& out);
