@@ -244,3 +244,82 @@ TEST(Fp8Kv16, TeacherForcingThroughThePagedPoolEqualsTheGeneratorAndFp8MovesTheL
 
 }  // namespace
 }  // namespace tvllm
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "quantize.h"
+#include "safetensors_writer.h"
+
+namespace tvllm {
+namespace {
+
+// An FP8 checkpoint of the bundled model with a compressed-tensors kv_cache_scheme: config.json names the static
+// per-tensor scheme, and model.layers.N.self_attn.k_scale / v_scale sit in a second file of the index.
+void add_kv_scales(const std::filesystem::path& dir, const std::vector<float>& k, const std::vector<float>& v) {
+  nlohmann::json config;
+  std::ifstream(dir / "config.json") >> config;
+  config["quantization_config"]["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true},
+                                                      {"dynamic", false}, {"strategy", "tensor"}};
+  std::ofstream(dir / "config.json") << config.dump(2);
+  nlohmann::json map;
+  for (const std::string& name : WeightStore::open(dir / "model.safetensors").names()) map[name] = "model.safetensors";
+  std::vector<TensorToWrite> scales;
+  auto add = [&](const std::string& name, float value) {
+    TensorToWrite t{name, DType::F32, {1}, std::vector<uint8_t>(4)};
+    std::memcpy(t.bytes.data(), &value, 4);
+    scales.push_back(std::move(t));
+    map[name] = "kv_scales.safetensors";
+  };
+  for (size_t l = 0; l < k.size(); ++l) add("model.layers." + std::to_string(l) + ".self_attn.k_scale", k[l]);
+  for (size_t l = 0; l < v.size(); ++l) add("model.layers." + std::to_string(l) + ".self_attn.v_scale", v[l]);
+  write_safetensors(dir / "kv_scales.safetensors", scales, {{"format", "pt"}});
+  std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json{{"metadata", nlohmann::json::object()},
+                                                                         {"weight_map", map}}
+                                                             .dump(2);
+}
+
+TEST(Fp8Kv16, ACheckpointsKvScalesAreLoadedIntoThePool) {
+  testing::TempDir tmp;
+  const std::filesystem::path dir = tmp.path() / "fp8";
+  quantize_checkpoint(testing::tiny_model_dir(), dir, QuantizeOptions{});
+  {
+    const ModelDir plain = ModelDir::open(dir);
+    PagedKvOptions none;
+    EXPECT_FALSE(load_kv_scales(plain, none));  // no scales: 1.0, as vLLM
+    EXPECT_TRUE(none.k_scales.empty());
+  }
+  add_kv_scales(dir, {0.25f, 0.5f}, {0.125f, 2.0f});
+  const ModelDir model = ModelDir::open(dir);  // the scheme is accepted, and bind() skips the scale tensors
+  const ModelWeights w = ModelWeights::bind(model, Device::CPU);
+  PagedKvOptions o;
+  o.num_blocks = 32;
+  o.kv_dtype = KvCacheDtype::FP8;
+  ASSERT_TRUE(load_kv_scales(model, o));
+  EXPECT_EQ(o.k_scales, (std::vector<float>{0.25f, 0.5f}));
+  EXPECT_EQ(o.v_scales, (std::vector<float>{0.125f, 2.0f}));
+  Engine engine(w, testing::engine_config(64, 4, 64), paged_kv(o));
+  auto& paged = dynamic_cast<PagedKv&>(engine.kv());
+  EXPECT_EQ(paged.pool().quant(1).k_scale, 0.5f);
+  EXPECT_EQ(paged.pool().quant(1).v_scale, 2.0f);
+  const std::vector<CheckRequest> requests =
+      make_check_requests(4, 3, 12, 2, 6, workload_id_high(w.config), 5, 0, {});
+  const EngineRunResult r = run_requests(engine, requests);
+  EXPECT_TRUE(r.events_ok) << r.events_error;
+  EXPECT_EQ(engine.kv().usage().free_blocks, engine.kv().usage().total_blocks);
+
+  // Half a set (k scales only) is refused, naming the count.
+  const std::filesystem::path half = tmp.path() / "half";
+  quantize_checkpoint(testing::tiny_model_dir(), half, QuantizeOptions{});
+  add_kv_scales(half, {1.0f, 1.0f}, {});
+  PagedKvOptions h;
+  try {
+    load_kv_scales(ModelDir::open(half), h);
+    ADD_FAILURE() << "a partial set of KV scales was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 of its k_scale / v_scale tensors"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tvllm
