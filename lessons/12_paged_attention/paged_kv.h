@@ -10,7 +10,8 @@
 //
 //   sequence b, position p:  block_table[b][p / block_size] * block_size + p % block_size   (its KV slot)
 //
-// Three ops, each on the device of its views (CPU = fp32, the reference; CUDA = bf16 with fp32 math):
+// Three ops, each on the device of its views (CPU = fp32, the reference; CUDA = bf16 with fp32 math; lesson 16
+// adds an FP8 pool, E4M3 bytes with per-layer scales: KvCacheDtype below):
 //   paged_kv_write      this step's new k, v rows -> the pool, at slot_mapping[t] (slot -1: not stored)
 //   paged_attention     the step's queries over everything their sequences have in the pool:
 //                         every q_len <= 1 (decode)   paged_decode_attention: lesson 10's decode kernel
