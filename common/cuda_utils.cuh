@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -132,6 +133,25 @@ __device__ __forceinline__ void store_pack(__nv_bfloat16* p, const Pack<kVec>& v
   } else {
     *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(v.word[0]);
   }
+}
+
+// Lesson 16's FP8 KV cache: 8 E4M3 codes (8 bytes, 8-byte aligned) as a pack of 8 bf16, so that a kernel written
+// for bf16 rows reads FP8 rows through the same load_pack<8>(row + col). Exact: an E4M3 value has 4 significant
+// bits and an exponent in [-9, 8], and bf16 (8 bits, exponent down to -133) holds every one. Two codes per
+// conversion (fp8x2 -> f16x2, one cvt on sm_89 and later), then f16 -> f32 -> the f32's upper 16 bits (exact too).
+template <int kVec>
+__device__ __forceinline__ Pack<kVec> load_pack(const __nv_fp8_e4m3* p) {
+  static_assert(kVec == 8, "FP8 rows are read 8 codes (8 bytes) at a time");
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const uint32_t quads[2] = {raw.x, raw.y};
+  Pack<8> r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>((quads[i / 2] >> (16 * (i % 2))) & 0xffffu);
+    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+    r.word[i] = (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
+  }
+  return r;
 }
 
 // The largest power of two up to `max_align` bytes that divides the address: how wide a vector load from

@@ -196,7 +196,19 @@ TEST(Fp8Checkpoint16, QuantizationConfigRefusalsNameTheField) {
   refused([](json& j) { j["config_groups"]["group_1"] = j["config_groups"]["group_0"]; }, "exactly one group");
   refused([](json& j) { j["ignore"] = json::array(); }, "ignore does not list \"lm_head\"");
   refused([](json& j) { j["ignore"] = {"lm_head", "re:.*gate"}; }, "regular-expression module names");
-  refused([](json& j) { j["kv_cache_scheme"] = {{"num_bits", 8}}; }, "quantization_config.kv_cache_scheme is");
+  refused([](json& j) { j["kv_cache_scheme"] = {{"num_bits", 8}}; }, "quantization_config.kv_cache_scheme.type is");
+  refused([](json& j) { j["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true},
+                                                {"dynamic", true}, {"strategy", "tensor"}}; },
+          "kv_cache_scheme.dynamic is true");
+  refused([](json& j) { j["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true},
+                                                {"dynamic", false}, {"strategy", "channel"}}; },
+          "kv_cache_scheme.strategy is \"channel\"");
+  {  // llm-compressor's static per-tensor FP8 KV scheme is accepted (lesson 16 section 8 uses its k_scale / v_scale)
+    json kv = good;
+    kv["kv_cache_scheme"] = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"dynamic", false},
+                             {"strategy", "tensor"}, {"group_size", nullptr}, {"observer", "minmax"}};
+    EXPECT_NO_THROW(parse_quantization_config(kv));
+  }
   refused([](json& j) { j["quantization_status"] = "frozen"; }, "quantization_status is \"frozen\"");
   refused([](json& j) { j["config_groups"]["group_0"]["output_activations"] = {{"num_bits", 8}}; }, "output_activations");
   // Weight-only FP8 (no input_activations) is accepted: the weights mean the same.

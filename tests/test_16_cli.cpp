@@ -130,3 +130,38 @@ TEST(Cli16, Fp8WeightsFlagOnTheCpuAndItsRefusals) {
 
 }  // namespace
 }  // namespace tvllm
+
+namespace tvllm {
+namespace {
+
+TEST(Cli16, KvCacheDtypeFp8RunsTheEngineAndIsRefusedWhereItCannotRun) {
+  // bench throughput (the engine's paged pool) takes it and says so; the JSON names it.
+  const std::string bench = testing::tiny_vllm_bin() + " bench throughput --model " + testing::tiny_model_arg() +
+                            " --device cpu --num-requests 4 --min-len 4 --max-len 12 --output json";
+  const auto fp8 = testing::run_command(bench + " --kv-cache-dtype fp8");
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  EXPECT_TRUE(testing::contains(fp8.output, "FP8 KV cache (E4M3, scales 1.0)")) << fp8.output;
+  EXPECT_TRUE(testing::contains(fp8.output, "E4M3-rounded")) << fp8.output;
+  EXPECT_TRUE(testing::contains(fp8.output, "\"kv_cache_dtype\":\"fp8\"")) << fp8.output;
+  const auto plain = testing::run_command(bench);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_TRUE(testing::contains(plain.output, "\"kv_cache_dtype\":\"auto\"")) << plain.output;
+  // Where it cannot run: a clear message and a failing exit code, never a crash.
+  const auto contiguous = testing::run_command(bench + " --kv-cache-dtype fp8 --kv contiguous");
+  EXPECT_NE(contiguous.exit_code, 0);
+  EXPECT_TRUE(testing::contains(contiguous.output, "needs --kv paged")) << contiguous.output;
+  const auto invariant = testing::run_command(bench + " --kv-cache-dtype fp8 --batch-invariant");
+  EXPECT_NE(invariant.exit_code, 0);
+  EXPECT_TRUE(testing::contains(invariant.output, "--batch-invariant")) << invariant.output;
+  const auto gen = testing::run_command(testing::tiny_vllm_bin() + " generate --model " + testing::tiny_model_arg() +
+                                        " --prompt 'The capital of Portugal is' --max-tokens 4 --device cpu "
+                                        "--kv-cache-dtype fp8");
+  EXPECT_NE(gen.exit_code, 0);
+  EXPECT_TRUE(testing::contains(gen.output, "tiny-vllm serve, tiny-vllm bench throughput")) << gen.output;
+  const auto bad = testing::run_command(bench + " --kv-cache-dtype fp16");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(testing::contains(bad.output, "kv-cache-dtype")) << bad.output;
+}
+
+}  // namespace
+}  // namespace tvllm

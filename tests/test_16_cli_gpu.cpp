@@ -68,3 +68,34 @@ TEST(Cli16Gpu, Fp8CheckpointGeneratesOnTheGpu) {
 
 }  // namespace
 }  // namespace tvllm
+
+namespace tvllm {
+namespace {
+
+TEST(Cli16Gpu, BenchThroughputWithAnFp8KvCacheHasTwiceTheBlocks) {
+  TVLLM_REQUIRE_GPU();
+  // The engine on the GPU with lesson 14's fast path (graphs, the fast decode kernel through its FP8 seam), the pool
+  // planned from the same fraction of free memory: FP8 blocks hold half the bytes, so about twice as many fit (not
+  // exactly: the free memory moves a little between the two processes).
+  const std::string bench = q((testing::bin_dir() / "tiny-vllm").string()) + " bench throughput --model " +
+                            q(testing::tiny_model_dir().string()) +
+                            " --device cuda --num-requests 16 --min-len 8 --max-len 48 --output json"
+                            " --gpu-memory-utilization 0.2";
+  const auto bf16 = testing::run_command(bench);
+  const auto fp8 = testing::run_command(bench + " --kv-cache-dtype fp8");
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  const nlohmann::json a = last_json_line(bf16.output), b = last_json_line(fp8.output);
+  ASSERT_TRUE(a.is_object() && b.is_object()) << bf16.output << fp8.output;
+  EXPECT_EQ(b["kv_cache_dtype"], "fp8");
+  EXPECT_EQ(b["failed"], 0);
+  EXPECT_EQ(b["output_tokens"], a["output_tokens"]);  // the same workload ran to its end (lengths are fixed)
+  const double ratio = b["kv_blocks"].get<double>() / a["kv_blocks"].get<double>();
+  EXPECT_NEAR(ratio, 2.0, 0.05) << bf16.output << fp8.output;
+  EXPECT_NE(fp8.output.find("F8_E4M3"), std::string::npos) << fp8.output;
+  std::printf("KV blocks: bf16 %s, fp8 %s (ratio %.3f)\n", a["kv_blocks"].dump().c_str(), b["kv_blocks"].dump().c_str(),
+              ratio);
+}
+
+}  // namespace
+}  // namespace tvllm

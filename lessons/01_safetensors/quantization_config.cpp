@@ -109,7 +109,16 @@ Fp8Quantization parse_quantization_config(const json& qc) {
     if (!status->is_string() || *status != "compressed")
       refuse(".quantization_status", *status, "expected \"compressed\" (FP8 bytes stored with their scales)");
   }
-  expect_null(qc, "", "kv_cache_scheme", "a quantized KV cache scheme in the checkpoint is not supported");
+  // kv_cache_scheme (lesson 16 section 8): static per-tensor FP8 scales of k and v, stored as
+  // model.layers.N.self_attn.k_scale / v_scale. `--kv-cache-dtype fp8` uses them; a bf16 cache ignores them (as
+  // vLLM's does). Anything else (dynamic, per channel, int) is refused.
+  if (const json* kv = field(qc, "kv_cache_scheme")) {
+    expect_fp8_args(*kv, ".kv_cache_scheme");
+    expect_bool(*kv, ".kv_cache_scheme", "dynamic", false,
+                "dynamic KV scales are not supported: static per-tensor k_scale / v_scale only");
+    expect_string(*kv, ".kv_cache_scheme", "strategy", "tensor",
+                  "KV scales must be per tensor (one k_scale and one v_scale per layer)");
+  }
   if (const json* sparsity = field(qc, "sparsity_config")) {
     if (!(sparsity->is_object() && sparsity->empty())) refuse(".sparsity_config", *sparsity, "sparse weights are not supported");
   }

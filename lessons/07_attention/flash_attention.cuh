@@ -48,6 +48,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "attention.h"
 #include "common/cuda_utils.cuh"  // ceil_div, warp_sum, pack_bf16x2, Pack / load_pack / store_pack
@@ -76,6 +77,9 @@ struct FlashParams {
   // head h, and row r of its tile is query head h * group + r. The G heads that share a KV head read its
   // keys and values once instead of G times; each row's arithmetic is unchanged, so are its bits.
   int rows_per_query = 1;
+  // Lesson 16's FP8 KV cache (CUDA-core kernel only): values read back as code * v_scale, applied once to the
+  // normalised output (1 otherwise: the same bits); k_scale is folded into scale_log2.
+  float v_scale = 1.0f;
 };
 
 // Lesson 07's policy: k and v packed along the token axis (possibly column slices of a fused QKV
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32) flash_attention_simt_kernel(c
     const float inv = l > 0.f ? 1.f / l : 0.f;
     Pack<8> op;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) op.set(e, o[e] * inv);
+    for (int e = 0; e < 8; ++e) op.set(e, o[e] * inv * p.v_scale);
     const int64_t head = static_cast<int64_t>(h) * p.head_dim + col;
     store_pack<8>(p.out + static_cast<int64_t>(q_begin + i) * p.out_stride + head, op);
   }
@@ -503,10 +507,18 @@ inline Path path_for(int64_t head_dim) {
   return Path::Simt;
 }
 
-// Launches the kernel for p.head_dim on `stream` (grid: max_q_len queries of batch_size sequences).
+// Whether a policy's rows are bf16 (the tensor-core kernel copies them to shared memory as they are) or another
+// element (lesson 16's FP8 KV: `using element = __nv_fp8_e4m3;` in the policy), which only the CUDA-core kernel
+// reads: its load_pack<8> converts 8 codes to bf16 exactly (common/cuda_utils.cuh).
+template <class KV, class = void>
+struct kv_rows_are_bf16 : std::true_type {};
 template <class KV>
-void launch(FlashParams p, const KV& kv, int n_heads, int batch_size, int max_q_len, cudaStream_t stream) {
-  if (batch_size == 0 || max_q_len == 0) return;  // no query anywhere
+struct kv_rows_are_bf16<KV, std::void_t<typename KV::element>>
+    : std::bool_constant<std::is_same_v<typename KV::element, __nv_bfloat16>> {};
+
+// Launches the kernel for p.head_dim on `stream` (grid: max_q_len queries of batch_size sequences), bf16 rows.
+template <class KV>
+void launch_bf16_rows(FlashParams p, const KV& kv, int n_heads, int batch_size, int max_q_len, cudaStream_t stream) {
   // A decode step (one query per sequence) with grouped-query attention on the tensor cores: a tile of one
   // query would be 63 rows of padding, and each of the G heads sharing a KV head would stream the same keys
   // and values. Instead one block takes the G heads as the rows of its tile (FlashParams::rows_per_query):
@@ -528,6 +540,21 @@ void launch(FlashParams p, const KV& kv, int n_heads, int batch_size, int max_q_
     case Path::Unsupported:
       throw InputError("attention v2 (flash) takes a head_dim that is a multiple of 8 from 8 to 256, got " +
                        std::to_string(p.head_dim));
+  }
+}
+
+// Launches the kernel for p.head_dim on `stream` (grid: max_q_len queries of batch_size sequences).
+template <class KV>
+void launch(FlashParams p, const KV& kv, int n_heads, int batch_size, int max_q_len, cudaStream_t stream) {
+  if (batch_size == 0 || max_q_len == 0) return;  // no query anywhere
+  if constexpr (kv_rows_are_bf16<KV>::value) {
+    launch_bf16_rows(p, kv, n_heads, batch_size, max_q_len, stream);
+  } else {
+    if (path_for(p.head_dim) == Path::Unsupported) {
+      throw InputError("attention v2 (flash) takes a head_dim that is a multiple of 8 from 8 to 256, got " +
+                       std::to_string(p.head_dim));
+    }
+    launch_simt(p, kv, n_heads, batch_size, max_q_len, stream);  // one warp per (query, head): slower, any head_dim
   }
 }
 

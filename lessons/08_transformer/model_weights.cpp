@@ -107,6 +107,9 @@ void check_llama_weights(const ModelConfig& c, const WeightStore& weights) {
     if (ends_with(name, ".rotary_emb.inv_freq")) continue;
     // Tied embeddings: Hugging Face uses embed_tokens for the output and ignores a stored lm_head copy.
     if (name == "lm_head.weight" && c.tie_word_embeddings) continue;
+    // A compressed-tensors kv_cache_scheme (lesson 01 validated it): the FP8 KV cache's per-layer scales, read by
+    // lesson 12's load_kv_scales, not by the forward pass.
+    if (c.quantization && (ends_with(name, ".self_attn.k_scale") || ends_with(name, ".self_attn.v_scale"))) continue;
     // FP8-resident: the scales of the codes the forward reads.
     if (ends_with(name, ".weight_scale") && wanted.count(name.substr(0, name.size() - 6)) &&
         resident_fp8_linear(c, weights, name.substr(0, name.size() - 6)))

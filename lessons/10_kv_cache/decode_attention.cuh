@@ -47,6 +47,10 @@ struct DecodeParams {
   float scale_log2;       // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
   int window;             // sliding window W: the query at k_len - 1 sees keys k_len - W.. only; 0 = none
   float* partials;        // [B][n_heads][kMaxSplits][head_dim + 2]: unnormalised o, then m, then l
+  // Lesson 16's FP8 KV cache: a value reads back as code * v_scale; the scale is common to every value of the
+  // layer, so it multiplies the normalised output once (1 for bf16: x * 1 is x, the same bits). Its k_scale is
+  // folded into scale_log2 by the launcher.
+  float v_scale = 1.0f;
 };
 
 // Keys per tile: every key group (TPK threads) takes kKeysPerThread keys of it.
@@ -241,7 +245,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(const 
     for (int w = 0; w < kDecodeWarps; ++w) o += sRed[(w * G + g) * D + d];
     if (direct) {
       const float l = sL[g];
-      p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(l > 0.f ? o / l : 0.f);
+      p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] =
+          __float2bfloat16_rn(l > 0.f ? o / l * p.v_scale : 0.f);
     } else {
       float* part = p.partials + ((static_cast<int64_t>(b) * p.n_heads + h) * kMaxSplits + blockIdx.x) * (D + 2);
       part[d] = o;
@@ -273,7 +278,7 @@ static __global__ void decode_combine_kernel(const DecodeParams p, int num_split
     L += w * part[s * (D + 2) + D + 1];
     o += w * part[s * (D + 2) + d];
   }
-  p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(L > 0.f ? o / L : 0.f);
+  p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(L > 0.f ? o / L * p.v_scale : 0.f);
 }
 
 template <int TPK, int G, class KV>

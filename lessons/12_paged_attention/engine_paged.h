@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "block_manager.h"
 #include "engine.h"
@@ -29,6 +30,11 @@ struct PagedKvOptions {
   bool prefix_caching = true;
   KvPoolBudget budget;           // when num_blocks is 0 on CUDA
   std::ostream* log = nullptr;   // where the pool plan is printed (CUDA, num_blocks 0)
+  // Lesson 16: --kv-cache-dtype. FP8 stores E4M3 codes (half of bf16's bytes: twice the blocks for the same
+  // memory) with one k and one v scale per layer: k_scales / v_scales (num_hidden_layers each, e.g. a checkpoint's
+  // k_scale / v_scale), or empty for 1.0 everywhere.
+  KvCacheDtype kv_dtype = KvCacheDtype::Auto;
+  std::vector<float> k_scales, v_scales;
 };
 
 class PagedKv final : public EngineKv {
@@ -60,5 +66,12 @@ class PagedKv final : public EngineKv {
 };
 
 KvFactory paged_kv(const PagedKvOptions& options = {});
+
+// Lesson 16: an FP8 KV cache's per-layer scales as a compressed-tensors checkpoint with a kv_cache_scheme stores
+// them (llm-compressor: model.layers.N.self_attn.k_scale / v_scale, scalars). Sets options.k_scales / v_scales and
+// returns true when every layer has both; false (options untouched) when the checkpoint has none (then 1.0, as
+// vLLM). InputError for a partial set, a tensor that is not one finite value > 0.
+struct ModelDir;
+bool load_kv_scales(const ModelDir& model, PagedKvOptions& options);
 
 }  // namespace tvllm

@@ -45,20 +45,28 @@ void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k,
   // write or read other sequences' keys without a sound).
   check_paged_step(batch, tables_, "PagedAttention");
   const TensorView pool_k = pool_.k(layer), pool_v = pool_.v(layer);
+  const KvQuant quant = pool_.quant(layer);  // lesson 16: FP8 pools store E4M3 codes with per-layer scales
   // 1. This step's keys and values go to their KV slots...
-  paged_kv_write(pool_k, pool_v, k, v, tables_, shape_, stream);
-  // A prefill with no cached prefix may attend over the step's own rows instead (lesson 15 on Hopper).
-  if (fast_prefill_ && try_fresh_prefill(out, q, k, v, batch, shape_, stream)) return;
-  // Any other step with a sequence of several queries (a cached prefix: chunks, prefix-cache hits) may attend over
-  // the pool with a faster installed kernel too (lesson 15's paged wgmma kernel on Hopper).
-  if (fast_prefill_ && try_fast_paged_prefill(out, q, pool_k, pool_v, batch, tables_, shape_, stream)) return;
+  paged_kv_write(pool_k, pool_v, k, v, tables_, shape_, stream, quant);
+  // A prefill with no cached prefix may attend over the step's own rows instead (lesson 15 on Hopper), and any
+  // other step with a sequence of several queries (a cached prefix: chunks, prefix-cache hits) may attend over the
+  // pool with a faster installed kernel (lesson 15's paged wgmma kernel). Neither for an FP8 pool: every query of an
+  // FP8 pool attends over the rounded keys, its own prompt's included, so that what a token sees does not depend on
+  // how it arrived (a fresh prompt, a chunk, a prefix-cache hit, a recomputation after preemption) nor on the rest
+  // of its step: lesson 11's rule (the engine == each request alone) holds with FP8 as with bf16.
+  // lessons/16_quantization/README.md compares this with vLLM's choice (a prefill over its bf16 rows).
+  if (fast_prefill_ && !quant.fp8) {
+    if (try_fresh_prefill(out, q, k, v, batch, shape_, stream)) return;
+    if (try_fast_paged_prefill(out, q, pool_k, pool_v, batch, tables_, shape_, stream)) return;
+  }
   // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
   //    ordered before the reads).
   if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {
-    paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream,
-                           decode_attention_);
+    const DecodeAttention kind = decode_kind_for(decode_attention_, quant);
+    paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream, kind,
+                           quant);
   } else {
-    paged_attention(out, q, pool_k, pool_v, batch, tables_, shape_, &decode_, stream, decode_attention_);
+    paged_attention(out, q, pool_k, pool_v, batch, tables_, shape_, &decode_, stream, decode_attention_, quant);
   }
 }
 

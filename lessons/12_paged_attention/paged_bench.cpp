@@ -131,6 +131,38 @@ PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_lay
   std::snprintf(line, sizeof line, "paged / contiguous time: %.3f  (%.1f MB of K and V per step)\n",
                 r.paged_ms / r.contiguous_ms, r.bytes / 1e6);
   out << line;
+
+  // Lesson 16: the same step over an FP8 pool (zero codes: 0.0, finite scores), the same tables. Half the K and V
+  // bytes; the bf16 pool and cache are freed first so that the FP8 pool fits wherever they did.
+  pool = PagedKvPool();
+  cache = KvCache();
+  PagedKvPool pool8(shape, num_layers, num_blocks, block_size, cuda, KvCacheDtype::FP8);
+  TVLLM_CUDA_CHECK(cudaMemset(pool8.k(0).data, 0, pool8.bytes()));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto fp8_step = [&](DecodeAttention kind, int splits) {
+    return bench_gpu([&] {
+      for (int l = 0; l < num_layers; ++l)
+        paged_decode_attention(o, q, pool8.k(l), pool8.v(l), lengths, step_tables, shape, splits, &ws, nullptr, kind,
+                               pool8.quant(l));
+    });
+  };
+  r.fp8_bytes = static_cast<double>(num_layers) *
+                (static_cast<double>(batch) * static_cast<double>(context) * 2.0 * static_cast<double>(shape.kv_dim()) +
+                 2.0 * 2.0 * static_cast<double>(batch) * static_cast<double>(shape.q_dim()));
+  const BenchResult fp8_t = fp8_step(DecodeAttention::Split, r.splits);
+  r.fp8_paged_ms = fp8_t.median_ms;
+  std::vector<BenchRow> rows8{BenchRow{"paged FP8 (lesson 10 kernel)", fp8_t, r.fp8_bytes, 0.0}};
+  if (with_fast && installed_fast_paged_decode_fp8() != nullptr) {
+    const BenchResult fast8_t = fp8_step(DecodeAttention::Fast, r.fast_splits);
+    r.fp8_fast_paged_ms = fast8_t.median_ms;
+    rows8.push_back(BenchRow{"lesson 14 kernel, paged FP8 (" + std::to_string(r.fast_splits) + " splits)", fast8_t,
+                             r.fp8_bytes, 0.0});
+  }
+  print_bench_table(out, "the same step over an FP8 pool (E4M3 codes, half the K and V bytes)", rows8, ceilings);
+  std::snprintf(line, sizeof line, "FP8 / bf16 time, paged: lesson 10 kernel %.3f%s\n", r.fp8_paged_ms / r.paged_ms,
+                r.fp8_fast_paged_ms > 0 ? (", lesson 14 kernel " + std::to_string(r.fp8_fast_paged_ms / r.fast_paged_ms)).c_str()
+                                        : "");
+  out << line;
   return r;
 }
 

@@ -12,7 +12,10 @@
 #include <string>
 #include <utility>
 
+#include <cuda_fp8.h>  // __nv_cvt_float_to_fp8: host and device, the same rounding
+
 #include "cache_attention_cpu.h"
+#include "common/dtype.h"
 #include "common/errors.h"
 #include "common/exercise.h"
 #include "model_config.h"
@@ -47,13 +50,40 @@ void require_block_size(int64_t block_size, Device device, const char* who) {
 
 }  // namespace
 
+// ---- lesson 16: the FP8 KV format ------------------------------------------------------------------------
+
+KvCacheDtype parse_kv_cache_dtype(const std::string& text) {
+  if (text == "auto") return KvCacheDtype::Auto;
+  if (text == "bf16") return KvCacheDtype::BF16;
+  if (text == "fp8") return KvCacheDtype::FP8;
+  throw InputError("--kv-cache-dtype: expected auto, bf16 or fp8 (E4M3 with per-tensor scales), got \"" + text +
+                   "\"");
+}
+
+const char* kv_cache_dtype_name(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::Auto: return "auto";
+    case KvCacheDtype::BF16: return "bf16";
+    case KvCacheDtype::FP8: return "fp8";
+  }
+  return "?";
+}
+
+float kv_fp8_round(float x, float scale) {
+  // The kernel multiplies by the reciprocal (one multiply per element, not a division); so does the reference.
+  const float inv = 1.0f / scale;
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3);
+  return fp8_e4m3_to_f32(static_cast<uint8_t>(code)) * scale;
+}
+
 // ---- PagedKvPool -------------------------------------------------------------------------------------
 
 size_t PagedKvPool::bytes_per_block(const AttentionShape& shape, int64_t num_layers, int64_t block_size,
-                                    Device device) {
+                                    Device device, KvCacheDtype kv_dtype) {
   const double elems = 2.0 * static_cast<double>(num_layers) * static_cast<double>(block_size) *
                        static_cast<double>(shape.kv_dim());
-  const size_t elem = device == Device::CUDA ? 2 : 4;
+  // The CPU reference keeps fp32 whatever the format (it models FP8's rounding, not its bytes).
+  const size_t elem = device == Device::CUDA ? (kv_dtype == KvCacheDtype::FP8 ? 1 : 2) : 4;
   TVLLM_REQUIRE(elems * static_cast<double>(elem) < 4.6e18, "PagedKvPool: the block size overflows 64 bits");
   return static_cast<size_t>(2 * num_layers * block_size * shape.kv_dim()) * elem;
 }
@@ -74,7 +104,7 @@ std::string KvPoolPlan::describe() const {
 }
 
 KvPoolPlan PagedKvPool::plan(const AttentionShape& shape, int64_t num_layers, int64_t block_size,
-                             const KvPoolBudget& budget) {
+                             const KvPoolBudget& budget, KvCacheDtype kv_dtype) {
   shape.validate();
   TVLLM_REQUIRE(num_layers >= 1, "PagedKvPool::plan: num_layers must be >= 1, got " + std::to_string(num_layers));
   require_block_size(block_size, Device::CUDA, "PagedKvPool::plan");
@@ -88,7 +118,7 @@ KvPoolPlan PagedKvPool::plan(const AttentionShape& shape, int64_t num_layers, in
   p.block_size = block_size;
   const double budget_bytes = budget.fraction * static_cast<double>(p.free_bytes) - static_cast<double>(budget.margin_bytes);
   p.budget_bytes = budget_bytes > 0.0 ? static_cast<size_t>(budget_bytes) : 0;
-  p.bytes_per_block = bytes_per_block(shape, num_layers, block_size, Device::CUDA);
+  p.bytes_per_block = bytes_per_block(shape, num_layers, block_size, Device::CUDA, kv_dtype);
   p.num_blocks = std::min(static_cast<int64_t>(p.budget_bytes / p.bytes_per_block), kMaxSlots / block_size);
   TVLLM_REQUIRE(p.num_blocks >= 1, "PagedKvPool::plan: not one KV block (" +
                                        human_bytes(static_cast<double>(p.bytes_per_block)) + ") fits in " +
@@ -97,14 +127,21 @@ KvPoolPlan PagedKvPool::plan(const AttentionShape& shape, int64_t num_layers, in
 }
 
 PagedKvPool::PagedKvPool(const AttentionShape& shape, int64_t num_layers, int64_t num_blocks, int64_t block_size,
-                         Device device)
-    : shape_(shape), num_layers_(num_layers), num_blocks_(num_blocks), block_size_(block_size), device_(device) {
+                         Device device, KvCacheDtype kv_dtype)
+    : shape_(shape),
+      num_layers_(num_layers),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      device_(device),
+      kv_dtype_(kv_dtype == KvCacheDtype::FP8 ? KvCacheDtype::FP8 : KvCacheDtype::BF16) {
   shape.validate();
   TVLLM_REQUIRE(num_layers >= 1, "PagedKvPool: num_layers must be >= 1, got " + std::to_string(num_layers));
   require_block_size(block_size, device, "PagedKvPool");
   TVLLM_REQUIRE(num_blocks >= 1 && num_blocks <= kMaxSlots / block_size,
                 "PagedKvPool: num_blocks must be in [1, 2^31 / block_size), got " + std::to_string(num_blocks));
-  bytes_ = bytes_per_block(shape, num_layers, block_size, device);
+  k_scales_.assign(static_cast<size_t>(num_layers), 1.0f);
+  v_scales_.assign(static_cast<size_t>(num_layers), 1.0f);
+  bytes_ = bytes_per_block(shape, num_layers, block_size, device, kv_dtype_);
   TVLLM_REQUIRE(static_cast<double>(bytes_) * static_cast<double>(num_blocks) < 4.6e18,
                 "PagedKvPool: the pool size overflows 64 bits");
   bytes_ *= static_cast<size_t>(num_blocks);
@@ -121,16 +158,48 @@ PagedKvPool::PagedKvPool(const AttentionShape& shape, int64_t num_layers, int64_
   }
 }
 
-PagedKvPool PagedKvPool::for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size, Device device) {
-  return PagedKvPool(AttentionShape::from_config(config), config.num_hidden_layers, num_blocks, block_size, device);
+PagedKvPool PagedKvPool::for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size, Device device,
+                                   KvCacheDtype kv_dtype) {
+  return PagedKvPool(AttentionShape::from_config(config), config.num_hidden_layers, num_blocks, block_size, device,
+                     kv_dtype);
 }
 
 PagedKvPool PagedKvPool::fill_free_memory(const ModelConfig& config, int64_t block_size, const KvPoolBudget& budget,
-                                          std::ostream* log) {
+                                          std::ostream* log, KvCacheDtype kv_dtype) {
   const AttentionShape shape = AttentionShape::from_config(config);
-  const KvPoolPlan p = plan(shape, config.num_hidden_layers, block_size, budget);
-  if (log) *log << p.describe() << '\n';
-  return PagedKvPool(shape, config.num_hidden_layers, p.num_blocks, block_size, Device::CUDA);
+  const KvPoolPlan p = plan(shape, config.num_hidden_layers, block_size, budget, kv_dtype);
+  if (log) *log << p.describe() << " (" << kv_cache_dtype_name(kv_dtype == KvCacheDtype::FP8 ? KvCacheDtype::FP8
+                                                                                             : KvCacheDtype::BF16)
+                << " KV)\n";
+  return PagedKvPool(shape, config.num_hidden_layers, p.num_blocks, block_size, Device::CUDA, kv_dtype);
+}
+
+DType PagedKvPool::dtype() const {
+  if (device_ != Device::CUDA) return DType::F32;
+  return fp8() ? DType::F8_E4M3 : DType::BF16;
+}
+
+void PagedKvPool::set_scales(const std::vector<float>& k_scales, const std::vector<float>& v_scales) {
+  for (const std::vector<float>* s : {&k_scales, &v_scales}) {
+    const char* name = s == &k_scales ? "k" : "v";
+    TVLLM_REQUIRE(static_cast<int64_t>(s->size()) == num_layers_,
+                  std::string("PagedKvPool::set_scales: ") + std::to_string(s->size()) + " " + name + " scales for " +
+                      std::to_string(num_layers_) + " layers (one per layer)");
+    for (size_t l = 0; l < s->size(); ++l) {
+      TVLLM_REQUIRE(std::isfinite((*s)[l]) && (*s)[l] > 0.0f,
+                    std::string("PagedKvPool::set_scales: layer ") + std::to_string(l) + "'s " + name +
+                        " scale must be finite and > 0, got " + std::to_string((*s)[l]));
+    }
+  }
+  k_scales_ = k_scales;
+  v_scales_ = v_scales;
+}
+
+KvQuant PagedKvPool::quant(int layer) const {
+  TVLLM_REQUIRE(layer >= 0 && layer < num_layers_, "PagedKvPool::quant: layer " + std::to_string(layer) + " of " +
+                                                       std::to_string(num_layers_));
+  if (!fp8()) return {};
+  return {true, k_scales_[static_cast<size_t>(layer)], v_scales_[static_cast<size_t>(layer)]};
 }
 
 TensorView PagedKvPool::k(int layer) const {
@@ -151,7 +220,8 @@ std::string PagedKvPool::describe() const {
   return "KV pool: " + std::to_string(num_layers_) + " layers x 2 (k, v) x " + std::to_string(num_blocks_) +
          " blocks x " + std::to_string(block_size_) + " positions x " + std::to_string(shape_.kv_dim()) + " (" +
          std::to_string(shape_.n_kv_heads) + " kv heads x " + std::to_string(shape_.head_dim) + ") x " +
-         std::string(dtype_name(dtype())) + " = " + human_bytes(static_cast<double>(bytes_));
+         std::string(dtype_name(dtype())) + (fp8() && device_ == Device::CPU ? " (holding E4M3-rounded values)" : "") +
+         " = " + human_bytes(static_cast<double>(bytes_));
 }
 
 // ---- PagedStepTables ---------------------------------------------------------------------------------
@@ -321,10 +391,24 @@ void check_paged_step(const AttentionBatch& batch, const PagedStepTables& tables
 namespace {
 
 DType dtype_on(Device device) { return device == Device::CUDA ? DType::BF16 : DType::F32; }
+// The pool's dtype for a format: an FP8 pool on CUDA holds E4M3 codes.
+DType pool_dtype_on(Device device, const KvQuant& quant) {
+  return device == Device::CUDA && quant.fp8 ? DType::F8_E4M3 : dtype_on(device);
+}
+
+void check_quant(const KvQuant& quant, const char* op) {
+  if (!quant.fp8) return;
+  for (float s : {quant.k_scale, quant.v_scale}) {
+    TVLLM_REQUIRE(std::isfinite(s) && s > 0.0f,
+                  std::string(op) + ": an FP8 KV scale must be finite and > 0, got " + std::to_string(s));
+  }
+}
 
 // One layer of the pool: [num_blocks, block_size, kv_dim] as the tables were made for, contiguous, k and v alike.
 void check_pool(const TensorView& pool_k, const TensorView& pool_v, const AttentionShape& shape,
-                const PagedStepTables& tables, Device device, const char* op) {
+                const PagedStepTables& tables, Device device, const char* op, const KvQuant& quant = {}) {
+  check_quant(quant, op);
+  const DType want = pool_dtype_on(device, quant);
   for (const TensorView* t : {&pool_k, &pool_v}) {
     const char* name = t == &pool_k ? "pool_k" : "pool_v";
     TVLLM_REQUIRE(t->rank() == 3 && t->shape[0] == tables.num_blocks() && t->shape[1] == tables.block_size() &&
@@ -332,9 +416,10 @@ void check_pool(const TensorView& pool_k, const TensorView& pool_v, const Attent
                   std::string(op) + ": " + name + " must be a contiguous [" + std::to_string(tables.num_blocks()) +
                       ", " + std::to_string(tables.block_size()) + ", " + std::to_string(shape.kv_dim()) +
                       "] view (PagedKvPool::k/v, as the PagedStepTables were made), got " + t->describe());
-    TVLLM_REQUIRE(t->device == device && t->dtype == dtype_on(device),
-                  std::string(op) + ": " + name + " must be " + std::string(dtype_name(dtype_on(device))) + " on " +
-                      std::string(device_name(device)) + ", got " + t->describe());
+    TVLLM_REQUIRE(t->device == device && t->dtype == want,
+                  std::string(op) + ": " + name + " must be " + std::string(dtype_name(want)) + " on " +
+                      std::string(device_name(device)) + (quant.fp8 ? " (an FP8 KV pool)" : "") + ", got " +
+                      t->describe() + " (the KvQuant must describe the pool: PagedKvPool::quant)");
     TVLLM_REQUIRE(t->data != nullptr, std::string(op) + ": " + name + " has no data");
   }
   TVLLM_REQUIRE(tables.device() == device, std::string(op) + ": the PagedStepTables must be made for " +
@@ -370,30 +455,32 @@ void require_cuda_head_dim(const AttentionShape& shape, const char* op) {
 // ---- the ops: check, then dispatch ------------------------------------------------------------------------
 
 void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,
-                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream) {
+                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream,
+                    const KvQuant& quant) {
   shape.validate();
   const Device device = k.device;
-  check_pool(pool_k, pool_v, shape, tables, device, "paged_kv_write");
+  check_pool(pool_k, pool_v, shape, tables, device, "paged_kv_write", quant);
   check_new_rows(k, "k", tables.num_tokens(), shape, device);
   check_new_rows(v, "v", tables.num_tokens(), shape, device);
   if (tables.num_tokens() == 0) return;
   if (device == Device::CPU) {
-    paged_kv_write_cpu(pool_k, pool_v, k, v, tables);
+    if (quant.fp8) paged_kv_write_fp8_cpu(pool_k, pool_v, k, v, tables, quant);
+    else paged_kv_write_cpu(pool_k, pool_v, k, v, tables);
   } else {
     require_cuda_head_dim(shape, "paged_kv_write");
-    paged_kv_write_cuda(pool_k, pool_v, k, v, tables, stream);
+    paged_kv_write_cuda(pool_k, pool_v, k, v, tables, stream, quant);
   }
 }
 
 void paged_decode_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                             const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                             const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace,
-                            cudaStream_t stream, DecodeAttention kernel) {
+                            cudaStream_t stream, DecodeAttention kernel, const KvQuant& quant) {
   TVLLM_REQUIRE(kernel != DecodeAttention::Flash, "paged_decode_attention runs a split decode kernel (Split or "
                                                   "Fast); Flash goes through paged_attention");
   check_attention_queries(out, q, batch, shape);
   const Device device = q.device;
-  check_pool(pool_k, pool_v, shape, tables, device, "paged_decode_attention");
+  check_pool(pool_k, pool_v, shape, tables, device, "paged_decode_attention", quant);
   check_paged_step(batch, tables, "paged_decode_attention");
   TVLLM_REQUIRE(batch.max_q_len() <= 1, "paged_decode_attention: every sequence must bring at most one query "
                                         "(decode), but one brings " + std::to_string(batch.max_q_len()) +
@@ -413,6 +500,12 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
                 "paged_decode_attention: " + std::to_string(batch.batch_size()) +
                     " sequences exceed the DecodeWorkspace's max_sequences of " +
                     std::to_string(workspace->max_sequences()));
+  kernel = decode_kind_for(kernel, quant);  // Fast over FP8 without lesson 14's FP8 kernel: lesson 10's
+  if (kernel == DecodeAttention::Fast && quant.fp8) {
+    installed_fast_paged_decode_fp8()(out, q, pool_k, pool_v, batch, tables, shape, num_splits,
+                                      static_cast<int>(shape.window), quant, *workspace, stream);
+    return;
+  }
   if (kernel == DecodeAttention::Fast) {
     const FastPagedDecodeFn fast = installed_fast_paged_decode();
     TVLLM_REQUIRE(fast != nullptr,
@@ -424,12 +517,26 @@ void paged_decode_attention(const TensorView& out, const TensorView& q, const Te
          stream);
     return;
   }
-  paged_decode_attention_cuda(out, q, pool_k, pool_v, batch, tables, shape, num_splits, *workspace, stream);
+  paged_decode_attention_cuda(out, q, pool_k, pool_v, batch, tables, shape, num_splits, *workspace, stream, quant);
 }
 
 namespace {
 std::atomic<FastPagedDecodeFn> g_fast_paged{nullptr};  // lesson 14's kernel (kv_cache.cpp has the contiguous one)
+std::atomic<FastPagedDecodeFp8Fn> g_fast_paged_fp8{nullptr};  // the same over an FP8 pool
 }  // namespace
+
+void install_fast_paged_decode_fp8(FastPagedDecodeFp8Fn fn) {
+  TVLLM_REQUIRE(fn != nullptr, "install_fast_paged_decode_fp8: no kernel");
+  g_fast_paged_fp8.store(fn);
+}
+
+FastPagedDecodeFp8Fn installed_fast_paged_decode_fp8() { return g_fast_paged_fp8.load(); }
+
+DecodeAttention decode_kind_for(DecodeAttention asked, const KvQuant& quant) {
+  if (asked == DecodeAttention::Fast && quant.fp8 && installed_fast_paged_decode_fp8() == nullptr)
+    return DecodeAttention::Split;
+  return asked;
+}
 
 void install_fast_paged_decode(FastPagedDecodeFn fn) {
   TVLLM_REQUIRE(fn != nullptr, "install_fast_paged_decode: no kernel");
@@ -440,17 +547,19 @@ FastPagedDecodeFn installed_fast_paged_decode() { return g_fast_paged.load(); }
 
 void paged_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
                      const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
-                     DecodeWorkspace* workspace, cudaStream_t stream, DecodeAttention decode) {
+                     DecodeWorkspace* workspace, cudaStream_t stream, DecodeAttention decode, const KvQuant& quant) {
   if (batch.max_q_len() <= 1 && decode != DecodeAttention::Flash) {
     const int num_sms = q.device == Device::CUDA && workspace ? workspace->num_sms() : 0;
+    // The kernel that will run picks the split count (Fast over FP8 may fall back to lesson 10's: decode_kind_for).
+    const DecodeAttention kind = decode_kind_for(decode, quant);
     paged_decode_attention(out, q, pool_k, pool_v, batch, tables, shape,
-                           decode_splits_for(decode, shape, batch.batch_size(), batch.max_k_len(), num_sms),
-                           workspace, stream, decode);
+                           decode_splits_for(kind, shape, batch.batch_size(), batch.max_k_len(), num_sms), workspace,
+                           stream, kind, quant);
     return;
   }
   check_attention_queries(out, q, batch, shape);
   const Device device = q.device;
-  check_pool(pool_k, pool_v, shape, tables, device, "paged_attention");
+  check_pool(pool_k, pool_v, shape, tables, device, "paged_attention", quant);
   check_paged_step(batch, tables, "paged_attention");
   if (batch.total_q() == 0) return;  // nothing to attend (and a grid of zero blocks is a launch error)
   if (device == Device::CPU) {
@@ -459,7 +568,7 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
     TVLLM_REQUIRE(flash_supports_head_dim(shape.head_dim),
                   "paged_attention: the flash kernel takes a head_dim that is a multiple of 8 from 8 to 256, got " +
                       std::to_string(shape.head_dim));
-    paged_flash_attention_cuda(out, q, pool_k, pool_v, batch, tables, shape, stream);
+    paged_flash_attention_cuda(out, q, pool_k, pool_v, batch, tables, shape, stream, quant);
   }
 }
 
@@ -509,6 +618,23 @@ void paged_kv_write_cpu(const TensorView& pool_k, const TensorView& pool_v, cons
     std::memcpy(pool_v.ptr<float>() + at, v.ptr<const float>() + t * v.strides[0], kv_dim * sizeof(float));
   }
   // --- end of exercise 12.6 ---
+}
+
+// The FP8 write on the CPU: what the GPU stores, decoded (kv_fp8_round), so every CPU reader sees the GPU's values.
+void paged_kv_write_fp8_cpu(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k,
+                            const TensorView& v, const PagedStepTables& tables, const KvQuant& quant) {
+  const int64_t kv_dim = pool_k.shape[2];
+  const int32_t* slots = tables.host_slot_mapping();
+  for (int64_t t = 0; t < tables.num_tokens(); ++t) {
+    if (slots[t] < 0) continue;
+    const int64_t at = static_cast<int64_t>(slots[t]) * kv_dim;
+    const float* k_row = k.ptr<const float>() + t * k.strides[0];
+    const float* v_row = v.ptr<const float>() + t * v.strides[0];
+    for (int64_t c = 0; c < kv_dim; ++c) {
+      pool_k.ptr<float>()[at + c] = kv_fp8_round(k_row[c], quant.k_scale);
+      pool_v.ptr<float>()[at + c] = kv_fp8_round(v_row[c], quant.v_scale);
+    }
+  }
 }
 
 namespace {

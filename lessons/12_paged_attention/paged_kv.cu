@@ -12,6 +12,7 @@
 // paged decode returns the contiguous one's bits when the same keys sit in both caches (a test checks it).
 // README.md walks through them.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,6 +76,44 @@ __global__ void __launch_bounds__(kWriteThreads) paged_kv_write_kernel(const Pag
   // --- end of exercise 12.8 ---
 }
 
+// Lesson 16's FP8 pool: the same copy, each element stored as e4m3(x * inv_scale), round to nearest even and
+// saturating (__NV_SATFINITE: +-448, never NaN), the conversion kv_fp8_round makes on the CPU. 8 elements (16
+// bytes in, 8 out) per thread per step.
+struct PagedWriteFp8Params {
+  __nv_fp8_storage_t* k_pool;   // [num_blocks * block_size rows, kv_dim] codes
+  __nv_fp8_storage_t* v_pool;
+  const bf16* k;
+  const bf16* v;
+  int64_t k_stride, v_stride;
+  const int32_t* slot_mapping;
+  int kv_dim;
+  float k_inv_scale, v_inv_scale;  // 1 / scale, computed on the host as kv_fp8_round does
+};
+
+__device__ __forceinline__ uint2 quantize8(const Pack<8>& x, float inv_scale) {
+  uint32_t word[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const uint32_t code = __nv_cvt_float_to_fp8(x.get(e) * inv_scale, __NV_SATFINITE, __NV_E4M3);
+    word[e / 4] |= code << (8 * (e % 4));  // element e at byte e: little-endian, as the reader expects
+  }
+  return make_uint2(word[0], word[1]);
+}
+
+__global__ void __launch_bounds__(kWriteThreads) paged_kv_write_fp8_kernel(const PagedWriteFp8Params p) {
+  const int t = blockIdx.x;
+  const int32_t slot = p.slot_mapping[t];
+  if (slot < 0) return;
+  __nv_fp8_storage_t* k_dst = p.k_pool + static_cast<int64_t>(slot) * p.kv_dim;
+  __nv_fp8_storage_t* v_dst = p.v_pool + static_cast<int64_t>(slot) * p.kv_dim;
+  const bf16* k_src = p.k + static_cast<int64_t>(t) * p.k_stride;
+  const bf16* v_src = p.v + static_cast<int64_t>(t) * p.v_stride;
+  for (int c = threadIdx.x * 8; c < p.kv_dim; c += kWriteThreads * 8) {
+    *reinterpret_cast<uint2*>(k_dst + c) = quantize8(load_pack<8>(k_src + c), p.k_inv_scale);
+    *reinterpret_cast<uint2*>(v_dst + c) = quantize8(load_pack<8>(v_src + c), p.v_inv_scale);
+  }
+}
+
 // =================================================================================================
 // Attention over the pool: lesson 10's decode kernels and lesson 07's flash kernel, with the PagedKV policy
 // =================================================================================================
@@ -87,7 +126,24 @@ __global__ void __launch_bounds__(kWriteThreads) paged_kv_write_kernel(const Pag
 // ---- launchers -------------------------------------------------------------------------------------------
 
 void paged_kv_write_cuda(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k,
-                         const TensorView& v, const PagedStepTables& tables, cudaStream_t stream) {
+                         const TensorView& v, const PagedStepTables& tables, cudaStream_t stream,
+                         const KvQuant& quant) {
+  if (quant.fp8) {
+    PagedWriteFp8Params p;
+    p.k_pool = pool_k.ptr<__nv_fp8_storage_t>();
+    p.v_pool = pool_v.ptr<__nv_fp8_storage_t>();
+    p.k = k.ptr<const bf16>();
+    p.v = v.ptr<const bf16>();
+    p.k_stride = k.strides[0];
+    p.v_stride = v.strides[0];
+    p.slot_mapping = tables.device_slot_mapping();
+    p.kv_dim = static_cast<int>(pool_k.shape[2]);
+    p.k_inv_scale = 1.0f / quant.k_scale;
+    p.v_inv_scale = 1.0f / quant.v_scale;
+    paged_kv_write_fp8_kernel<<<static_cast<unsigned>(tables.num_tokens()), kWriteThreads, 0, stream>>>(p);
+    TVLLM_CHECK_LAUNCH();
+    return;
+  }
   PagedWriteParams p;
   p.k_pool = pool_k.ptr<bf16>();
   p.v_pool = pool_v.ptr<bf16>();
@@ -104,14 +160,33 @@ void paged_kv_write_cuda(const TensorView& pool_k, const TensorView& pool_v, con
 void paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                  const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                                  const AttentionShape& shape, int num_splits, const DecodeWorkspace& workspace,
-                                 cudaStream_t stream) {
-  decode::launch(decode::make_params(out, q, batch, shape, workspace), paged_kv_policy(pool_k, pool_v, tables, shape),
-                 static_cast<int>(shape.n_kv_heads), batch.batch_size(), num_splits, stream);
+                                 cudaStream_t stream, const KvQuant& quant) {
+  decode::DecodeParams p = decode::make_params(out, q, batch, shape, workspace);
+  if (quant.fp8) {
+    // k = code * k_scale: q.k * scale = (q.code) * (scale * k_scale), one multiply folded into the query's.
+    p.scale_log2 *= quant.k_scale;
+    p.v_scale = quant.v_scale;
+    decode::launch(p, paged_kv_policy<__nv_fp8_e4m3>(pool_k, pool_v, tables, shape),
+                   static_cast<int>(shape.n_kv_heads), batch.batch_size(), num_splits, stream);
+    return;
+  }
+  decode::launch(p, paged_kv_policy(pool_k, pool_v, tables, shape), static_cast<int>(shape.n_kv_heads),
+                 batch.batch_size(), num_splits, stream);
 }
 
 void paged_flash_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                 const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
-                                const AttentionShape& shape, cudaStream_t stream) {
+                                const AttentionShape& shape, cudaStream_t stream, const KvQuant& quant) {
+  if (quant.fp8) {
+    // flash_attention() with the scales folded in as the decode launcher does (the CUDA-core kernel runs it).
+    check_attention_queries(out, q, batch, shape);
+    flash::FlashParams p = flash::make_params(out, q, batch, shape);
+    p.scale_log2 *= quant.k_scale;
+    p.v_scale = quant.v_scale;
+    flash::launch(p, paged_kv_policy<__nv_fp8_e4m3>(pool_k, pool_v, tables, shape), static_cast<int>(shape.n_heads),
+                  batch.batch_size(), batch.max_q_len(), stream);
+    return;
+  }
   flash_attention(out, q, paged_kv_policy(pool_k, pool_v, tables, shape), batch, shape, stream);
 }
 

@@ -10,7 +10,8 @@
 //
 //   sequence b, position p:  block_table[b][p / block_size] * block_size + p % block_size   (its KV slot)
 //
-// Three ops, each on the device of its views (CPU = fp32, the reference; CUDA = bf16 with fp32 math):
+// Three ops, each on the device of its views (CPU = fp32, the reference; CUDA = bf16 with fp32 math; lesson 16
+// adds an FP8 pool, E4M3 bytes with per-layer scales: KvCacheDtype below):
 //   paged_kv_write      this step's new k, v rows -> the pool, at slot_mapping[t] (slot -1: not stored)
 //   paged_attention     the step's queries over everything their sequences have in the pool:
 //                         every q_len <= 1 (decode)   paged_decode_attention: lesson 10's decode kernel
@@ -44,6 +45,27 @@ namespace tvllm {
 
 struct ModelConfig;  // model_config.h (lesson 01)
 
+// ---- lesson 16: what the pool stores ---------------------------------------------------------------------
+// --kv-cache-dtype auto|bf16|fp8 (vLLM's flag). Auto and BF16: the model's dtype (bf16 on CUDA, fp32 on the CPU).
+// FP8: every k and v element as one E4M3 byte, code = e4m3(x * (1 / scale)), read back as code * scale, with ONE
+// fp32 scale per layer for k and one for v (per tensor, as vLLM's fp8 cache). Half the bytes of bf16: twice the
+// positions in the same memory, and a decode step reads half as much. On the CPU (the reference) the pool stays
+// fp32 and holds the decoded values code * scale: every CPU read path then sees exactly the GPU's rounding.
+// lessons/16_quantization/README.md (section "FP8 KV cache") explains the scale and the accuracy cost.
+enum class KvCacheDtype : uint8_t { Auto, BF16, FP8 };
+KvCacheDtype parse_kv_cache_dtype(const std::string& text);  // "auto" | "bf16" | "fp8", else InputError
+const char* kv_cache_dtype_name(KvCacheDtype dtype);          // "auto" | "bf16" | "fp8"
+
+// How one layer's k and v are stored, for the ops below. Default: as the model computes them (no rounding).
+struct KvQuant {
+  bool fp8 = false;
+  float k_scale = 1.0f, v_scale = 1.0f;  // fp8 only: stored code = e4m3(x / scale); finite and > 0
+};
+// The value an element x reads back as from an FP8 cache of scale `scale`: e4m3(x * (1 / scale)) * scale,
+// round to nearest even, saturating at +-448 (cuda_fp8.h's __NV_SATFINITE conversion: the GPU kernel calls the
+// same function, so the CPU reference rounds bit for bit as the GPU does on the same input).
+float kv_fp8_round(float x, float scale);
+
 // ---- the pool ------------------------------------------------------------------------------------------
 
 // How much of the GPU a pool sized from the free memory takes.
@@ -73,22 +95,27 @@ struct KvPoolPlan {
 class PagedKvPool {
  public:
   // One block of every layer, k and v: layers * 2 * block_size * kv_dim * (2 bytes on CUDA, 4 on the CPU).
-  static size_t bytes_per_block(const AttentionShape& shape, int64_t num_layers, int64_t block_size, Device device);
+  // FP8 on CUDA: 1 byte per element.
+  static size_t bytes_per_block(const AttentionShape& shape, int64_t num_layers, int64_t block_size, Device device,
+                                KvCacheDtype kv_dtype = KvCacheDtype::Auto);
   // CUDA: how many blocks fit in budget.fraction of the GPU memory free NOW, minus budget.margin_bytes. Call it
   // after the weights, the workspace and a warm-up step are in place: what they take is no longer free. Throws
   // InputError for a bad budget or when not one block fits (naming the numbers).
   static KvPoolPlan plan(const AttentionShape& shape, int64_t num_layers, int64_t block_size,
-                         const KvPoolBudget& budget = {});
+                         const KvPoolBudget& budget = {}, KvCacheDtype kv_dtype = KvCacheDtype::Auto);
 
   PagedKvPool() = default;
   // Throws InputError for a bad size (naming it) and, on CUDA, for a block size that is not a power of two or a
   // pool that does not fit in the free memory; CudaError if the allocation itself fails. Not initialised: a slot
   // is read only after it was written.
-  PagedKvPool(const AttentionShape& shape, int64_t num_layers, int64_t num_blocks, int64_t block_size, Device device);
-  static PagedKvPool for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size, Device device);
+  // kv_dtype (lesson 16): FP8 stores one byte per element (bytes_per_block halves on CUDA); the scales start at 1.
+  PagedKvPool(const AttentionShape& shape, int64_t num_layers, int64_t num_blocks, int64_t block_size, Device device,
+              KvCacheDtype kv_dtype = KvCacheDtype::Auto);
+  static PagedKvPool for_model(const ModelConfig& config, int64_t num_blocks, int64_t block_size, Device device,
+                               KvCacheDtype kv_dtype = KvCacheDtype::Auto);
   // CUDA: as many blocks as plan() allows; prints plan.describe() to `log` (when not null) before allocating.
   static PagedKvPool fill_free_memory(const ModelConfig& config, int64_t block_size, const KvPoolBudget& budget = {},
-                                      std::ostream* log = nullptr);
+                                      std::ostream* log = nullptr, KvCacheDtype kv_dtype = KvCacheDtype::Auto);
 
   const AttentionShape& shape() const { return shape_; }
   int64_t num_layers() const { return num_layers_; }
@@ -96,9 +123,16 @@ class PagedKvPool {
   int64_t block_size() const { return block_size_; }
   int64_t num_slots() const { return num_blocks_ * block_size_; }  // KV slots (rows) per layer
   Device device() const { return device_; }
-  DType dtype() const { return device_ == Device::CUDA ? DType::BF16 : DType::F32; }
+  // The views' dtype: F8_E4M3 for an FP8 pool on CUDA, else BF16 (CUDA) / F32 (CPU, FP8 or not).
+  DType dtype() const;
+  bool fp8() const { return kv_dtype_ == KvCacheDtype::FP8; }
+  KvCacheDtype kv_dtype() const { return fp8() ? KvCacheDtype::FP8 : KvCacheDtype::BF16; }
+  // FP8: one k scale and one v scale per layer (a checkpoint's k_scale / v_scale, else 1). InputError unless
+  // num_layers() finite positive values each; ignored (but still checked) by a pool that is not FP8.
+  void set_scales(const std::vector<float>& k_scales, const std::vector<float>& v_scales);
+  KvQuant quant(int layer) const;  // what the ops need for layer `layer`
   size_t bytes() const { return bytes_; }
-  size_t bytes_per_block() const { return bytes_per_block(shape_, num_layers_, block_size_, device_); }
+  size_t bytes_per_block() const { return bytes_per_block(shape_, num_layers_, block_size_, device_, kv_dtype_); }
   size_t layer_bytes() const { return bytes_ / static_cast<size_t>(2 * num_layers_); }  // one of k or v of a layer
   // [num_blocks, block_size, kv_dim] views of layer `layer` (contiguous).
   TensorView k(int layer) const;
@@ -110,6 +144,8 @@ class PagedKvPool {
   AttentionShape shape_;
   int64_t num_layers_ = 0, num_blocks_ = 0, block_size_ = 0;
   Device device_ = Device::CPU;
+  KvCacheDtype kv_dtype_ = KvCacheDtype::BF16;
+  std::vector<float> k_scales_, v_scales_;  // [num_layers]
   size_t bytes_ = 0;
   DeviceBuffer device_storage_;
   HostBuffer host_storage_;
@@ -179,8 +215,11 @@ void check_paged_step(const AttentionBatch& batch, const PagedStepTables& tables
 // Stores this step's new keys and values in the pool: row t of k and v goes to KV slot slot_mapping[t] of pool_k /
 // pool_v (one layer: PagedKvPool::k(layer), v(layer)); a slot of -1 is skipped. k, v: [tables.num_tokens(),
 // kv_dim], any row stride (views into the fused QKV buffer). CUDA: bf16, rows 16-byte aligned.
+// quant.fp8 (lesson 16): each element stored as kv_fp8_round would read it back (CUDA: the E4M3 code, pool views
+// F8_E4M3; CPU: the decoded value in the fp32 pool). CUDA: the pool's dtype must match quant (InputError).
 void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,
-                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream = nullptr);
+                    const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream = nullptr,
+                    const KvQuant& quant = {});
 
 // Attention of the step's queries over the pool: sequence b's keys 0..k_len[b]-1 (already written, this step's
 // included) through its block table. q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV
@@ -191,7 +230,7 @@ void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const Te
 void paged_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k, const TensorView& pool_v,
                      const AttentionBatch& batch, const PagedStepTables& tables, const AttentionShape& shape,
                      DecodeWorkspace* workspace, cudaStream_t stream = nullptr,
-                     DecodeAttention decode = DecodeAttention::Split);
+                     DecodeAttention decode = DecodeAttention::Split, const KvQuant& quant = {});
 
 // Decode only (every q_len is 0 or 1), with an explicit split count (1..kMaxDecodeSplits). CPU: fp32, lesson
 // 10's split algorithm (cache_attention_cpu.h) through the block table; CUDA: lesson 10's decode kernel and
@@ -200,7 +239,12 @@ void paged_attention(const TensorView& out, const TensorView& q, const TensorVie
 void paged_decode_attention(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                             const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                             const AttentionShape& shape, int num_splits, DecodeWorkspace* workspace,
-                            cudaStream_t stream = nullptr, DecodeAttention kernel = DecodeAttention::Split);
+                            cudaStream_t stream = nullptr, DecodeAttention kernel = DecodeAttention::Split,
+                            const KvQuant& quant = {});
+// An FP8 pool (quant.fp8) on CUDA: lesson 10's kernel reads the codes (8 per 8-byte load, converted to bf16
+// exactly) and folds the scales into its arithmetic (k_scale into the score scale, v_scale into the output), the
+// math in fp32; Fast runs lesson 14's kernel the same way once its FP8 seam is installed, else lesson 10's. Prefill and chunks over an FP8
+// pool run lesson 07's CUDA-core flash kernel (the tensor-core one copies bf16 tiles with cp.async).
 
 // Lesson 14's decode kernel over the pool: the same seam as lesson 10's install_fast_decode (kv_cache.h says why
 // a seam), for the paged policy. Arguments already checked by paged_decode_attention(); window as there.
@@ -210,6 +254,18 @@ using FastPagedDecodeFn = void (*)(const TensorView& out, const TensorView& q, c
                                    int window, const DecodeWorkspace& workspace, cudaStream_t stream);
 void install_fast_paged_decode(FastPagedDecodeFn fn);  // idempotent; published atomically
 FastPagedDecodeFn installed_fast_paged_decode();         // null until lesson 14 installs it
+// The same kernel over an FP8 pool (lesson 16): a seam of its own, so that the bf16 one keeps its signature. When it
+// is not installed, Fast over an FP8 pool runs lesson 10's kernel (decode_kind_for says which kind runs).
+using FastPagedDecodeFp8Fn = void (*)(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                      const TensorView& pool_v, const AttentionBatch& batch,
+                                      const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                      int window, const KvQuant& quant, const DecodeWorkspace& workspace,
+                                      cudaStream_t stream);
+void install_fast_paged_decode_fp8(FastPagedDecodeFp8Fn fn);  // idempotent; published atomically
+FastPagedDecodeFp8Fn installed_fast_paged_decode_fp8();         // null until lesson 14 installs it
+// The decode kernel that runs when `asked` is asked for over a pool stored as `quant` says: Fast over FP8 without
+// the FP8 seam installed is Split; otherwise `asked`.
+DecodeAttention decode_kind_for(DecodeAttention asked, const KvQuant& quant);
 
 // A faster prefill over the pool (lesson 15's wgmma kernel on Hopper): the same seam again. PagedAttention asks it,
 // when its set_fast_prefill(true) was called, for every step with a sequence of more than one query that lesson
@@ -232,21 +288,24 @@ bool try_fast_paged_prefill(const TensorView& out, const TensorView& q, const Te
 void paged_kv_write_cpu(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,
                         const PagedStepTables& tables);
 void paged_kv_write_cuda(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k,
-                         const TensorView& v, const PagedStepTables& tables, cudaStream_t stream);
+                         const TensorView& v, const PagedStepTables& tables, cudaStream_t stream,
+                         const KvQuant& quant = {});
+void paged_kv_write_fp8_cpu(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k,
+                            const TensorView& v, const PagedStepTables& tables, const KvQuant& quant);
 // Prefill/chunks over the pool on the CPU: lesson 07's reference formula, double precision.
 void paged_prefill_attention_cpu(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                  const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                                  const AttentionShape& shape);
 void paged_flash_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                 const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
-                                const AttentionShape& shape, cudaStream_t stream);
+                                const AttentionShape& shape, cudaStream_t stream, const KvQuant& quant = {});
 void paged_decode_attention_cpu(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                 const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                                 const AttentionShape& shape, int num_splits);
 void paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                  const TensorView& pool_v, const AttentionBatch& batch, const PagedStepTables& tables,
                                  const AttentionShape& shape, int num_splits, const DecodeWorkspace& workspace,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const KvQuant& quant = {});
 
 // ---- the benchmark ---------------------------------------------------------------------------------------
 
@@ -255,7 +314,7 @@ void paged_decode_attention_cuda(const TensorView& out, const TensorView& q, con
 // shapes and split count. Bytes = the K and V rows actually read (+ q and out), achieved GB/s as % of the
 // measured device copy bandwidth (common/bench.h). Prints a table to `out`. CUDA only (CudaError without a GPU).
 // When lesson 14's kernel is installed (install_fast_paged_decode and install_fast_decode), two more rows: it over
-// the same pool and cache, with its own split count.
+// the same pool and cache, with its own split count. Then (lesson 16) the paged rows again over an FP8 pool.
 struct PagedDecodeBench {
   int splits = 0;
   double bytes = 0.0;  // per step (all layers)
@@ -263,6 +322,10 @@ struct PagedDecodeBench {
   double paged_gbs = 0.0, contiguous_gbs = 0.0, copy_gbs = 0.0;
   int fast_splits = 0;  // lesson 14's rows (0: not installed)
   double fast_paged_ms = 0.0, fast_contiguous_ms = 0.0, fast_paged_gbs = 0.0, fast_contiguous_gbs = 0.0;
+  // Lesson 16: the same step over an FP8 pool (half the K and V bytes): lesson 10's kernel, and lesson 14's when its
+  // FP8 seam is installed (fp8_fast_paged_ms 0 otherwise).
+  double fp8_bytes = 0.0;
+  double fp8_paged_ms = 0.0, fp8_fast_paged_ms = 0.0;
 };
 PagedDecodeBench bench_paged_decode(const AttentionShape& shape, int64_t num_layers, int64_t batch, int64_t context,
                                     int64_t block_size, std::ostream& out);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -54,10 +55,13 @@ inline int block_shift_of(int64_t power_of_two) {
 // it, so paging changes nothing but where a row is. A chunk of new queries sees every key before it, whichever
 // step wrote it and whichever sequence's blocks they are (a prefix-cache hit is a table that starts with
 // another's blocks).
-struct PagedKV {
-  using bf16 = __nv_bfloat16;
-  const bf16* k;                // the layer's k pool: [num_blocks * block_size rows, kv_dim]
-  const bf16* v;
+// T is the element of the pool: bf16, or (lesson 16) __nv_fp8_e4m3 for an FP8 pool, whose rows the kernels read
+// with load_pack<8>'s FP8 overload (8 codes, 8 bytes) and whose scales the launcher folds into the parameters.
+template <class T>
+struct PagedKVOf {
+  using element = T;
+  const T* k;                   // the layer's k pool: [num_blocks * block_size rows, kv_dim]
+  const T* v;
   const int32_t* block_tables;  // [B][table_stride] device
   int64_t table_stride;
   int block_shift;              // log2(block_size)
@@ -65,12 +69,12 @@ struct PagedKV {
   int head_dim;
 
   struct Sequence {
-    const bf16* k;         // row 0 of the pool, this kv head's column
-    const bf16* v;
+    const T* k;            // row 0 of the pool, this kv head's column
+    const T* v;
     const int32_t* table;  // this sequence's block table
     int shift, kv_dim;
-    __device__ __forceinline__ const bf16* key(int pos) const { return k + paged_row(table, pos, shift) * kv_dim; }
-    __device__ __forceinline__ const bf16* value(int pos) const { return v + paged_row(table, pos, shift) * kv_dim; }
+    __device__ __forceinline__ const T* key(int pos) const { return k + paged_row(table, pos, shift) * kv_dim; }
+    __device__ __forceinline__ const T* value(int pos) const { return v + paged_row(table, pos, shift) * kv_dim; }
   };
   // k_begin (where packed keys would start) means nothing here: a sequence's keys are wherever its table says.
   __device__ __forceinline__ Sequence sequence(int b, int /*k_begin*/, int kv_head) const {
@@ -78,12 +82,14 @@ struct PagedKV {
     return {k + column, v + column, block_tables + static_cast<int64_t>(b) * table_stride, block_shift, kv_dim};
   }
 };
+using PagedKV = PagedKVOf<__nv_bfloat16>;
+using PagedKVFp8 = PagedKVOf<__nv_fp8_e4m3>;
 
-inline PagedKV paged_kv_policy(const TensorView& pool_k, const TensorView& pool_v, const PagedStepTables& tables,
-                               const AttentionShape& shape) {
-  return {pool_k.ptr<const __nv_bfloat16>(), pool_v.ptr<const __nv_bfloat16>(), tables.device_block_tables(),
-          tables.max_blocks_per_seq(), block_shift_of(tables.block_size()), static_cast<int>(shape.kv_dim()),
-          static_cast<int>(shape.head_dim)};
+template <class T = __nv_bfloat16>
+inline PagedKVOf<T> paged_kv_policy(const TensorView& pool_k, const TensorView& pool_v, const PagedStepTables& tables,
+                                    const AttentionShape& shape) {
+  return {pool_k.ptr<const T>(), pool_v.ptr<const T>(), tables.device_block_tables(), tables.max_blocks_per_seq(),
+          block_shift_of(tables.block_size()), static_cast<int>(shape.kv_dim()), static_cast<int>(shape.head_dim)};
 }
 
 }  // namespace tvllm

@@ -77,6 +77,20 @@ void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q
                       batch.batch_size(), num_splits, stream);
 }
 
+// Lesson 16's FP8 pool: the scales folded in (k_scale into the score scale, v_scale into the output), the rows read
+// as codes by the register pipeline (decode_attention_fast.cuh: launch_for).
+void fast_paged_decode_attention_fp8_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                          const TensorView& pool_v, const AttentionBatch& batch,
+                                          const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                          int window, const KvQuant& quant, const DecodeWorkspace& workspace,
+                                          cudaStream_t stream) {
+  fast_decode::Params p = fast_params(out, q, batch, shape, window, workspace);
+  p.scale_log2 *= quant.k_scale;
+  p.v_scale = quant.v_scale;
+  fast_decode::launch(pipeline(), p, paged_kv_policy<__nv_fp8_e4m3>(pool_k, pool_v, tables, shape),
+                      static_cast<int>(shape.n_kv_heads), batch.batch_size(), num_splits, stream);
+}
+
 void set_fast_decode_pipeline(FastDecodePipeline pipeline) { g_pipeline.store(pipeline); }
 FastDecodePipeline fast_decode_pipeline() { return g_pipeline.load(); }
 
@@ -90,6 +104,7 @@ void install_fast_decode_attention() {
   kernel.contiguous = fast_decode_attention_cuda;
   install_fast_decode(kernel);
   install_fast_paged_decode(fast_paged_decode_attention_cuda);
+  install_fast_paged_decode_fp8(fast_paged_decode_attention_fp8_cuda);
 }
 
 }  // namespace tvllm

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_utils.cuh"
 #include "common/errors.h"
@@ -77,6 +78,9 @@ struct Params {
   int window;             // 0: every key; W > 0: only keys [max(0, k_len - W), k_len) (a sliding window)
   float scale_log2;       // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
   float* partials;        // [B][n_heads][kMaxSplits][head_dim + 2]: unnormalised o, then m, then l (lesson 10's)
+  // Lesson 16's FP8 KV pool: values read back as code * v_scale, applied once to the normalised output (1 for bf16:
+  // the same bits); the launcher folds k_scale into scale_log2.
+  float v_scale = 1.0f;
 };
 
 // Rounds a lane keeps per stage: U keys' K and V, 8 registers each. With 8 query heads a lane already holds
@@ -319,7 +323,8 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
       L = fmaf(weight, sL[w * G + g], L);
     }
     if (direct) {
-      p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(L > 0.f ? o / L : 0.f);
+      p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] =
+          __float2bfloat16_rn(L > 0.f ? o / L * p.v_scale : 0.f);
     } else {
       // Lesson 10's partial layout; an empty split (no keys) writes m = -inf, which the combine skips.
       float* part = p.partials + ((static_cast<int64_t>(b) * p.n_heads + h) * kMaxSplits + blockIdx.x) * (D + 2);
@@ -357,7 +362,7 @@ static __global__ void __launch_bounds__(kThreads) fast_combine_kernel(const Par
       const float ms = part[s * (D + 2) + D];
       if (ms != -INFINITY) o = fmaf(exp2f(ms - M), part[s * (D + 2) + d], o);
     }
-    p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(o * inv);
+    p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(o * inv * p.v_scale);
   }
 }
 
@@ -368,8 +373,14 @@ void launch_for(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads
   const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(n_kv_heads * head_tiles),
                   static_cast<unsigned>(batch_size));
   constexpr int U = rounds_per_stage<G>();
+  // The ring copies 16 bytes per lane with cp.async: 8 bf16. A policy over FP8 rows (8 bytes per lane: lesson 16)
+  // runs the register pipeline, whose load_streaming has an FP8 overload.
+  constexpr bool kBf16Rows = std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(kv.k)>>, bf16>;
+  if constexpr (!kBf16Rows) pipeline = Pipeline::Registers;
   const size_t smem = smem_bytes<G>(pipeline, p.head_dim);
-  if (pipeline == Pipeline::Ring) {
+  if constexpr (!kBf16Rows) {
+    fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV><<<grid, kThreads, smem, stream>>>(p, kv);
+  } else if (pipeline == Pipeline::Ring) {
     fast_decode_kernel<TPK, G, U, Pipeline::Ring, KV><<<grid, kThreads, smem, stream>>>(p, kv);
   } else {
     fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV><<<grid, kThreads, smem, stream>>>(p, kv);

@@ -55,6 +55,12 @@ void fast_decode_attention_cuda(const TensorView& out, const TensorView& q, cons
                                 const TensorView& cache_v, const AttentionBatch& batch, const CacheSlots& slots,
                                 const AttentionShape& shape, int num_splits, int window,
                                 const DecodeWorkspace& workspace, cudaStream_t stream);
+// Over lesson 16's FP8 pool (quant.fp8): installed as lesson 12's FP8 seam. The register pipeline reads the codes.
+void fast_paged_decode_attention_fp8_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
+                                          const TensorView& pool_v, const AttentionBatch& batch,
+                                          const PagedStepTables& tables, const AttentionShape& shape, int num_splits,
+                                          int window, const KvQuant& quant, const DecodeWorkspace& workspace,
+                                          cudaStream_t stream);
 void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
                                       const TensorView& pool_v, const AttentionBatch& batch,
                                       const PagedStepTables& tables, const AttentionShape& shape, int num_splits,

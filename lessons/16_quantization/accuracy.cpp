@@ -8,24 +8,64 @@
 
 #include "common/errors.h"
 #include "common/random.h"
+#include "engine_paged.h"  // load_kv_scales
 #include "generate.h"
 #include "model_weights.h"
+#include "paged_attention.h"
 #include "tokenizer.h"
 
 namespace tvllm {
 
 namespace fs = std::filesystem;
 
-TeacherForcing::TeacherForcing(const ModelDir& model, Device device, int64_t max_ids)
-    : weights_(std::make_unique<ModelWeights>(ModelWeights::bind(model, device))),
-      generator_(std::make_unique<Generator>(*weights_, Generator::limits_for(model.config, max_ids + 1))),
-      max_ids_(max_ids) {}
+// One sequence through forward() with PagedAttention over a pool of `kv` (FP8 or BF16): blocks 0, 1, ... in order.
+struct PagedKvRun {
+  static constexpr int64_t kBlock = 16;
+  EngineLimits limits;
+  ExecContext ctx;
+  StepInputs step;
+  PagedKvPool pool;
+  PagedAttention attention;
+  PagedKvRun(const ModelDir& model, const ModelWeights& w, int64_t max_ids, KvCacheDtype kv)
+      : limits(EngineLimits{1, 1, 1, max_ids + 1}.resolved(w.config)),
+        ctx(w.config, limits, w.device),
+        step(w.config, limits, w.device),
+        pool(PagedKvPool::for_model(w.config, (max_ids + kBlock) / kBlock, kBlock, w.device, kv)),
+        attention(pool, limits) {
+    PagedKvOptions scales;
+    if (load_kv_scales(model, scales)) pool.set_scales(scales.k_scales, scales.v_scales);
+  }
+  // Feeds ids[0..n-2] one step each (the first a one-token prefill); row i of the result predicts ids[i + 1].
+  Tensor logits(const ModelWeights& w, const std::vector<int32_t>& ids) {
+    const auto n = static_cast<int64_t>(ids.size());
+    Tensor out = Tensor::empty({n - 1, w.config.vocab_size}, DType::F32, Device::CPU);
+    std::vector<int32_t> table;
+    for (int64_t b = 0; b * kBlock < n; ++b) table.push_back(static_cast<int32_t>(b));
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      step.set({ids[static_cast<size_t>(i)]}, {1}, {i + 1}, {0}, ctx.stream());
+      attention.set_tables({static_cast<int32_t>(i)}, {std::vector<int32_t>(table.begin(), table.begin() + i / kBlock + 1)},
+                           ctx.stream());
+      const TensorView logits = forward(ctx, w, step, attention);
+      ctx.synchronize();
+      copy_view(out.view().rows(i, 1), logits.rows(0, 1));
+    }
+    ctx.check_tokens();
+    return out;
+  }
+};
+
+TeacherForcing::TeacherForcing(const ModelDir& model, Device device, int64_t max_ids, KvCacheDtype kv)
+    : weights_(std::make_unique<ModelWeights>(ModelWeights::bind(model, device))), max_ids_(max_ids) {
+  if (kv != KvCacheDtype::Auto) paged_ = std::make_unique<PagedKvRun>(model, *weights_, max_ids, kv);
+  else generator_ = std::make_unique<Generator>(*weights_, Generator::limits_for(model.config, max_ids + 1));
+}
 
 TeacherForcing::~TeacherForcing() = default;
 
 Tensor TeacherForcing::logits(const std::vector<int32_t>& ids) {
   TVLLM_REQUIRE(ids.size() >= 2 && static_cast<int64_t>(ids.size()) <= max_ids_,
                 "TeacherForcing::logits: needs 2.." + std::to_string(max_ids_) + " ids, got " + std::to_string(ids.size()));
+  if (paged_) return paged_->logits(*weights_, ids);
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 1), forced(ids.begin() + 1, ids.end());
   return generator_->forced_logits(prompt, forced);
 }

@@ -19,6 +19,7 @@
 #include "common/device.h"
 #include "common/tensor.h"
 #include "model_dir.h"
+#include "paged_kv.h"  // KvCacheDtype (the FP8 KV rows of the table)
 
 namespace tvllm {
 
@@ -26,10 +27,15 @@ class Generator;  // lesson 10
 struct ModelWeights;
 
 // Teacher forcing with one model on one device: the weights are bound (uploaded) once, then logits() runs
-// lesson 10's Generator for each text (prefill of ids[0], then one decode step per id).
+// lesson 10's Generator for each text (prefill of ids[0], then one decode step per id). kv FP8: the same steps
+// through lesson 12's PagedAttention over an FP8 pool (the Generator's contiguous cache has no FP8), with the
+// checkpoint's k_scale / v_scale when it has them, else 1.0. kv BF16: the paged steps over a pool of the model's
+// dtype, which give the Generator's logits bit for bit (tests/test_16_fp8_kv.cpp checks it: the FP8 rows differ
+// from the bf16 one by the KV format only).
+struct PagedKvRun;
 class TeacherForcing {
  public:
-  TeacherForcing(const ModelDir& model, Device device, int64_t max_ids);
+  TeacherForcing(const ModelDir& model, Device device, int64_t max_ids, KvCacheDtype kv = KvCacheDtype::Auto);
   ~TeacherForcing();
   TeacherForcing(const TeacherForcing&) = delete;
   TeacherForcing& operator=(const TeacherForcing&) = delete;
@@ -40,6 +46,7 @@ class TeacherForcing {
  private:
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Generator> generator_;
+  std::unique_ptr<PagedKvRun> paged_;  // kv FP8
   int64_t max_ids_;
 };
 

@@ -198,12 +198,15 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
 
   const ModelDir bf16 = ModelDir::open(opt.model_dir);
   const ModelDir fp8 = ModelDir::open(tmp);
-  LogitsComparison total;
+  LogitsComparison total, kv8, both8;  // FP8 weights; bf16 weights + FP8 KV; FP8 weights + FP8 KV (all vs bf16)
   TeacherForcing run_bf16(bf16, opt.device, 256), run_fp8(fp8, opt.device, 256);
+  TeacherForcing run_kv8(bf16, opt.device, 256, KvCacheDtype::FP8), run_both8(fp8, opt.device, 256, KvCacheDtype::FP8);
   for (const std::vector<int32_t>& ids : corpus_windows(opt.model_dir, corpus, 256, 8)) {
     const Tensor ref = run_bf16.logits(ids);
     const Tensor cand = run_fp8.logits(ids);
     accumulate(total, compare_logits(cand.view(), ref.view(), ids));
+    accumulate(kv8, compare_logits(run_kv8.logits(ids).view(), ref.view(), ids));
+    accumulate(both8, compare_logits(run_both8.logits(ids).view(), ref.view(), ids));
   }
   const bool text = has_tokenizer(opt.model_dir);
   std::printf("\nteacher-forced over %lld positions of %s (%s):\n", static_cast<long long>(total.positions),
@@ -214,6 +217,24 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
   std::printf("  %-22s %12s %11.2f%%\n", "top-1 agreement", "-", 100.0 * total.top1_agreement());
   std::printf("  %-22s %12s %12.4f   (rms of the logits %.3f; max |err| %.4f)\n\n", "rms logit error", "-",
               total.rms_error, total.reference_rms, total.max_abs_error);
+  // Lesson 16 section 8: the FP8 KV cache (E4M3, per-layer scales: the checkpoint's, else 1.0), each row against
+  // the bf16 run above.
+  std::printf("  %-22s %12s %12s %12s\n", "", "bf16 weights", "bf16 w + ", "FP8 w + ");
+  std::printf("  %-22s %12s %12s %12s\n", "", "bf16 KV", "FP8 KV", "FP8 KV");
+  std::printf("  %-22s %12.5f %12.5f %12.5f\n", "perplexity", total.reference_perplexity, kv8.candidate_perplexity,
+              both8.candidate_perplexity);
+  std::printf("  %-22s %12s %11.2f%% %11.2f%%\n", "top-1 agreement", "-", 100.0 * kv8.top1_agreement(),
+              100.0 * both8.top1_agreement());
+  std::printf("  %-22s %12s %12.4f %12.4f\n", "rms logit error", "-", kv8.rms_error, both8.rms_error);
+  std::printf("  %-22s %12s %12.4f %12.4f\n\n", "max |logit error|", "-", kv8.max_abs_error, both8.max_abs_error);
+  // E4M3 keys and values move each score by ~2^-4 relative at worst (README section 8): the logits move by a few
+  // percent of their rms, as FP8 weights do; a wrong scale or a kernel reading the wrong bytes moves them by more
+  // than their own size. The same 25% separates the two.
+  report.add_check("FP8 KV: rms logit error < 25% of rms logits", kv8.rms_error < 0.25 * kv8.reference_rms,
+                   std::to_string(kv8.rms_error) + " vs " + std::to_string(kv8.reference_rms));
+  report.add_check("FP8 weights + FP8 KV: rms logit error < 25% of rms logits",
+                   both8.rms_error < 0.25 * both8.reference_rms,
+                   std::to_string(both8.rms_error) + " vs " + std::to_string(both8.reference_rms));
   // Every model: per-weight errors of at most 2^-4 (relative, ~2% rms) with independent signs move the logits
   // by a few percent of their rms (4.7% on the bundled model; more layers compound it somewhat). A scale
   // ignored, transposed or applied twice moves them by more than their own size: 25% separates the two.

@@ -37,6 +37,7 @@ struct BenchThroughputOptions {
   double kv_fraction = 0.9;
   bool prefix_caching = true;
   bool batch_invariant = false;
+  std::string kv_cache_dtype = "auto";  // lesson 16
   FastPathFlags fast;  // lesson 14
 };
 
@@ -69,8 +70,11 @@ void run(const BenchThroughputOptions& o) {
   config.max_context = 2 * o.max_len;
   config.batch_invariant = o.batch_invariant;
   KvFactory kv;
+  PagedKvOptions kv_options;
+  const std::string kv_note =
+      apply_kv_cache_dtype(o.kv_cache_dtype, model, o.kv == "paged", o.batch_invariant, kv_options);  // lesson 16
   if (o.kv == "paged") {
-    PagedKvOptions p;
+    PagedKvOptions p = kv_options;
     p.block_size = o.block_size;
     p.prefix_caching = o.prefix_caching;
     p.budget.fraction = o.kv_fraction;
@@ -85,9 +89,9 @@ void run(const BenchThroughputOptions& o) {
   o.fast.warm_up(engine);  // + the decode graphs of batch sizes 1, 2, 4, ..., before the timed run
   const double warm_up_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count();
-  std::fprintf(stderr, "bench throughput: %s on %s, %s%s%s; %lld requests, lengths [%lld, %lld], seed %llu\n",
+  std::fprintf(stderr, "bench throughput: %s on %s, %s%s%s%s%s; %lld requests, lengths [%lld, %lld], seed %llu\n",
                o.model.c_str(), std::string(device_name(device)).c_str(), engine.kv().describe().c_str(),
-               fp8_note.empty() ? "" : ", ", fp8_note.c_str(),
+               fp8_note.empty() ? "" : ", ", fp8_note.c_str(), kv_note.empty() ? "" : ", ", kv_note.c_str(),
                static_cast<long long>(o.num_requests), static_cast<long long>(o.min_len),
                static_cast<long long>(o.max_len), static_cast<unsigned long long>(o.seed));
 
@@ -104,6 +108,7 @@ void run(const BenchThroughputOptions& o) {
     j["kv"] = o.kv;
     j["batching"] = o.static_batch > 0 ? "static" : "continuous";
     j["batch_invariant"] = o.batch_invariant;
+    j["kv_cache_dtype"] = std::string(kv_cache_dtype_name(kv_options.kv_dtype));
     j["seed"] = o.seed;
     j["min_len"] = o.min_len;
     j["max_len"] = o.max_len;
@@ -180,6 +185,7 @@ void add_bench_throughput_command(CLI::App& bench) {
       ->check(CLI::Range(0.01, 1.0));
   cmd->add_option("--kv-fraction", opt->kv_fraction)->check(CLI::Range(0.01, 1.0))->group("");
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
+  add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");

@@ -32,6 +32,7 @@ struct ChatCliOptions {
   int64_t max_tokens = 256, max_context = 4096;
   SamplingFlags sampling;
   FastPathFlags fast;
+  std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
 };
 
 std::string trim_ascii(const std::string& s) {
@@ -156,9 +157,11 @@ void add_chat_command(CLI::App& app) {
                   "the KV cache's positions, at most the model's max_position_embeddings (default 4096)");
   opt->sampling.add_to(cmd);
   opt->fast.add_to(cmd);
+  add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([opt, system, thinking] {
+    require_generator_kv_cache_dtype(opt->kv_cache_dtype, "chat");
     run_chat(*opt, system->count() > 0, thinking->count() > 0);
     g_exit_code = 0;
   });

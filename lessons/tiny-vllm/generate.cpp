@@ -37,6 +37,7 @@ struct GenerateCliOptions {
   int64_t max_tokens = 128;
   SamplingFlags sampling;
   FastPathFlags fast;
+  std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
 };
 
 std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOptions& o, bool have_prompt,
@@ -162,6 +163,7 @@ void add_generate_command(CLI::App& app) {
   opt->sampling.add_to(cmd);
   opt->fast.add_to(cmd);
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "do not stop at an EOS id (benchmarks)");
+  add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the kernels of `serve --batch-invariant`: the same ids as a server in that mode gives this prompt");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
@@ -169,6 +171,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--output", opt->output, "text (streamed) or json (one object)")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([opt, prompt, ids, system, thinking] {
+    require_generator_kv_cache_dtype(opt->kv_cache_dtype, "generate");
     opt->have_thinking = thinking->count() > 0;
     run_generate(*opt, prompt->count() > 0, ids->count() > 0, system->count() > 0);
     g_exit_code = 0;

@@ -48,6 +48,7 @@ struct ServeCliOptions {
   int64_t max_connections = 1000;
   bool quiet = false;
   bool batch_invariant = false;
+  std::string kv_cache_dtype = "auto";  // lesson 16
   FastPathFlags fast;  // lesson 14
 };
 
@@ -106,8 +107,12 @@ void run_serve(const ServeCliOptions& o) {
   ec.max_context = std::min<int64_t>(o.max_model_len, m->model.config.max_position_embeddings);
   ec.batch_invariant = o.batch_invariant;
   KvFactory kv;
+  PagedKvOptions kv_options;
+  const std::string kv_note =
+      apply_kv_cache_dtype(o.kv_cache_dtype, m->model, o.kv == "paged", o.batch_invariant, kv_options);  // lesson 16
+  if (!kv_note.empty() && !o.quiet) std::fprintf(stderr, "tiny-vllm serve: %s\n", kv_note.c_str());
   if (o.kv == "paged") {
-    PagedKvOptions po;
+    PagedKvOptions po = kv_options;
     po.num_blocks = o.kv_blocks;
     po.budget.fraction = o.gpu_memory_utilization;
     po.log = &std::cerr;
@@ -210,6 +215,7 @@ void add_serve_commands(CLI::App& app) {
                   "paged: blocks of 16 positions in the pool (0: from free memory)");
   cmd->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization,
                   "paged on CUDA: the fraction of free memory the pool may take (default 0.9)");
+  add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
   cmd->add_option("--shutdown-timeout", opt->shutdown_timeout_s,
                   "seconds in-flight requests may take to finish after SIGINT/SIGTERM (default 30); then the "
                   "rest are aborted and every connection is closed");

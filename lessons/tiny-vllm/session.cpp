@@ -6,6 +6,9 @@
 
 #include "common/device.h"
 #include "common/errors.h"
+#ifdef TVLLM_CLI_ENGINE
+#include "engine_paged.h"  // --kv-cache-dtype (lesson 16's FP8 pool)
+#endif
 #ifdef TVLLM_CLI_FAST
 #include "engine.h"
 #include "fast_path.h"
@@ -74,6 +77,45 @@ void add_fp8_weights_option(CLI::App* cmd, std::string& choice) {
                   "resident (E4M3 codes on the GPU, read by the decode GEMVs), dequantize (bf16 at load)")
       ->check(CLI::IsMember({"auto", "resident", "dequantize"}))
       ->type_name("auto|resident|dequantize");
+}
+
+void add_kv_cache_dtype_option(CLI::App* cmd, std::string& choice) {
+  cmd->add_option("--kv-cache-dtype", choice,
+                  "how k and v are stored: auto (the model's dtype), bf16, fp8 (E4M3, one scale per layer for k "
+                  "and for v: half the bytes; the engine's paged pool only)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
+      ->type_name("auto|bf16|fp8");
+}
+
+void require_generator_kv_cache_dtype(const std::string& choice, const char* command) {
+  if (choice == "fp8") {
+    throw InputError(std::string("--kv-cache-dtype fp8: ") + command +
+                     " runs lesson 10's contiguous KV cache, which stores the model's dtype; the FP8 KV cache is the "
+                     "engine's paged pool (tiny-vllm serve, tiny-vllm bench throughput)");
+  }
+  TVLLM_REQUIRE(choice == "auto" || choice == "bf16",
+                "--kv-cache-dtype: expected auto, bf16 or fp8, got \"" + choice + "\"");
+}
+
+std::string apply_kv_cache_dtype(const std::string& choice, const ModelDir& model, bool paged, bool batch_invariant,
+                                 PagedKvOptions& options) {
+#ifdef TVLLM_CLI_ENGINE
+  options.kv_dtype = parse_kv_cache_dtype(choice);
+  if (options.kv_dtype != KvCacheDtype::FP8) return "";
+  if (!paged) {
+    throw InputError("--kv-cache-dtype fp8 needs --kv paged: lesson 10's contiguous cache stores the model's dtype");
+  }
+  if (batch_invariant) {
+    throw InputError("--kv-cache-dtype fp8 with --batch-invariant: the batch-invariant mode's guarantee (the same "
+                     "bits whatever the other requests) is tested for the bf16 cache only; drop one of the two");
+  }
+  const bool scaled = load_kv_scales(model, options);
+  return scaled ? "FP8 KV cache (E4M3, the checkpoint's k_scale / v_scale)" : "FP8 KV cache (E4M3, scales 1.0)";
+#else
+  (void)model, (void)paged, (void)batch_invariant, (void)options;
+  if (choice == "fp8") throw InputError("--kv-cache-dtype fp8: needs lesson 12's paged pool, not built here");
+  return "";
+#endif
 }
 
 void FastPathFlags::add_to(CLI::App* cmd) {

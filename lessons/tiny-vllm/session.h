@@ -23,7 +23,8 @@
 #endif
 
 namespace tvllm {
-class Engine;  // lesson 11 (serve and bench throughput install the fast path on one)
+class Engine;            // lesson 11 (serve and bench throughput install the fast path on one)
+struct PagedKvOptions;   // lesson 12 (serve and bench throughput: --kv-cache-dtype)
 }
 
 namespace tvllm::cli {
@@ -53,6 +54,19 @@ Fp8Load resolve_fp8_weights(const std::string& choice, const std::filesystem::pa
 // The startup notice's words for it ("" for a checkpoint that is not FP8).
 std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode);
 void add_fp8_weights_option(CLI::App* cmd, std::string& choice);
+
+// --kv-cache-dtype auto|bf16|fp8 (lesson 16, vLLM's flag and spelling): how k and v are stored. auto: the model's
+// dtype. fp8: E4M3 codes with one scale per layer for k and one for v (the checkpoint's k_scale / v_scale, else
+// 1.0), in the engine's paged pool only.
+void add_kv_cache_dtype_option(CLI::App* cmd, std::string& choice);
+// generate, chat, bench latency run lesson 10's contiguous cache, which stores the model's dtype: fp8 is an
+// InputError that names the commands that have it (serve, bench throughput); auto and bf16 pass.
+void require_generator_kv_cache_dtype(const std::string& choice, const char* command);
+// serve and bench throughput: sets options.kv_dtype and, for fp8, the checkpoint's scales. InputError for fp8 with
+// --kv contiguous (lesson 10's cache stores bf16) or --batch-invariant (its guarantee is tested for bf16 only).
+// Returns the banner's words: "" for bf16, else e.g. "FP8 KV cache (E4M3, scales 1.0)".
+std::string apply_kv_cache_dtype(const std::string& choice, const ModelDir& model, bool paged, bool batch_invariant,
+                                 PagedKvOptions& options);
 
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
