@@ -63,7 +63,7 @@ TEST(LatencyCli14, BadArgumentsExitTwoWithAMessage) {
 TEST(LatencyCli14, TheFastPathFlagsAreAcceptedAndTheCpuRunsTheReference) {
   const auto r = run_command(bin() + " bench latency --model " + model() +
                              " --device cpu --context 8 --output-len 2 --prefill-len 4 --iters 1 --output json"
-                             " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention --no-megakernel --no-hopper"
+                             " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention --megakernel --no-hopper"
                              " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json j = json::parse(r.output);
@@ -79,7 +79,7 @@ TEST(LatencyCli14, FastPathFlagsChangeNoTokens) {
                            " --device cpu --prompt-ids '744 474 274 370' --max-tokens 8 --ignore-eos --output json";
   const auto plain = run_command(base + " 2>/dev/null");
   const auto flags = run_command(base +
-                                 " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention --no-megakernel"
+                                 " --enforce-eager --no-fused --no-fast-sampler --no-pdl --no-fast-attention --megakernel"
                                  " --no-hopper-attention --hopper-gemm 2>/dev/null");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   ASSERT_EQ(flags.exit_code, 0) << flags.output;

@@ -49,6 +49,13 @@ FastPathOptions fused_only() {
   return o;
 }
 
+// The megakernel is opt-in (--megakernel): slower than the fused path in its first version (chapter, section 14).
+FastPathOptions with_megakernel() {
+  FastPathOptions o;
+  o.megakernel = true;
+  return o;
+}
+
 // Skips (with the reason) where the megakernel does not run: before sm_90, say.
 #define REQUIRE_MEGAKERNEL(weights)                                                  \
   do {                                                                               \
@@ -90,7 +97,7 @@ double relative_l2(const TensorView& a, const TensorView& b) {
 TEST(Megakernel14Gpu, IsInstalledAndSizedForThisGpu) {
   REQUIRE_MEGAKERNEL(bundled().w);
   Generator gen(bundled().w, Generator::limits_for(bundled().w.config, 256, 1, 256));
-  use_fast_path(gen);
+  use_fast_path(gen, with_megakernel());
   EXPECT_EQ(gen.context().forward_fn(), &megakernel_forward);
   const MegakernelGeometry g = megakernel_geometry(gen.context(), bundled().w);
   int sms = 0;
@@ -112,7 +119,7 @@ TEST(Megakernel14Gpu, TeacherForcedLogitsMatchTheFusedPath) {
   REQUIRE_MEGAKERNEL(bundled().w);
   const EngineLimits lim = Generator::limits_for(bundled().w.config, 256, 1, 256);
   Generator mega(bundled().w, lim), fused(bundled().w, lim);
-  use_fast_path(mega);
+  use_fast_path(mega, with_megakernel());
   use_fast_path(fused, fused_only());
   for (const ReferenceGeneration& g : refs().gens.sequences) {
     const double e = refs().eps(g);
@@ -135,7 +142,7 @@ TEST(Megakernel14Gpu, GreedyIdsEqualTheFusedPathExceptAtNearTies) {
   REQUIRE_MEGAKERNEL(bundled().w);
   const EngineLimits lim = Generator::limits_for(bundled().w.config, 256, 1, 256);
   Generator mega(bundled().w, lim), fused(bundled().w, lim);
-  use_fast_path(mega);
+  use_fast_path(mega, with_megakernel());
   use_fast_path(fused, fused_only());
   GenerateOptions opt;
   opt.max_new_tokens = 40;
@@ -227,7 +234,7 @@ TEST(Megakernel14Gpu, RandomModelsOfOtherShapesMatchTheComposedForward) {
     REQUIRE_MEGAKERNEL(w);
     const EngineLimits lim = Generator::limits_for(w.config, 64, 1, 64);
     Generator mega(w, lim), composed(w, lim);
-    use_fast_path(mega);
+    use_fast_path(mega, with_megakernel());
     ASSERT_EQ(mega.context().forward_fn(), &megakernel_forward);
     Rng rng(sh.hidden);
     std::vector<int32_t> prompt, forced;
@@ -253,8 +260,8 @@ TEST(Megakernel14Gpu, GraphReplaysAreTheSameBitsAsEagerLaunches) {
   REQUIRE_MEGAKERNEL(bundled().w);
   const EngineLimits lim = Generator::limits_for(bundled().w.config, 256, 1, 256);
   Generator graphs(bundled().w, lim), eager(bundled().w, lim);
-  use_fast_path(graphs);
-  FastPathOptions no_graphs;
+  use_fast_path(graphs, with_megakernel());
+  FastPathOptions no_graphs = with_megakernel();
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
   const ReferenceGeneration& g = refs().gens.sequences.front();
@@ -268,12 +275,17 @@ TEST(Megakernel14Gpu, GraphReplaysAreTheSameBitsAsEagerLaunches) {
   EXPECT_EQ(runner->stats().replays, static_cast<int64_t>(g.output_ids.size()) - 1);
   ASSERT_EQ(a.view().nbytes(), b.view().nbytes());
   EXPECT_EQ(std::memcmp(a.view().data, b.view().data, a.view().nbytes()), 0);
-  // And sampled generation through the graphs equals the eager one, id for id.
+  // And sampled generation through the graphs equals the eager one, id for id. On fresh generators: the graphs
+  // above were captured around forward_step() alone, and a graph is keyed by its shapes and kernels, not by the
+  // host lambda, so replaying one of them in generate() would skip the sampler (every id the prefill's).
+  Generator graphs2(bundled().w, lim), eager2(bundled().w, lim);
+  use_fast_path(graphs2, with_megakernel());
+  use_fast_path(eager2, no_graphs);
   GenerateOptions opt;
   opt.max_new_tokens = 48;
   opt.ignore_eos = true;
   opt.sampling = SamplingParams{0.9f, 50, 0.9f, 42};
-  EXPECT_EQ(graphs.generate(g.prompt_ids, opt).ids, eager.generate(g.prompt_ids, opt).ids);
+  EXPECT_EQ(graphs2.generate(g.prompt_ids, opt).ids, eager2.generate(g.prompt_ids, opt).ids);
 }
 
 // (e) FP8-resident weights run through the megakernel too: tests/test_16_megakernel_fp8_gpu.cpp (it needs lesson
@@ -291,7 +303,7 @@ TEST(Megakernel14Gpu, LongContextsSplitTheAttentionAndStillMatch) {
   REQUIRE_MEGAKERNEL(bundled().w);
   const EngineLimits lim = Generator::limits_for(bundled().w.config, 1200, 1, 1200);
   Generator mega(bundled().w, lim), fused(bundled().w, lim);
-  use_fast_path(mega);
+  use_fast_path(mega, with_megakernel());
   use_fast_path(fused, fused_only());
   Rng rng(1100);
   const int64_t V = bundled().w.config.vocab_size;
@@ -315,7 +327,7 @@ TEST(Megakernel14Gpu, StepsItDoesNotTakeRunTheFusedPath) {
   REQUIRE_MEGAKERNEL(bundled().w);
   const EngineLimits lim = Generator::limits_for(bundled().w.config, 128, 2, 128);
   Generator mega(bundled().w, lim), fused(bundled().w, lim);
-  use_fast_path(mega);
+  use_fast_path(mega, with_megakernel());
   use_fast_path(fused, fused_only());
   GenerateOptions opt;
   opt.max_new_tokens = 6;
@@ -353,7 +365,7 @@ TEST(Megakernel14Gpu, TheEngineAtConcurrencyOneTakesItOnBothKvLayouts) {
     SCOPED_TRACE(paged ? "paged" : "contiguous");
     Engine mega(bundled().w, testing::engine_config(64, 4, 512), paged ? paged_kv() : contiguous_kv());
     Engine fused(bundled().w, testing::engine_config(64, 4, 512), paged ? paged_kv() : contiguous_kv());
-    use_fast_path(mega);
+    use_fast_path(mega, with_megakernel());
     use_fast_path(fused, fused_only());
     ASSERT_EQ(mega.context().forward_fn(), &megakernel_forward);
     const int64_t before = megakernel_steps_launched();

@@ -28,6 +28,13 @@
 namespace tvllm {
 namespace {
 
+// The megakernel is opt-in (--megakernel; lesson 14, section 14).
+FastPathOptions with_megakernel() {
+  FastPathOptions o;
+  o.megakernel = true;
+  return o;
+}
+
 void write_random_llama(const testing::SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed) {
   std::filesystem::create_directories(dir);
   testing::write_file(dir / "config.json", s.config_json());
@@ -59,7 +66,7 @@ TEST(Megakernel16Gpu, Fp8ResidentWeightsMatchTheFusedFp8Path) {
 
   const EngineLimits lim = Generator::limits_for(w.config, 64, 1, 64);
   Generator mega(w, lim), fused(w, lim);
-  use_fast_path(mega);
+  use_fast_path(mega, with_megakernel());
   FastPathOptions no_mega;
   no_mega.megakernel = false;
   use_fast_path(fused, no_mega);
@@ -84,7 +91,7 @@ TEST(Megakernel16Gpu, Fp8ResidentWeightsMatchTheFusedFp8Path) {
   const ModelDir deq_dir = ModelDir::open(tmp / "fp8", Fp8Load::Dequantize);
   const ModelWeights deq = ModelWeights::bind(deq_dir, Device::CUDA);
   Generator deq_mega(deq, lim);
-  use_fast_path(deq_mega);
+  use_fast_path(deq_mega, with_megakernel());
   const Tensor c = deq_mega.forced_logits(prompt, forced);
   const Top1Agreement u = top1_agreement(a.view(), c.view(), 2 * e);
   EXPECT_LE(u.max_abs_error, 2 * e) << "FP8 vs dequantized through the megakernel: " << u.summary();
@@ -100,7 +107,7 @@ TEST(Megakernel16Gpu, TheBundledModelsFp8RowsAreDeclinedByName) {
   // intermediate 600: the down projection's rows are 600 codes, not whole 16-byte packs.
   EXPECT_NE(megakernel_declines(w).find("600"), std::string::npos) << megakernel_declines(w);
   Generator gen(w, Generator::limits_for(w.config, 64, 1, 64));
-  use_fast_path(gen);
+  use_fast_path(gen, with_megakernel());
   EXPECT_NE(gen.context().forward_fn(), &megakernel_forward);
 }
 

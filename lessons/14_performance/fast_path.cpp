@@ -89,8 +89,8 @@ std::string describe_fast_path(const FastPathOptions& o, Device device, const Mo
                                 : ", CUDA graphs for decode batches <= " + std::to_string(o.max_graph_batch) + padded;
   if (o.fused && declined.empty()) {
     const std::string mk = config ? megakernel_declines(*config) : "";
-    s += !o.megakernel  ? ", no megakernel (--no-megakernel)"
-         : mk.empty()   ? ", megakernel for batch-1 decode (sm_90+)"
+    s += !o.megakernel  ? ""
+         : mk.empty()   ? ", megakernel for batch-1 decode (--megakernel, sm_90+)"
                         : ", no megakernel (it does not take this model's " + mk + ")";
   }
   s += o.fast_sampler ? ", fast sampler" : ", lesson 09 sampler";

@@ -41,9 +41,10 @@ struct FastPathOptions {
   int graph_bucket_step = 16;
   bool pdl = true;             // false: --no-pdl. Only where pdl_supported(); needs fused
   bool fast_attention = true;  // false: --no-fast-attention. Lesson 14's decode attention kernel
-  // false: --no-megakernel. With fused, batch-1 decode steps run the megakernel (megakernel.h) where it takes
-  // the model and the GPU (sm_90+); every other step keeps the fused path.
-  bool megakernel = true;
+  // true: --megakernel. With fused, batch-1 decode steps run the megakernel (megakernel.h) where it takes the
+  // model and the GPU (sm_90+); every other step keeps the fused path. Off by default: its first version was
+  // measured slower than the fused path on the H200 (chapter, section 14).
+  bool megakernel = false;
 };
 
 // The switches of the fast path as one value (each on or off), for the progression and the tests. The megakernel

@@ -35,7 +35,7 @@ std::vector<LatencyVariant> progression_variants() {
           {"+ fast sampler", fast_path_options(true, true, true, false, false)},
           {"+ programmatic dependent launch", fast_path_options(true, true, true, true, false)},
           {"+ fast decode attention", fast_path_options(true, true, true, true, true)},
-          {"+ megakernel (the default)", fast_path_options(true, true, true, true, true, true)}};
+          {"+ megakernel (--megakernel)", fast_path_options(true, true, true, true, true, true)}};
 }
 
 namespace {

@@ -224,8 +224,10 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
   const int64_t max_context = std::min(c.max_position_embeddings, longest);
   const EngineLimits limits = Generator::limits_for(c, max_context, 1, max_context);
   Generator readable(w, limits), fast(w, limits), eager(w, limits), no_pdl(w, limits), pdl(w, limits);
-  use_fast_path(fast);  // the default: the megakernel at batch 1 where it runs (section 14)
-  FastPathOptions no_graphs;
+  FastPathOptions with_megakernel;  // --megakernel: at batch 1 where it runs (section 14); not the default
+  with_megakernel.megakernel = true;
+  use_fast_path(fast, with_megakernel);
+  FastPathOptions no_graphs = with_megakernel;
   no_graphs.graphs = false;
   use_fast_path(eager, no_graphs);
   // PDL is the fused path's (section 7): compared with the megakernel off on both sides.
@@ -242,10 +244,10 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
                 g.blocks, g.stages, (long long)(g.stage_bytes / 1024), (long long)g.chunks,
                 (long long)(g.smem_bytes / 1024));
   } else {
-    std::printf("megakernel: not taken (%s)\n", megakernel_declines(w).empty() ? "--no-megakernel or no sm_90"
+    std::printf("megakernel: not taken (%s)\n", megakernel_declines(w).empty() ? "no sm_90"
                                                                             : megakernel_declines(w).c_str());
   }
-  std::printf("fast path: %s\n", describe_fast_path({}, Device::CUDA, &c).c_str());
+  std::printf("fast path: %s\n", describe_fast_path(with_megakernel, Device::CUDA, &c).c_str());
   const auto check = [&](const std::string& name, bool pass, const std::string& detail) {
     std::printf("%-34s %s\n", name.c_str(), detail.c_str());
     report.add_check(name, pass, detail);

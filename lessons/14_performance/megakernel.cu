@@ -229,6 +229,9 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
       step.num_sequences() != 1 || step.num_logits_rows() != 1 || step.host_logits_rows()[0] != 0 ||
       ctx.matmul_kernel() != kDefaultMatmulKernel)
     return fallback();
+  // An FP8 pool (lesson 16, --kv-cache-dtype fp8) holds E4M3 codes and per-layer scales: the megakernel reads
+  // bf16 keys and values only, so such steps take the fused path (lesson 14's FP8 decode hook).
+  if (paged && paged->pool().fp8()) return fallback();
   // Batch invariance attends with the flash kernel on purpose (lesson 11): not the megakernel's splits.
   if (cached ? cached->decode_kind() == DecodeAttention::Flash || cached->slots().size() != 1
              : paged->decode_kind() == DecodeAttention::Flash || paged->tables().num_sequences() != 1 ||

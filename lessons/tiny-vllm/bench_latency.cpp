@@ -1,14 +1,14 @@
 // tiny-vllm bench latency --model DIR [--batch-size 1 8 ...] [--context 128 4096] [--output-len 128]
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
-//                         [--no-pdl] [--no-fast-attention] [--no-megakernel] [--no-hopper] [--compare]
+//                         [--no-pdl] [--no-fast-attention] [--megakernel] [--no-hopper] [--compare]
 //                         [--device auto|cpu|cuda] [--output table|json] [--fp8-weights auto|resident|dequantize]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
 // decode), and prefill tok/s. --compare runs the lesson's progression in one process, so that every row is
 // measured on the same GPU in the same minute: lesson 10 as it is, then + CUDA graphs, + the fused GEMV forward,
-// + the fast sampler, + programmatic dependent launch, + the fast decode attention, + the megakernel (the default
-// fast path).
+// + the fast sampler, + programmatic dependent launch, + the fast decode attention (the default fast path), + the
+// megakernel (--megakernel: measured, not the default).
 // On Hopper each prefill length is measured three times: lessons 10 + 06 (flash over the cache, cuBLAS), + lesson
 // 15's attention, + lesson 15's GEMM (--no-hopper: the first only).
 #include <cstdio>
@@ -43,7 +43,7 @@ struct BenchLatencyOptions {
   std::string fp8_weights = "auto";  // lesson 16: how an FP8 checkpoint loads
   std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
-       no_megakernel = false, no_hopper = false, compare = false;
+       megakernel = false, no_hopper = false, compare = false;
 };
 
 // Which prefill kernels a prefill row runs with (lesson 15's, on Hopper).
@@ -72,7 +72,7 @@ std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device
   chosen.fast_sampler = !o.no_fast_sampler;
   chosen.pdl = !o.no_pdl;
   chosen.fast_attention = !o.no_fast_attention;
-  chosen.megakernel = !o.no_megakernel;
+  chosen.megakernel = o.megakernel;
   if (!o.compare || device != Device::CUDA) return {{describe_fast_path(chosen, device, &config), chosen}};
   return progression_variants();
 }
@@ -178,8 +178,8 @@ void add_bench_latency_command(CLI::App& bench) {
   cmd->add_flag("--no-pdl", opt->no_pdl, "the fused GEMVs without programmatic dependent launch");
   cmd->add_flag("--no-fast-attention", opt->no_fast_attention,
                 "lesson 10's decode attention kernel instead of lesson 14's");
-  cmd->add_flag("--no-megakernel", opt->no_megakernel,
-                "batch-1 decode through the fused kernels instead of lesson 14's one-kernel step");
+  cmd->add_flag("--megakernel", opt->megakernel,
+                "batch-1 decode as lesson 14's one-kernel step (sm_90+; off by default: slower in its first version)");
 #ifdef TVLLM_CLI_HOPPER
   cmd->add_flag("--no-hopper", opt->no_hopper,
                 "prefill rows: only lessons 10 + 06 (without it, on Hopper, lesson 15's attention and GEMM too)");

@@ -127,8 +127,8 @@ void FastPathFlags::add_to(CLI::App* cmd) {
   cmd->add_flag("--no-pdl", no_pdl, "CUDA: launch the fused GEMVs plainly, without programmatic dependent launch");
   cmd->add_flag("--no-fast-attention", no_fast_attention,
                 "CUDA: lesson 10's decode attention kernel instead of lesson 14's");
-  cmd->add_flag("--no-megakernel", no_megakernel,
-                "CUDA: batch-1 decode steps through the fused kernels instead of lesson 14's one-kernel step");
+  cmd->add_flag("--megakernel", megakernel,
+                "CUDA: batch-1 decode steps as lesson 14's one-kernel step (sm_90+; off by default: its first version is slower than the fused kernels)");
 #ifdef TVLLM_CLI_HOPPER
   cmd->add_flag("--no-hopper-attention", no_hopper_attention,
                 "CUDA: lesson 07/12's prefill attention instead of lesson 15's wgmma kernel (Hopper only)");
@@ -153,7 +153,7 @@ FastPathOptions FastPathFlags::options() const {
   o.fast_sampler = !no_fast_sampler;
   o.pdl = !no_pdl;
   o.fast_attention = !no_fast_attention;
-  o.megakernel = !no_megakernel;
+  o.megakernel = megakernel;
   o.max_graph_batch = max_graph_batch;
   return o;
 }

@@ -70,7 +70,7 @@ std::string apply_kv_cache_dtype(const std::string& choice, const ModelDir& mode
 
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
-       no_megakernel = false;
+       megakernel = false;
   bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill attention off (sm_90 only)
   bool hopper_gemm = false;          // --hopper-gemm: lesson 15's GEMM for large steps (sm_90; off: no faster)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
