@@ -57,10 +57,10 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
 }
 
 // The default (the cluster path, version 2, on Hopper), the first cluster kernel and the multi-pass path.
-constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kClusterV1,
+constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kClusterV2,
                                             FastSampler::Path::kMultiPass};
 const char* path_name(FastSampler::Path p) {
-  return p == FastSampler::Path::kAuto ? "default" : (p == FastSampler::Path::kClusterV1 ? "cluster v1"
+  return p == FastSampler::Path::kAuto ? "default" : (p == FastSampler::Path::kClusterV2 ? "cluster v2"
                                                                                           : "multi-pass");
 }
 
@@ -114,7 +114,7 @@ TEST(FastSampler14Gpu, TheClusterPathIsTakenOnHopperAndTooBigRowsFallBack) {
     EXPECT_GE(sampler.cluster_per_row(1, 128256), 8);
     EXPECT_EQ(sampler.launches(64, 128256), 1);
   }
-  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV1).cluster_per_row(64, 128256),
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV2).cluster_per_row(64, 128256),
             sampler.cluster_per_row(64, 128256));  // the same plan, the first kernel
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).cluster_per_row(64, 128256), 0);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).launches(64, 128256),
@@ -386,9 +386,9 @@ TEST(FastSampler14Gpu, PrintsTimings) {
       params.top_p = s.p;
       const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
       std::printf(
-          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   cluster v1 %8.1f us   "
+          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   cluster v2 %8.1f us   "
           "multi-pass %8.1f us   lesson 09 %8.1f us\n",
-          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v1_us, timing.multipass_us,
+          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v2_us, timing.multipass_us,
           timing.lesson09_us);
       EXPECT_GT(timing.fast_us, 0.0);
     }

@@ -143,7 +143,7 @@ struct Plan {
   int threads = 0;  // kThreadsShared or kThreadsAlone
   int chunk = 0;
   int piece = 0;
-  int version = 2;  // the kernel: 1 the first cluster kernel, 2 (the default) with the two changes below
+  int version = 2;  // the kernel: 1 the first cluster kernel (FastSampler's default), 2 with the changes below
 };
 
 // Version 2 changes WHERE sums are computed and who decides, never WHAT is summed (the same integers, so the

@@ -464,7 +464,7 @@ FastSampler::FastSampler(int max_batch, int64_t max_vocab, Path path)
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   sms_ = std::max(1, sms);
   if (path != Path::kMultiPass) max_cluster_ = cluster_sampler::max_cluster_size();
-  if (path == Path::kClusterV1) cluster_version_ = 1;
+  if (path == Path::kClusterV2) cluster_version_ = 2;
   TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_pass, kThreads, 0));
   wave_blocks_ = std::max(1, sms * std::max(per_sm, 1));
   max_chunks_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wave_blocks_, max_vocab / kMinChunk)));
@@ -547,8 +547,8 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   rows_d.copy_from_host(rows.data(), rows_d.bytes());
   FastSampler fast(batch, vocab);
   FastSampler multipass(batch, vocab, FastSampler::Path::kMultiPass);
-  FastSampler cluster_v1(batch, vocab, FastSampler::Path::kClusterV1);
-  DeviceBuffer v1_ids(sizeof(int32_t) * static_cast<size_t>(batch));
+  FastSampler cluster_v2(batch, vocab, FastSampler::Path::kClusterV2);
+  DeviceBuffer v2_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   GpuSampler reference(batch, vocab);
   DeviceBuffer multipass_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   cudaStream_t stream = nullptr;
@@ -571,9 +571,9 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
     fast.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), fast_ids.as<int32_t>(), stream);
   });
   timing.cluster = fast.cluster_per_row(batch, vocab);
-  timing.cluster_v1_us = time_us([&] {
+  timing.cluster_v2_us = time_us([&] {
     cluster_v1.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
-                      v1_ids.as<int32_t>(), stream);
+                      v2_ids.as<int32_t>(), stream);
   });
   timing.multipass_us = time_us([&] {
     multipass.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), multipass_ids.as<int32_t>(),
@@ -592,7 +592,7 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   ref_ids.copy_to_host(b.data(), ref_ids.bytes());
   multipass_ids.copy_to_host(m.data(), multipass_ids.bytes());
   std::vector<int32_t> v1(static_cast<size_t>(batch));
-  v1_ids.copy_to_host(v1.data(), v1_ids.bytes());
+  v2_ids.copy_to_host(v1.data(), v2_ids.bytes());
   TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's first cluster kernel and GpuSampler disagree");
   TVLLM_REQUIRE(a == b, "bench_fast_sampler: FastSampler and GpuSampler disagree");
   TVLLM_REQUIRE(m == b, "bench_fast_sampler: FastSampler's multi-pass path and GpuSampler disagree");

@@ -7,8 +7,9 @@
 //     thread-block cluster of up to 16 blocks; each block reads its chunk of logits once, keeps the keys in
 //     shared memory, and the blocks meet at cluster barriers between the radix digits and before the draw
 //     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU). Two versions of that kernel:
-//     version 2, the default, pays one cluster barrier per digit and skips most of top-p's exponentials in
-//     the draw; Path::kClusterV1 keeps the first for comparison (cluster_sampler.h lists the differences).
+//     version 1, the default; version 2 (Path::kClusterV2) pays one cluster barrier per digit and skips most
+//     of top-p's exponentials in the draw, and was measured SLOWER on the H200 (chapter 14, section 6), so it
+//     stays as the lesson's experiment (cluster_sampler.h lists the differences).
 //   multi-pass path (any vocab, any GPU): seven launches over a grid (chunks, rows), the row's state and
 //     histograms in a global workspace between them:
 //
@@ -33,8 +34,10 @@
 //   batch 64                     32          65          99          152             163
 //                              (20)       (229)       (620)        (726)          (1039)
 // About 25 µs of each figure is the seven launches themselves (greedy pays them too); top-p's cost is its
-// masses: an exponential per token in its first digit and again in the draw. The cluster path's figures:
-// TODO(coordinator): measure (lesson14_performance --bench prints both paths).
+// masses: an exponential per token in its first digit and again in the draw. The cluster path, the same run
+// (test_14_sampler_gpu PrintsTimings, H200, 2026-12-03; version 1 / version 2):
+//   batch  1                     5.0 / 5.4   10.5 / 10.8  24.3 / 27.0  30.4 / 33.9      38.6 / 45.3
+//   batch 64                    19.6 / 20.9  45.6 / 46.4  99.4 / 102.5 161.8 / 176.6   168.1 / 180.7
 //
 // Engine rules as GpuSampler: sample() allocates nothing, never synchronises, and can be captured in a
 // CUDA graph (the knobs come from the device `rows` array). Unlike GpuSampler, the multi-pass workspace
@@ -57,9 +60,9 @@ namespace tvllm {
 class FastSampler final : public TokenSampler {
  public:
   enum class Path {
-    kAuto,       // the cluster path (version 2) whenever the device and the vocab allow it, else multi-pass
+    kAuto,       // the cluster path (version 1) whenever the device and the vocab allow it, else multi-pass
     kMultiPass,  // always the multi-pass path (tests and the benchmark compare the paths)
-    kClusterV1,  // as kAuto, with the first cluster kernel (version 1; cluster_sampler.h says what changed)
+    kClusterV2,  // as kAuto, with the second cluster kernel (version 2: measured slower; cluster_sampler.h)
   };
 
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
@@ -93,7 +96,7 @@ class FastSampler final : public TokenSampler {
   int64_t max_vocab_;
   int sms_ = 1;
   int max_cluster_ = 0;  // the largest cluster the device launches for the cluster path; 0: never take it
-  int cluster_version_ = 2;  // the cluster kernel's version (Path::kClusterV1: 1)
+  int cluster_version_ = 1;  // the cluster kernel's version (Path::kClusterV2: 2)
   int wave_blocks_;      // blocks of the heaviest multi-pass kernel that run at once on the whole GPU
   int max_chunks_;
   DeviceBuffer workspace_;  // multi-pass path: row states, histograms, segment masses (fast_sampler.cu)
@@ -103,12 +106,12 @@ class FastSampler final : public TokenSampler {
 
 // Times sample() with CUDA events on a stream of its own: `batch` model-like rows of `vocab` logits
 // (normal, spread 2, rounded to bf16), every row with `params`; warm-up, then the mean over `iters`
-// back-to-back calls. Times the default FastSampler, the first cluster kernel, the multi-pass path alone and
+// back-to-back calls. Times the default FastSampler, the second cluster kernel, the multi-pass path alone and
 // lesson 09's GpuSampler on the same rows, and checks all four agree on every id (InputError if not). Needs a
 // GPU.
 struct SamplerTiming {
   double fast_us = 0.0;       // FastSampler::sample (default: the cluster path where it applies), per call
-  double cluster_v1_us = 0.0;  // FastSampler::sample with Path::kClusterV1 (the first cluster kernel)
+  double cluster_v2_us = 0.0;  // FastSampler::sample with Path::kClusterV2 (the second cluster kernel)
   double multipass_us = 0.0;  // FastSampler::sample with Path::kMultiPass, per call
   double lesson09_us = 0.0;   // GpuSampler::sample, per call
   int cluster = 0;            // blocks per row the default took (0: it took the multi-pass path)
