@@ -43,6 +43,8 @@ struct LayerNorms {
 struct Params {
   const MkChunk* chunks;
   const uint32_t* begins;  // [blocks * (phases + 1)]
+  const MkChunk* warp_chunks;    // per-warp stages: each warp's own chunks (megakernel_plan.h), else nullptr
+  const uint32_t* warp_begins;   // [blocks * warps * (phases + 1)]
   const OpDesc* ops;       // [phases]
   const LayerNorms* norms; // [layers]
   int phases, layers;
@@ -120,11 +122,12 @@ __device__ void produce(const Params& p, const Ring& ring) {
 
 // ---- the consumers: activations into shared memory ---------------------------------------------------------
 // xs = bf16(bf16(src * inv_rms) * g), inv_rms = rsqrt(mean(src^2) + eps): lesson 04's rounding, as rmsnorm_gemv.
+template <int W>
 __device__ void norm_into_xs(const bf16* src, const bf16* g, int K, float eps, bf16* xs, float* red) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const uint4* s4 = reinterpret_cast<const uint4*>(src);
   float ss = 0.f;
-  for (int q = t; q < K / 8; q += kConsumers) {
+  for (int q = t; q < K / 8; q += W * 32) {
     float f[8];
     unpack8(__ldcg(s4 + q), f);
 #pragma unroll
@@ -132,27 +135,28 @@ __device__ void norm_into_xs(const bf16* src, const bf16* g, int K, float eps, b
   }
   ss = warp_sum(ss);
   if (lane == 0) red[warp] = ss;
-  consumers_sync();
+  consumers_sync<W>();
   float total = 0.f;
-  for (int w = 0; w < kConsumerWarps; ++w) total += red[w];
+  for (int w = 0; w < W; ++w) total += red[w];
   const float inv = rsqrtf(total / static_cast<float>(K) + eps);
-  for (int q = t; q < K / 8; q += kConsumers) {
+  for (int q = t; q < K / 8; q += W * 32) {
     float f[8], gw[8];
     unpack8(__ldcg(s4 + q), f);
     unpack8(__ldg(reinterpret_cast<const uint4*>(g) + q), gw);
 #pragma unroll
     for (int i = 0; i < 8; ++i) xs[q * 8 + i] = __float2bfloat16_rn(round_bf16(f[i] * inv) * gw[i]);
   }
-  consumers_sync();  // xs complete; red free again
+  consumers_sync<W>();  // xs complete; red free again
 }
 
+template <int W>
 __device__ void copy_into_xs(const bf16* src, int K, bf16* xs) {
   const uint4* s4 = reinterpret_cast<const uint4*>(src);
-  for (int q = threadIdx.x; q < K / 8; q += kConsumers) reinterpret_cast<uint4*>(xs)[q] = __ldcg(s4 + q);
-  consumers_sync();
+  for (int q = threadIdx.x; q < K / 8; q += W * 32) reinterpret_cast<uint4*>(xs)[q] = __ldcg(s4 + q);
+  consumers_sync<W>();
 }
 
-// ---- the consumers: one weight phase from the ring ---------------------------------------------------------
+// ---- the consumers, shared stages (the first version): one weight phase from the ring ----------------------
 // Each chunk's stage rows are shared among the 8 warps: a warp per row, or, with fewer rows than warps, several
 // warps per row splitting its columns; partial sums meet in `red` in a fixed order (deterministic: the order is
 // the plan's, a function of the shapes only). Then one thread per output runs the epilogue.
@@ -187,7 +191,7 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
       acc = warp_sum(acc);
       if (lane == 0) red[r * per_row + sub] = acc;
     }
-    consumers_sync();                        // every warp is done with the stage and has written red
+    consumers_sync<kConsumerWarps>();                        // every warp is done with the stage and has written red
     if (t == 0) mbar_arrive(&ring.empty[s]);  // the stage is free: the producer may refill it
     if (t < static_cast<int>(c.rows)) {
       float total[2] = {0.f, 0.f};
@@ -235,7 +239,121 @@ __device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_
         }
       }
     }
-    consumers_sync();  // red and slice_acc free for the next chunk
+    consumers_sync<kConsumerWarps>();  // red and slice_acc free for the next chunk
+    c = next;
+  }
+}
+
+// ---- the consumers, per-warp stages: one weight phase from the ring ----------------------------------------
+// Each warp walks its own chunks (the plan deals them out: task % W) and does everything for a chunk alone:
+// waits for its stage, computes every row of it (lanes over 16-byte packs, a warp-shuffle sum per row), frees
+// the stage itself (the empty barrier's count is 1: its lane 0), and runs the epilogue, lane i for output
+// row0 + i. No barrier among the warps inside a phase: W chunks are in flight at once, and a slow one holds up
+// only its own warp. The one block-level barrier of a phase is the grid barrier's named barrier.
+//
+// A row's dot product: lane l takes packs l, l + 32, ..., U of them loaded before the first is used (bytes in
+// flight from shared memory), summed in pack order; then the warp's butterfly sum. The order is fixed by the
+// shapes: deterministic, as the first version, though not the same bits as it.
+template <int U>
+__device__ __forceinline__ float row_dot(const uint4* w4, const uint4* x4, int packs, int lane, bool e4m3) {
+  float acc = 0.f;
+  for (int q0 = lane; q0 < packs; q0 += 32 * U) {
+    uint4 wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (q0 + 32 * u < packs) wv[u] = w4[q0 + 32 * u];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int q = q0 + 32 * u;
+      if (q >= packs) continue;
+      acc = e4m3 ? dot16_e4m3(wv[u], x4[2 * q], x4[2 * q + 1], acc) : dot8(wv[u], x4[q], acc);
+    }
+  }
+  return warp_sum(acc);
+}
+
+template <int W>
+__device__ void gemv_phase_warp(const Params& p, const Ring& ring, int phase, const bf16* xs,
+                                const bf16* residual_base) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t* wb = p.warp_begins + (static_cast<size_t>(blockIdx.x) * W + warp) * (p.phases + 1);
+  const uint32_t begin = wb[phase], end = wb[phase + 1];
+  if (begin == end) return;  // no chunk of this phase for this warp: straight to the grid barrier
+  const OpDesc op = p.ops[phase];
+  const Op kind = static_cast<Op>(op.kind);
+  const int halves = kind == Op::GateUp ? 2 : 1;
+  const bool e4m3 = op.elem_bytes == 1;
+  float run0 = 0.f, run1 = 0.f;  // a sliced row's sums so far (its slices are this warp's consecutive chunks)
+  MkChunk c = p.warp_chunks[begin];
+  for (uint32_t ci = begin; ci < end; ++ci) {
+    const MkChunk next = ci + 1 < end ? p.warp_chunks[ci + 1] : c;  // loaded while this chunk is computed
+    const int rows = static_cast<int>(c.rows);
+    const bool last = (c.flags & kMkLastSlice) != 0;
+    // The epilogue's operands of lane i (output row0 + i), loaded before the wait: their L2 latency hides
+    // behind it.
+    const int64_t o = static_cast<int64_t>(c.row0) + lane;
+    const bool mine = last && lane < rows;
+    float resid = 0.f, scale0 = 1.f, scale1 = 1.f, bias = 0.f;
+    if (mine) {
+      if (kind == Op::O || kind == Op::Down) resid = __bfloat162float(__ldcg(residual_base + o));
+      if (op.scale) {
+        scale0 = __ldg(op.scale + o);
+        if (halves == 2) scale1 = __ldg(op.scale + op.outputs + o);
+      }
+      if (op.bias) bias = __bfloat162float(op.bias[o]);
+    }
+    const int s = static_cast<int>(c.seq % static_cast<uint32_t>(ring.S));
+    mbar_wait(&ring.full[s], (c.seq / static_cast<uint32_t>(ring.S)) & 1u, p.error, kErrRingEmpty);
+    const char* stage = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
+    const int kc = static_cast<int>(c.kc);
+    const int packs = e4m3 ? kc / 16 : kc / 8;
+    const uint4* x4 = reinterpret_cast<const uint4*>(xs + c.k0);
+    float total0 = 0.f, total1 = 0.f;  // lane i: output i's gate (or only) and up sums
+    for (int r = 0; r < rows * halves; ++r) {
+      const uint4* w4 = reinterpret_cast<const uint4*>(stage + static_cast<size_t>(r) * kc * op.elem_bytes);
+      const float acc = row_dot<4>(w4, x4, packs, lane, e4m3);
+      if (r < rows) {
+        if (lane == r) total0 = acc;
+      } else if (lane == r - rows) {
+        total1 = acc;
+      }
+    }
+    __syncwarp();                                // every lane's reads of the stage are done
+    if (lane == 0) mbar_arrive(&ring.empty[s]);  // the stage is free: the producer may refill it
+    // A row cut into column slices: one row per chunk (lane 0), summed slice after slice in order.
+    if (!(c.flags & kMkFirstSlice)) {
+      total0 += run0;
+      total1 += run1;
+    }
+    if (!last) {
+      run0 = total0;
+      run1 = total1;
+    } else if (mine) {
+      // E4M3: each row's scale multiplies its finished sum once, in fp32, before the roundings (gemv.h).
+      if (op.scale) {
+        total0 *= scale0;
+        total1 *= scale1;
+      }
+      // The epilogues: gemv.h's "Rounding", element by element (as the shared-stages version).
+      switch (kind) {
+        case Op::Qkv:
+          p.qkv[o] = op.bias ? __float2bfloat16_rn(round_bf16(total0) + bias) : __float2bfloat16_rn(total0);
+          break;
+        case Op::O:
+        case Op::Down:
+          p.h[o] = __float2bfloat16_rn(resid + round_bf16(total0));
+          break;
+        case Op::GateUp: {
+          const float gate = round_bf16(total0), up = round_bf16(total1);
+          const float a = round_bf16(gate / (1.0f + expf(-gate)));
+          p.act[o] = __float2bfloat16_rn(a * up);
+          break;
+        }
+        case Op::LmHead:
+          p.logits[o] = total0;
+          break;
+      }
+    }
     c = next;
   }
 }
@@ -270,7 +388,7 @@ __device__ __forceinline__ void load_values(const bf16* src, float* out) {
   }
 }
 
-template <int D>
+template <int D, int W>
 __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1, int sp, int pos, float* att) {
   constexpr int E = D / 32;  // value dims per lane
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -285,16 +403,16 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   // The group's G query heads and the new key (head G here) into shared memory, then (Qwen3) each head's RMS
   // norm, then RoPE: lesson 08's order and roundings (head_rmsnorm, apply_rope), each step in place.
   const auto head = [&](int hh) { return hh < G ? qs + hh * D : kn; };
-  for (int i = t; i < (G + 1) * D; i += kConsumers) {
+  for (int i = t; i < (G + 1) * D; i += W * 32) {
     const int hh = i / D, d = i % D;
     const bf16* src = hh < G ? p.qkv + static_cast<int64_t>(g * G + hh) * D : p.qkv + p.q_dim + g * D;
     head(hh)[d] = __bfloat162float(__ldcg(src + d));
   }
-  for (int d = t; d < D; d += kConsumers) vn[d] = __bfloat162float(__ldcg(p.qkv + p.q_dim + p.kv_dim + g * D + d));
-  consumers_sync();
+  for (int d = t; d < D; d += W * 32) vn[d] = __bfloat162float(__ldcg(p.qkv + p.q_dim + p.kv_dim + g * D + d));
+  consumers_sync<W>();
   const LayerNorms& nl = p.norms[layer];
   if (nl.q_norm) {
-    for (int hh = warp; hh < G + 1; hh += kConsumerWarps) {  // a warp per head
+    for (int hh = warp; hh < G + 1; hh += W) {  // a warp per head
       float* x = head(hh);
       const bf16* w = hh < G ? nl.q_norm : nl.k_norm;
       float ss = 0.f;
@@ -302,9 +420,9 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
       const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
       for (int d = lane; d < D; d += 32) x[d] = round_bf16(round_bf16(x[d] * inv) * __bfloat162float(w[d]));
     }
-    consumers_sync();
+    consumers_sync<W>();
   }
-  for (int i = t; i < (G + 1) * half; i += kConsumers) {
+  for (int i = t; i < (G + 1) * half; i += W * 32) {
     const int hh = i / half, j = i % half;
     float* x = head(hh);
     float a, b;
@@ -312,7 +430,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     x[j] = a;
     x[j + half] = b;
   }
-  consumers_sync();
+  consumers_sync<W>();
   const bool paged = p.block_table != nullptr;
   const int64_t row0 = paged ? 0 : static_cast<int64_t>(__ldg(p.slot)) * p.max_context;
   const auto row_of = [&](int j) -> int64_t {
@@ -324,7 +442,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   // The new token's k and v into the cache, for the steps after this one (this step reads them from kn, vn).
   const int64_t new_row = paged ? static_cast<int64_t>(__ldg(p.new_row)) : row0 + pos;
   if (pos >= j0 && pos < j1 && new_row >= 0)
-    for (int d = t; d < D; d += kConsumers) {
+    for (int d = t; d < D; d += W * 32) {
       kl[new_row * p.kv_dim + g * D + d] = __float2bfloat16_rn(kn[d]);
       vl[new_row * p.kv_dim + g * D + d] = __float2bfloat16_rn(vn[d]);
     }
@@ -337,7 +455,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
 #pragma unroll
     for (int e = 0; e < E; ++e) o[i][e] = 0.f;
   }
-  for (int base = j0 + warp * 32; base < j1; base += kConsumers) {
+  for (int base = j0 + warp * 32; base < j1; base += W * 32) {
     const int j = base + lane;
     float sc[kMaxGroup];
 #pragma unroll
@@ -423,13 +541,13 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
       wp[D + 1] = l[i];
     }
   }
-  consumers_sync();
-  for (int idx = t; idx < G * (D + 2); idx += kConsumers) {
+  consumers_sync<W>();
+  for (int idx = t; idx < G * (D + 2); idx += W * 32) {
     const int i = idx / (D + 2), d = idx % (D + 2);
     float M = -INFINITY;
-    for (int w = 0; w < kConsumerWarps; ++w) M = fmaxf(M, wpart[(w * kMaxGroup + i) * (D + 2) + D]);
+    for (int w = 0; w < W; ++w) M = fmaxf(M, wpart[(w * kMaxGroup + i) * (D + 2) + D]);
     float acc = 0.f;
-    for (int w = 0; w < kConsumerWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float* wp = wpart + (w * kMaxGroup + i) * (D + 2);
       if (wp[D] == -INFINITY) continue;  // a warp that had no keys
       const float f = exp2f(wp[D] - M);
@@ -438,14 +556,14 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     float* out = p.partials + (static_cast<int64_t>(g * G + i) * p.max_splits + sp) * (D + 2);
     out[d] = d == D ? M : acc;
   }
-  consumers_sync();  // shared memory free for the next item
+  consumers_sync<W>();  // shared memory free for the next item
 }
 
 // The o phase's prologue: every block combines the partials of every head into xs (the attention output,
 // bf16(o / l) as the decode kernels round it).
-template <int D>
+template <int D, int W>
 __device__ void combine_into_xs(const Params& p, int splits, bf16* xs) {
-  for (int idx = threadIdx.x; idx < p.q_dim; idx += kConsumers) {
+  for (int idx = threadIdx.x; idx < p.q_dim; idx += W * 32) {
     const int hh = idx / D, d = idx % D;
     const float* part = p.partials + static_cast<int64_t>(hh) * p.max_splits * (D + 2);
     float M = -INFINITY;
@@ -458,12 +576,15 @@ __device__ void combine_into_xs(const Params& p, int splits, bf16* xs) {
     }
     xs[idx] = __float2bfloat16_rn(acc / L);
   }
-  consumers_sync();
+  consumers_sync<W>();
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------------------
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) megakernel(const Params p) {
+// W consumer warps + the producer warp. kPerWarp: per-warp stages (gemv_phase_warp), else shared stages
+// (gemv_phase, W == kConsumerWarps).
+template <int D, int W, bool kPerWarp>
+__global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
+  static_assert(kPerWarp || W == kConsumerWarps, "shared stages: the first version's 8 consumer warps");
   extern __shared__ __align__(128) char smem[];
   Ring ring;
   ring.stages = smem;
@@ -472,20 +593,20 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const Params p) {
   ring.full = reinterpret_cast<uint64_t*>(smem + p.bar_offset);
   ring.empty = ring.full + p.stages;
   bf16* xs = reinterpret_cast<bf16*>(smem + p.xs_offset);
-  float* red = reinterpret_cast<float*>(smem + p.red_offset);  // [kConsumers] + 2 (slice_acc)
-  float* slice_acc = red + kConsumers;
+  float* red = reinterpret_cast<float*>(smem + p.red_offset);  // [W * 32] + 2 (slice_acc)
+  float* slice_acc = red + W * 32;
   float* att = reinterpret_cast<float*>(smem + p.att_offset);
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&ring.full[s], 1);
-      mbar_init(&ring.empty[s], 1);
+      mbar_init(&ring.empty[s], 1);  // one arrival frees a stage: thread 0 (shared) or the owner's lane 0
     }
     mbar_fence_init();
   }
   __syncthreads();  // the only block-wide barrier: the barriers exist before anyone uses them
 
-  if (threadIdx.x >= kConsumers) {
-    if (threadIdx.x == kConsumers) produce(p, ring);
+  if (threadIdx.x >= W * 32) {
+    if (threadIdx.x == W * 32) produce(p, ring);
     return;  // the producer warp has nothing else to do; its issued copies complete on the mbarriers
   }
 
@@ -496,35 +617,42 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const Params p) {
   int splits, chunk;
   split_count(ctx, p.max_splits, splits, chunk);
   const bf16* embed_row = p.embed + static_cast<int64_t>(__ldg(p.token)) * p.hidden;
-  uint32_t n = 0;  // the consumers' position in the ring (the producer's twin)
+  uint32_t n = 0;  // shared stages: the consumers' position in the ring (the producer's twin)
+  const auto gemv = [&](int phase, const bf16* residual_base) {
+    if constexpr (kPerWarp) {
+      gemv_phase_warp<W>(p, ring, phase, xs, residual_base);
+    } else {
+      gemv_phase(p, ring, phase, n, xs, red, slice_acc, residual_base);
+    }
+  };
 
   for (int layer = 0; layer < p.layers; ++layer) {
     // Layer 0 reads the embedding row directly: its o phase writes h = embedding + o, no embedding pass.
     const bf16* resid = layer == 0 ? embed_row : p.h;
-    norm_into_xs(resid, p.norms[layer].input_norm, p.hidden, p.eps, xs, red);
-    gemv_phase(p, ring, 4 * layer + 0, n, xs, red, slice_acc, nullptr);
-    grid_barrier(p.bar, expected, p.error);  // qkv complete
+    norm_into_xs<W>(resid, p.norms[layer].input_norm, p.hidden, p.eps, xs, red);
+    gemv(4 * layer + 0, nullptr);
+    grid_barrier<W>(p.bar, expected, p.error);  // qkv complete
 
     for (int item = blockIdx.x; item < p.n_kv * splits; item += gridDim.x) {
       const int g = item / splits, sp = item % splits;
-      attention_item<D>(p, layer, g, sp * chunk, min(ctx, (sp + 1) * chunk), sp, pos, att);
+      attention_item<D, W>(p, layer, g, sp * chunk, min(ctx, (sp + 1) * chunk), sp, pos, att);
     }
-    grid_barrier(p.bar, expected, p.error);  // every partial written
+    grid_barrier<W>(p.bar, expected, p.error);  // every partial written
 
-    combine_into_xs<D>(p, splits, xs);
-    gemv_phase(p, ring, 4 * layer + 1, n, xs, red, slice_acc, resid);
-    grid_barrier(p.bar, expected, p.error);  // h += o complete
+    combine_into_xs<D, W>(p, splits, xs);
+    gemv(4 * layer + 1, resid);
+    grid_barrier<W>(p.bar, expected, p.error);  // h += o complete
 
-    norm_into_xs(p.h, p.norms[layer].post_norm, p.hidden, p.eps, xs, red);
-    gemv_phase(p, ring, 4 * layer + 2, n, xs, red, slice_acc, nullptr);
-    grid_barrier(p.bar, expected, p.error);  // act complete
+    norm_into_xs<W>(p.h, p.norms[layer].post_norm, p.hidden, p.eps, xs, red);
+    gemv(4 * layer + 2, nullptr);
+    grid_barrier<W>(p.bar, expected, p.error);  // act complete
 
-    copy_into_xs(p.act, p.inter, xs);
-    gemv_phase(p, ring, 4 * layer + 3, n, xs, red, slice_acc, p.h);
-    grid_barrier(p.bar, expected, p.error);  // h += down complete
+    copy_into_xs<W>(p.act, p.inter, xs);
+    gemv(4 * layer + 3, p.h);
+    grid_barrier<W>(p.bar, expected, p.error);  // h += down complete
   }
-  norm_into_xs(p.h, p.final_norm, p.hidden, p.eps, xs, red);
-  gemv_phase(p, ring, 4 * p.layers, n, xs, red, slice_acc, nullptr);
+  norm_into_xs<W>(p.h, p.final_norm, p.hidden, p.eps, xs, red);
+  gemv(4 * p.layers, nullptr);
 }
 
 }  // namespace mk
