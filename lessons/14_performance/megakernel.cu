@@ -33,7 +33,7 @@ struct MkState {
   MegakernelGeometry geometry;
   int max_splits = 0;
   DeviceBuffer chunks, begins, ops, norms;
-  DeviceBuffer warp_chunks, warp_begins;  // per-warp stages only
+  DeviceBuffer warp_chunks, warp_begins, copies;  // per-warp stages only
   DeviceBuffer barrier;   // U32 [2] count, generation | I32 error flag
   DeviceBuffer partials;  // F32 [n_heads][max_splits][head_dim + 2]
   uint32_t xs_offset = 0, red_offset = 0, bar_offset = 0;
@@ -214,6 +214,20 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   if (per_warp) {
     upload(st->warp_chunks, plan.warp_chunks().data(), plan.warp_chunks().size() * sizeof(MkChunk));
     upload(st->warp_begins, plan.warp_begins().data(), plan.warp_begins().size() * sizeof(uint32_t));
+    // The producer's copy jobs: each chunk's source addresses, resolved here once (mk::produce_warp).
+    std::vector<mk::MkCopy> copies(plan.chunks().size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const MkChunk& ch = plan.chunks()[i];
+      const mk::OpDesc& op = ops[ch.phase];
+      const char* wt = static_cast<const char*>(op.w);
+      copies[i].bytes = ch.rows * ch.kc * op.elem_bytes;
+      copies[i].src0 = wt + (static_cast<int64_t>(ch.row0) * op.K + ch.k0) * op.elem_bytes;
+      copies[i].src1 = op.kind == static_cast<uint32_t>(mk::Op::GateUp)
+                           ? wt + ((static_cast<int64_t>(ch.row0) + op.outputs) * op.K + ch.k0) * op.elem_bytes
+                           : nullptr;
+    }
+    static_assert(sizeof(mk::MkCopy) == 32, "two 16-byte loads per copy job");
+    upload(st->copies, copies.data(), copies.size() * sizeof(mk::MkCopy));
   }
   st->barrier = DeviceBuffer(16);
   st->barrier.fill_zero();
@@ -281,6 +295,7 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
   const bool per_warp = st->geometry.variant == MegakernelVariant::PerWarp;
   p.warp_chunks = per_warp ? st->warp_chunks.as<MkChunk>() : nullptr;
   p.warp_begins = per_warp ? st->warp_begins.as<uint32_t>() : nullptr;
+  p.copies = per_warp ? st->copies.as<mk::MkCopy>() : nullptr;
   p.ops = st->ops.as<mk::OpDesc>();
   p.norms = st->norms.as<mk::LayerNorms>();
   p.phases = 4 * static_cast<int>(c.num_hidden_layers) + 1;

@@ -45,11 +45,21 @@ struct LayerNorms {
   const bf16* k_norm;
 };
 
+// Per-warp stages: one bulk copy job per chunk, its source addresses resolved on the host (megakernel.cu), so
+// the producer needs no op-table look-up at a phase change. 32 bytes: one per lane, two 16-byte loads.
+struct MkCopy {
+  const char* src0;  // the chunk's (gate) rows
+  const char* src1;  // gate|up: the up rows (copied after the gate rows' bytes); nullptr otherwise
+  uint32_t bytes;    // per source
+  uint32_t pad[3];
+};
+
 struct Params {
   const MkChunk* chunks;
   const uint32_t* begins;  // [blocks * (phases + 1)]
   const MkChunk* warp_chunks;    // per-warp stages: each warp's own chunks (megakernel_plan.h), else nullptr
   const uint32_t* warp_begins;   // [blocks * warps * (phases + 1)]
+  const MkCopy* copies;          // per-warp stages: parallel to chunks
   const OpDesc* ops;       // [phases]
   const LayerNorms* norms; // [layers]
   int phases, layers;
@@ -122,6 +132,52 @@ __device__ void produce(const Params& p, const Ring& ring) {
                 half_bytes, &ring.full[s]);
     if (next.phase != c.phase) op = p.ops[next.phase];
     c = next;
+  }
+}
+
+// Per-warp stages: the whole producer warp. Its 32 lanes load 32 copy jobs at once (the next 32 in flight while
+// these are issued), and lane 0 issues them one by one, each job's fields broadcast by shuffles. The first
+// version's single thread loads one descriptor ahead, then the op table at each phase change: a chain of L2
+// round trips (~0.7 us each) that caps it near one chunk per round trip, 23 KB per us with 16 KiB stages: less
+// than an SM's share of DRAM (32 KB per us).
+__device__ __forceinline__ MkCopy load_copy(const MkCopy* copies, uint32_t i, uint32_t last) {
+  MkCopy c{};
+  if (i < last) {
+    const uint4* src = reinterpret_cast<const uint4*>(copies + i);
+    const uint4 a = __ldg(src), b = __ldg(src + 1);
+    c.src0 = reinterpret_cast<const char*>((static_cast<uint64_t>(a.y) << 32) | a.x);
+    c.src1 = reinterpret_cast<const char*>((static_cast<uint64_t>(a.w) << 32) | a.z);
+    c.bytes = b.x;
+  }
+  return c;
+}
+
+__device__ void produce_warp(const Params& p, const Ring& ring) {
+  const int lane = threadIdx.x & 31;
+  const uint32_t first = p.begins[blockIdx.x * (p.phases + 1)];
+  const uint32_t last = p.begins[blockIdx.x * (p.phases + 1) + p.phases];
+  MkCopy cur = load_copy(p.copies, first + lane, last);
+  for (uint32_t base = first; base < last; base += 32) {
+    const MkCopy nxt = load_copy(p.copies, base + 32 + lane, last);  // in flight while this batch is issued
+    const int count = static_cast<int>(min(32u, last - base));
+    for (int j = 0; j < count; ++j) {
+      const char* src0 = reinterpret_cast<const char*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(cur.src0), j));
+      const char* src1 = reinterpret_cast<const char*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(cur.src1), j));
+      const uint32_t bytes = __shfl_sync(0xffffffffu, cur.bytes, j);
+      if (lane == 0) {
+        const uint32_t n = base - first + static_cast<uint32_t>(j);
+        const int s = static_cast<int>(n % static_cast<uint32_t>(ring.S));
+        mbar_wait(&ring.empty[s], ((n / static_cast<uint32_t>(ring.S)) & 1u) ^ 1u, p.error, kErrRingFull);
+        char* dst = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
+        mbar_arrive_expect_tx(&ring.full[s], src1 ? 2u * bytes : bytes);
+        bulk_copy(dst, src0, bytes, &ring.full[s]);
+        if (src1) bulk_copy(dst + bytes, src1, bytes, &ring.full[s]);
+      }
+      __syncwarp();
+    }
+    cur = nxt;
   }
 }
 
@@ -277,14 +333,25 @@ __device__ __forceinline__ float row_dot(const uint4* w4, const uint4* x4, int p
   return warp_sum(acc);
 }
 
+// A warp's view of a phase: the matrix and its own chunk range. Loaded (warp_phase) before the phase's prologue
+// (the norm, the combine), so these L2 round trips overlap it instead of following it.
+struct WarpPhase {
+  OpDesc op;
+  uint32_t begin, end;
+};
 template <int W>
-__device__ void gemv_phase_warp(const Params& p, const Ring& ring, int phase, const bf16* xs,
+__device__ __forceinline__ WarpPhase warp_phase(const Params& p, int phase) {
+  const uint32_t* wb = p.warp_begins + (static_cast<size_t>(blockIdx.x) * W + (threadIdx.x >> 5)) * (p.phases + 1);
+  return WarpPhase{p.ops[phase], wb[phase], wb[phase + 1]};
+}
+
+template <int W>
+__device__ void gemv_phase_warp(const Params& p, const Ring& ring, const WarpPhase& ph, const bf16* xs,
                                 const bf16* residual_base) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t* wb = p.warp_begins + (static_cast<size_t>(blockIdx.x) * W + warp) * (p.phases + 1);
-  const uint32_t begin = wb[phase], end = wb[phase + 1];
+  const int lane = threadIdx.x & 31;
+  const uint32_t begin = ph.begin, end = ph.end;
   if (begin == end) return;  // no chunk of this phase for this warp: straight to the grid barrier
-  const OpDesc op = p.ops[phase];
+  const OpDesc& op = ph.op;
   const Op kind = static_cast<Op>(op.kind);
   const int halves = kind == Op::GateUp ? 2 : 1;
   const bool e4m3 = op.elem_bytes == 1;
@@ -611,7 +678,11 @@ __global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
   __syncthreads();  // the only block-wide barrier: the barriers exist before anyone uses them
 
   if (threadIdx.x >= W * 32) {
-    if (threadIdx.x == W * 32) produce(p, ring);
+    if constexpr (kPerWarp) {
+      produce_warp(p, ring);
+    } else {
+      if (threadIdx.x == W * 32) produce(p, ring);
+    }
     return;  // the producer warp has nothing else to do; its issued copies complete on the mbarriers
   }
 
@@ -623,9 +694,15 @@ __global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
   split_count(ctx, p.max_splits, splits, chunk);
   const bf16* embed_row = p.embed + static_cast<int64_t>(__ldg(p.token)) * p.hidden;
   uint32_t n = 0;  // shared stages: the consumers' position in the ring (the producer's twin)
-  const auto gemv = [&](int phase, const bf16* residual_base) {
+  // Per-warp stages: a phase's op and chunk range are loaded before its prologue (warp_phase).
+  const auto prefetch = [&](int phase) {
+    WarpPhase ph{};
+    if constexpr (kPerWarp) ph = warp_phase<W>(p, phase);
+    return ph;
+  };
+  const auto gemv = [&](int phase, const WarpPhase& ph, const bf16* residual_base) {
     if constexpr (kPerWarp) {
-      gemv_phase_warp<W>(p, ring, phase, xs, residual_base);
+      gemv_phase_warp<W>(p, ring, ph, xs, residual_base);
     } else {
       gemv_phase(p, ring, phase, n, xs, red, slice_acc, residual_base);
     }
@@ -634,8 +711,9 @@ __global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
   for (int layer = 0; layer < p.layers; ++layer) {
     // Layer 0 reads the embedding row directly: its o phase writes h = embedding + o, no embedding pass.
     const bf16* resid = layer == 0 ? embed_row : p.h;
+    WarpPhase ph = prefetch(4 * layer + 0);
     norm_into_xs<W>(resid, p.norms[layer].input_norm, p.hidden, p.eps, xs, red);
-    gemv(4 * layer + 0, nullptr);
+    gemv(4 * layer + 0, ph, nullptr);
     grid_barrier<W>(p.bar, expected, p.error);  // qkv complete
 
     for (int item = blockIdx.x; item < p.n_kv * splits; item += gridDim.x) {
@@ -644,20 +722,24 @@ __global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
     }
     grid_barrier<W>(p.bar, expected, p.error);  // every partial written
 
+    ph = prefetch(4 * layer + 1);
     combine_into_xs<D, W>(p, splits, xs);
-    gemv(4 * layer + 1, resid);
+    gemv(4 * layer + 1, ph, resid);
     grid_barrier<W>(p.bar, expected, p.error);  // h += o complete
 
+    ph = prefetch(4 * layer + 2);
     norm_into_xs<W>(p.h, p.norms[layer].post_norm, p.hidden, p.eps, xs, red);
-    gemv(4 * layer + 2, nullptr);
+    gemv(4 * layer + 2, ph, nullptr);
     grid_barrier<W>(p.bar, expected, p.error);  // act complete
 
+    ph = prefetch(4 * layer + 3);
     copy_into_xs<W>(p.act, p.inter, xs);
-    gemv(4 * layer + 3, p.h);
+    gemv(4 * layer + 3, ph, p.h);
     grid_barrier<W>(p.bar, expected, p.error);  // h += down complete
   }
+  const WarpPhase last = prefetch(4 * p.layers);
   norm_into_xs<W>(p.h, p.final_norm, p.hidden, p.eps, xs, red);
-  gemv(4 * p.layers, nullptr);
+  gemv(4 * p.layers, last, nullptr);
 }
 
 }  // namespace mk
