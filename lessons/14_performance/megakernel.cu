@@ -90,7 +90,8 @@ int64_t attention_floats(int64_t D, int warps) { return mk::kMaxGroup * D + 2 * 
 using KernelFn = void (*)(mk::Params);
 KernelFn kernel_of(int D, MegakernelVariant v) {
   constexpr int W1 = mk::kConsumerWarps, W2 = mk::kConsumerWarpsPerWarp;
-  if (v == MegakernelVariant::SharedStages) return D == 64 ? mk::megakernel<64, W1, false> : mk::megakernel<128, W1, false>;
+  if (v == MegakernelVariant::SharedStages)
+    return D == 64 ? mk::megakernel<64, W1, false> : mk::megakernel<128, W1, false>;
   return D == 64 ? mk::megakernel<64, W2, true> : mk::megakernel<128, W2, true>;
 }
 int warps_of(MegakernelVariant v) {

@@ -22,8 +22,8 @@ using bf16 = __nv_bfloat16;
 // block has W * 32 + 32 threads (+ the producer warp).
 inline constexpr int kConsumerWarps = 8;         // shared stages
 // Per-warp stages: 11 (+ the producer: 12 warps, 3 per SM sub-partition, whose 16,384 registers then give each
-// thread up to 168; the kernel uses 160-168 (ptxas -v, no spills). With 12 + 1 warps, 4 per sub-partition, ptxas must fit
-// 128 and spills.)
+// thread up to 168; the kernel uses 160-168, ptxas -v, no spills). With 12 + 1 warps, 4 per sub-partition,
+// ptxas must fit 128 and spills.)
 inline constexpr int kConsumerWarpsPerWarp = 11;
 inline constexpr int kConsumers = kConsumerWarps * 32;
 inline constexpr int kThreads = kConsumers + 32;

@@ -475,6 +475,20 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   // The group's G query heads and the new key (head G here) into shared memory, then (Qwen3) each head's RMS
   // norm, then RoPE: lesson 08's order and roundings (head_rmsnorm, apply_rope), each step in place.
   const auto head = [&](int hh) { return hh < G ? qs + hh * D : kn; };
+  // This thread's RoPE table entries (pairs i = t, t + W * 32, ...), loaded first: their round trip overlaps
+  // the q/k/v loads' instead of following the barriers (a short context's attention is a chain of latencies).
+  // Per-warp stages only: the shared-stages kernel (8 warps: 3 entries each) is at its register cap with them
+  // and keeps the first version's loads, after the barrier.
+  constexpr bool kEarlyRope = W > kConsumerWarps;
+  constexpr int kRopePer = (kMaxGroup + 1) * (D / 2) / (W * 32) + 1;
+  float rc[kRopePer], rs[kRopePer];
+#pragma unroll
+  for (int k = 0; k < kRopePer; ++k) {
+    const int i = t + k * W * 32;
+    const bool load = kEarlyRope && i < (G + 1) * half;
+    rc[k] = load ? __ldg(cosr + i % half) : 0.f;
+    rs[k] = load ? __ldg(sinr + i % half) : 0.f;
+  }
   for (int i = t; i < (G + 1) * D; i += W * 32) {
     const int hh = i / D, d = i % D;
     const bf16* src = hh < G ? p.qkv + static_cast<int64_t>(g * G + hh) * D : p.qkv + p.q_dim + g * D;
@@ -494,11 +508,14 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     }
     consumers_sync<W>();
   }
-  for (int i = t; i < (G + 1) * half; i += W * 32) {
+#pragma unroll
+  for (int k = 0; k < kRopePer; ++k) {
+    const int i = t + k * W * 32;
+    if (i >= (G + 1) * half) continue;
     const int hh = i / half, j = i % half;
     float* x = head(hh);
     float a, b;
-    rope_pair(x[j], x[j + half], cosr[j], sinr[j], a, b);
+    rope_pair(x[j], x[j + half], kEarlyRope ? rc[k] : cosr[j], kEarlyRope ? rs[k] : sinr[j], a, b);
     x[j] = a;
     x[j + half] = b;
   }
