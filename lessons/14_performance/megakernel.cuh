@@ -191,5 +191,34 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& expected, 
   consumers_sync<W>();
 }
 
+// Per-warp stages: a barrier with one round trip for every block, the last one included. bar[0..1] is one
+// 64-bit counter that only grows: each block adds 1 per barrier, and barrier k of a step is complete when the
+// counter reaches base + (k + 1) * blocks. No reset, no generation: the last arriver does not do three more
+// dependent L2 operations (reset, fence, bump) before anyone may go on. `target` is base + k * blocks on entry:
+// thread 0 reads the counter at kernel start and rounds it down to a multiple of the block count (every launch
+// adds a multiple; barrier 0 cannot complete before this block arrives, so at most blocks - 1 arrivals of this
+// launch can be in it). 64 bits: 10^4 arrivals per step wrap it only after ~10^15 steps.
+template <int W>
+__device__ __forceinline__ void grid_barrier_counter(unsigned long long* counter, unsigned long long& target,
+                                                     int* error) {
+  consumers_sync<W>();
+  if (threadIdx.x == 0) {
+    target += gridDim.x;
+    __threadfence();  // the block's writes of the phase (ordered before thread 0 by the named barrier) go first
+    atomicAdd(counter, 1ull);
+    unsigned long long seen;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(counter) : "memory");
+    if (seen < target) {
+      const unsigned long long start = global_ns();
+      do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(counter) : "memory");
+        if (global_ns() - start > kWatchdogNs) watchdog_trap(error, kErrGridBarrier);
+      } while (seen < target);
+    }
+    __threadfence();
+  }
+  consumers_sync<W>();
+}
+
 }  // namespace mk
 }  // namespace tvllm

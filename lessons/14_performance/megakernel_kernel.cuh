@@ -748,8 +748,24 @@ __global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
     return;  // the producer warp has nothing else to do; its issued copies complete on the mbarriers
   }
 
-  unsigned expected = 0;
-  if (threadIdx.x == 0) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(expected) : "l"(&p.bar[1]) : "memory");
+  unsigned expected = 0;          // shared stages: the generation barrier (grid_barrier)
+  unsigned long long target = 0;  // per-warp stages: the counter barrier (grid_barrier_counter)
+  auto* counter = reinterpret_cast<unsigned long long*>(p.bar);
+  if (threadIdx.x == 0) {
+    if constexpr (kPerWarp) {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(target) : "l"(counter) : "memory");
+      target -= target % gridDim.x;
+    } else {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(expected) : "l"(&p.bar[1]) : "memory");
+    }
+  }
+  const auto grid_sync = [&] {
+    if constexpr (kPerWarp) {
+      grid_barrier_counter<W>(counter, target, p.error);
+    } else {
+      grid_barrier<W>(p.bar, expected, p.error);
+    }
+  };
   const int pos = __ldg(p.position);
   const int ctx = pos + 1;
   int splits, chunk;
@@ -776,28 +792,28 @@ __global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
     WarpPhase ph = prefetch(4 * layer + 0);
     norm_into_xs<W>(resid, p.norms[layer].input_norm, p.hidden, p.eps, xs, red);
     gemv(4 * layer + 0, ph, nullptr);
-    grid_barrier<W>(p.bar, expected, p.error);  // qkv complete
+    grid_sync();  // qkv complete
 
     for (int item = blockIdx.x; item < p.n_kv * splits; item += gridDim.x) {
       const int g = item / splits, sp = item % splits;
       attention_item<D, W>(p, layer, g, sp * chunk, min(ctx, (sp + 1) * chunk), sp, pos, att);
     }
-    grid_barrier<W>(p.bar, expected, p.error);  // every partial written
+    grid_sync();  // every partial written
 
     ph = prefetch(4 * layer + 1);
     combine_into_xs<D, W>(p, splits, xs);
     gemv(4 * layer + 1, ph, resid);
-    grid_barrier<W>(p.bar, expected, p.error);  // h += o complete
+    grid_sync();  // h += o complete
 
     ph = prefetch(4 * layer + 2);
     norm_into_xs<W>(p.h, p.norms[layer].post_norm, p.hidden, p.eps, xs, red);
     gemv(4 * layer + 2, ph, nullptr);
-    grid_barrier<W>(p.bar, expected, p.error);  // act complete
+    grid_sync();  // act complete
 
     ph = prefetch(4 * layer + 3);
     copy_into_xs<W>(p.act, p.inter, xs);
     gemv(4 * layer + 3, ph, p.h);
-    grid_barrier<W>(p.bar, expected, p.error);  // h += down complete
+    grid_sync();  // h += down complete
   }
   const WarpPhase last = prefetch(4 * p.layers);
   norm_into_xs<W>(p.h, p.final_norm, p.hidden, p.eps, xs, red);
