@@ -136,6 +136,54 @@ TEST(Megakernel14Gpu, TeacherForcedLogitsMatchTheFusedPath) {
   }
 }
 
+// Sets the process-wide consumer scheme for a scope (megakernel_prepare reads it), then puts it back.
+class VariantScope {
+ public:
+  explicit VariantScope(MegakernelVariant v) : saved_(megakernel_variant()) { set_megakernel_variant(v); }
+  ~VariantScope() { set_megakernel_variant(saved_); }
+  VariantScope(const VariantScope&) = delete;
+  VariantScope& operator=(const VariantScope&) = delete;
+
+ private:
+  MegakernelVariant saved_;
+};
+
+// (a') Both consumer schemes (section 14, "Per-warp stages"): each installed with its own geometry, each within
+// the fused path's tolerance (same bound as (a)), each the same bits on a second run (deterministic), and a
+// context prepared under one scheme is prepared again under the other. The rest of this file runs whichever
+// scheme is the default (TVLLM_MEGAKERNEL_V1=1 in the environment: the shared stages).
+TEST(Megakernel14Gpu, BothConsumerSchemesMatchTheFusedPath) {
+  REQUIRE_MEGAKERNEL(bundled().w);
+  const EngineLimits lim = Generator::limits_for(bundled().w.config, 256, 1, 256);
+  Generator fused(bundled().w, lim);
+  use_fast_path(fused, fused_only());
+  const ReferenceGeneration& g = refs().gens.sequences.front();
+  const double e = refs().eps(g);
+  const Tensor b = fused.forced_logits(g.prompt_ids, g.output_ids);
+  Generator mega(bundled().w, lim);
+  for (const MegakernelVariant v : {MegakernelVariant::PerWarp, MegakernelVariant::SharedStages}) {
+    SCOPED_TRACE(megakernel_variant_name(v));
+    const VariantScope scope(v);
+    use_fast_path(mega, with_megakernel());  // the same context: prepared again for this scheme
+    ASSERT_EQ(mega.context().forward_fn(), &megakernel_forward);
+    const MegakernelGeometry geo = megakernel_geometry(mega.context(), bundled().w);
+    EXPECT_EQ(geo.variant, v);
+    EXPECT_EQ(geo.consumer_warps, v == MegakernelVariant::PerWarp ? 11 : 8);
+    EXPECT_EQ(geo.stage_bytes, v == MegakernelVariant::PerWarp ? 16384 : 32768);
+    const int64_t before = megakernel_steps_launched();
+    const Tensor a = mega.forced_logits(g.prompt_ids, g.output_ids);
+    EXPECT_EQ(megakernel_steps_launched() - before, static_cast<int64_t>(g.output_ids.size()) - 1);
+    const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * e);
+    std::printf("    %s: %s, relative L2 %.2e\n", megakernel_variant_name(v), t.summary().c_str(),
+                relative_l2(a.view(), b.view()));
+    EXPECT_TRUE(t.pass()) << t.summary();
+    EXPECT_LE(t.max_abs_error, 2 * e) << t.summary();
+    EXPECT_LT(relative_l2(a.view(), b.view()), 0.1);
+    const Tensor again = mega.forced_logits(g.prompt_ids, g.output_ids);
+    EXPECT_EQ(std::memcmp(a.view().data, again.view().data, a.view().nbytes()), 0) << "not deterministic";
+  }
+}
+
 // (b) Greedy ids over 40 steps equal the fused path's, or differ first where the fused path's own margin is a
 // near-tie (below 2 eps: either id is right within bf16).
 TEST(Megakernel14Gpu, GreedyIdsEqualTheFusedPathExceptAtNearTies) {
@@ -172,7 +220,8 @@ TEST(Megakernel14Gpu, GreedyIdsEqualTheFusedPathExceptAtNearTies) {
 }
 
 // (c) Random models of other shapes (head_dim 128 with GQA 2; head_dim 64 without GQA; hidden and intermediate
-// not multiples of 64 / 128, odd vocabularies; a Qwen2 with q/k/v biases, a Qwen3 with its q/k norm), against
+// not multiples of 64 / 128, odd vocabularies; a Qwen2 with q/k/v biases, a Qwen3 with its q/k norm; rows bigger
+// than a stage), against
 // lesson 08's composed forward on the same GPU.
 // family "qwen2": the same model as Qwen2 (q/k/v biases, random too); "qwen3": as Qwen3 (a q/k norm per head,
 // weights near 1). The families' extras the megakernel computes: the bias on the bf16 qkv product (lesson 08's
@@ -218,7 +267,10 @@ TEST(Megakernel14Gpu, RandomModelsOfOtherShapesMatchTheComposedForward) {
     const char* family;
   };
   for (const Shape& sh : {Shape{320, 4, 2, 128, 904, 1001, "llama"}, Shape{264, 3, 3, 64, 712, 999, "llama"},
-                          Shape{256, 4, 2, 64, 520, 777, "qwen2"}, Shape{192, 2, 1, 128, 392, 513, "qwen3"}}) {
+                          Shape{256, 4, 2, 64, 520, 777, "qwen2"}, Shape{192, 2, 1, 128, 392, 513, "qwen3"},
+                          // down rows of 8712 bf16 = 17,424 bytes: more than a 16 KiB per-warp stage, so sliced
+                          // (the slices summed in one warp's registers)
+                          Shape{256, 4, 2, 64, 8712, 515, "llama"}}) {
     SCOPED_TRACE("head_dim " + std::to_string(sh.head_dim) + ", " + sh.family);
     testing::SyntheticLlama s;
     s.dtype = "F32";

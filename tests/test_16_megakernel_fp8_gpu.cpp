@@ -48,8 +48,21 @@ void write_random_llama(const testing::SyntheticLlama& s, const std::filesystem:
   testing::write_file(dir / "model.safetensors", b.build());
 }
 
-TEST(Megakernel16Gpu, Fp8ResidentWeightsMatchTheFusedFp8Path) {
-  TVLLM_REQUIRE_GPU();
+// Sets the process-wide consumer scheme (lesson 14, "Per-warp stages") for a scope, then puts it back.
+class VariantScope {
+ public:
+  explicit VariantScope(MegakernelVariant v) : saved_(megakernel_variant()) { set_megakernel_variant(v); }
+  ~VariantScope() { set_megakernel_variant(saved_); }
+  VariantScope(const VariantScope&) = delete;
+  VariantScope& operator=(const VariantScope&) = delete;
+
+ private:
+  MegakernelVariant saved_;
+};
+
+// The whole check under one consumer scheme (both are tested below: they sum in different orders).
+void fp8_resident_weights_match_the_fused_fp8_path(MegakernelVariant variant) {
+  const VariantScope scope(variant);
   testing::SyntheticLlama s;
   s.dtype = "F32";
   s.tied = false;
@@ -95,6 +108,17 @@ TEST(Megakernel16Gpu, Fp8ResidentWeightsMatchTheFusedFp8Path) {
   const Tensor c = deq_mega.forced_logits(prompt, forced);
   const Top1Agreement u = top1_agreement(a.view(), c.view(), 2 * e);
   EXPECT_LE(u.max_abs_error, 2 * e) << "FP8 vs dequantized through the megakernel: " << u.summary();
+  EXPECT_EQ(megakernel_geometry(mega.context(), w).variant, variant);
+}
+
+TEST(Megakernel16Gpu, Fp8ResidentWeightsMatchTheFusedFp8Path) {
+  TVLLM_REQUIRE_GPU();
+  fp8_resident_weights_match_the_fused_fp8_path(MegakernelVariant::PerWarp);
+}
+
+TEST(Megakernel16Gpu, Fp8ResidentWeightsMatchTheFusedFp8PathWithSharedStages) {
+  TVLLM_REQUIRE_GPU();
+  fp8_resident_weights_match_the_fused_fp8_path(MegakernelVariant::SharedStages);
 }
 
 TEST(Megakernel16Gpu, TheBundledModelsFp8RowsAreDeclinedByName) {

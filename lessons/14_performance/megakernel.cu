@@ -3,8 +3,10 @@
 #include "megakernel.h"
 
 #include <atomic>
-#include <iterator>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +33,7 @@ struct MkState {
   MegakernelGeometry geometry;
   int max_splits = 0;
   DeviceBuffer chunks, begins, ops, norms;
+  DeviceBuffer warp_chunks, warp_begins, copies;  // per-warp stages only
   DeviceBuffer barrier;   // U32 [2] count, generation | I32 error flag
   DeviceBuffer partials;  // F32 [n_heads][max_splits][head_dim + 2]
   uint32_t xs_offset = 0, red_offset = 0, bar_offset = 0;
@@ -55,6 +58,12 @@ std::mutex g_states_mutex;
 std::map<std::pair<const ExecContext*, const ModelWeights*>, std::unique_ptr<MkState>> g_states;
 std::atomic<int64_t> g_steps{0};
 
+MegakernelVariant initial_variant() {
+  const char* v1 = std::getenv("TVLLM_MEGAKERNEL_V1");
+  return v1 && *v1 && std::strcmp(v1, "0") != 0 ? MegakernelVariant::SharedStages : MegakernelVariant::PerWarp;
+}
+std::atomic<MegakernelVariant> g_variant{initial_variant()};
+
 MkState* find_state(const ExecContext& ctx, const ModelWeights& w) {
   std::lock_guard<std::mutex> lock(g_states_mutex);
   const auto it = g_states.find({&ctx, &w});
@@ -75,25 +84,29 @@ std::string config_declines(const ModelConfig& c) {
 }
 
 // Attention scratch in floats (aliases xs: attention runs between the qkv and o phases, when xs is free).
-int64_t attention_floats(int64_t D) { return mk::kMaxGroup * D + 2 * D + mk::kConsumerWarps * mk::kMaxGroup * (D + 2); }
+int64_t attention_floats(int64_t D, int warps) { return mk::kMaxGroup * D + 2 * D + warps * mk::kMaxGroup * (D + 2); }
 
-template <int D>
-void set_max_smem(int64_t bytes) {
-  TVLLM_CUDA_CHECK(
-      cudaFuncSetAttribute(mk::megakernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+// The kernel of a head_dim and a scheme, and its block size.
+using KernelFn = void (*)(mk::Params);
+KernelFn kernel_of(int D, MegakernelVariant v) {
+  constexpr int W1 = mk::kConsumerWarps, W2 = mk::kConsumerWarpsPerWarp;
+  if (v == MegakernelVariant::SharedStages)
+    return D == 64 ? mk::megakernel<64, W1, false> : mk::megakernel<128, W1, false>;
+  return D == 64 ? mk::megakernel<64, W2, true> : mk::megakernel<128, W2, true>;
 }
-
-template <int D>
-int blocks_per_sm(int64_t smem) {
-  int n = 0;
-  TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mk::megakernel<D>, mk::kThreads,
-                                                                 static_cast<size_t>(smem)));
-  return n;
+int warps_of(MegakernelVariant v) {
+  return v == MegakernelVariant::SharedStages ? mk::kConsumerWarps : mk::kConsumerWarpsPerWarp;
 }
 
 }  // namespace
 
 std::string megakernel_declines(const ModelConfig& c) { return config_declines(c); }
+
+void set_megakernel_variant(MegakernelVariant v) { g_variant = v; }
+MegakernelVariant megakernel_variant() { return g_variant.load(); }
+const char* megakernel_variant_name(MegakernelVariant v) {
+  return v == MegakernelVariant::SharedStages ? "shared stages" : "per-warp stages";
+}
 
 std::string megakernel_declines(const ModelWeights& w) {
   const std::string config = config_declines(w.config);
@@ -127,10 +140,13 @@ std::string megakernel_declines(const ModelWeights& w) {
 }
 
 bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
-  if (find_state(ctx, w)) return true;
+  const MegakernelVariant variant = megakernel_variant();
+  if (const MkState* old = find_state(ctx, w); old && old->geometry.variant == variant) return true;
   if (ctx.device() != Device::CUDA || !megakernel_declines(w).empty()) return false;
   const ModelConfig& c = w.config;
   const int D = static_cast<int>(c.head_dim);
+  const bool per_warp = variant == MegakernelVariant::PerWarp;
+  const int warps = warps_of(variant);
   auto st = std::make_unique<MkState>();
   const int sms = query_device().multiprocessors;
   int optin = 0;
@@ -138,10 +154,13 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
 
   // Shared memory: the ring, then xs (the activation vector; the attention scratch aliases it), red, barriers.
   const int64_t xs_bytes = std::max<int64_t>(
-      round_up(std::max({c.hidden_size, c.q_dim(), c.intermediate_size}) * 2, 128), attention_floats(D) * 4);
-  const int64_t red_bytes = round_up((mk::kConsumers + 2) * 4, 128);
+      round_up(std::max({c.hidden_size, c.q_dim(), c.intermediate_size}) * 2, 128), attention_floats(D, warps) * 4);
+  const int64_t red_bytes = round_up((warps * 32 + 2) * 4, 128);
   const int64_t fixed = xs_bytes + red_bytes;
-  int64_t stage_bytes = 32768;
+  // Shared stages: 32 KiB, one at a time through all 8 warps. Per-warp stages: 16 KiB, so that the ring holds
+  // about as many stages as there are warps (each warp one in flight) and a 1B-shaped row (down: 8192 bf16 = 16
+  // KiB) still fits whole; bigger rows are sliced, the slices kept with one warp.
+  int64_t stage_bytes = per_warp ? 16384 : 32768;
   while (stage_bytes > 4096 && (optin - fixed - 1024) / stage_bytes < 4) stage_bytes /= 2;
   const int64_t stages = std::min<int64_t>((optin - fixed - 1024) / stage_bytes, 64);  // 1024: the mbarriers
   if (stages < 2) return false;  // a tiny shared memory: the fused path
@@ -152,16 +171,16 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   const int64_t smem = st->bar_offset + 2 * stages * 8;
   // The attribute is per kernel, not per model: always the device's maximum, so that preparing a second model
   // with a smaller ring never lowers what the first one launches with.
-  if (D == 64) {
-    set_max_smem<64>(optin);
-    if (blocks_per_sm<64>(smem) < 1) return false;
-  } else {
-    set_max_smem<128>(optin);
-    if (blocks_per_sm<128>(smem) < 1) return false;
-  }
+  const KernelFn kernel = kernel_of(D, variant);
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  int resident = 0;
+  TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (warps + 1) * 32,
+                                                                 static_cast<size_t>(smem)));
+  if (resident < 1) return false;
 
-  // The program: 4 phases per layer, then the lm_head (megakernel_plan.h). Outputs per chunk: at most 128, so
-  // a gate|up chunk's 256 stage rows still have one consumer thread each.
+  // The program: 4 phases per layer, then the lm_head (megakernel_plan.h). Outputs per chunk: shared stages at
+  // most 128, so a gate|up chunk's 256 stage rows still have one consumer thread each; per-warp stages at most
+  // 32, one lane each.
   std::vector<MkMatrix> matrices;
   std::vector<mk::OpDesc> ops;
   std::vector<mk::LayerNorms> norms;
@@ -183,7 +202,7 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
                      static_cast<const mk::bf16*>(L.q_norm.data), static_cast<const mk::bf16*>(L.k_norm.data)});
   }
   add(w.lm_head, {}, false, mk::Op::LmHead);
-  const MegakernelPlan plan(matrices, sms, stage_bytes, 128);
+  const MegakernelPlan plan(matrices, sms, stage_bytes, per_warp ? 32 : 128, per_warp ? warps : 0);
 
   const auto upload = [](DeviceBuffer& buf, const void* src, size_t bytes) {
     buf = DeviceBuffer(std::max<size_t>(bytes, 16));
@@ -193,6 +212,24 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   upload(st->begins, plan.begins().data(), plan.begins().size() * sizeof(uint32_t));
   upload(st->ops, ops.data(), ops.size() * sizeof(mk::OpDesc));
   upload(st->norms, norms.data(), norms.size() * sizeof(mk::LayerNorms));
+  if (per_warp) {
+    upload(st->warp_chunks, plan.warp_chunks().data(), plan.warp_chunks().size() * sizeof(MkChunk));
+    upload(st->warp_begins, plan.warp_begins().data(), plan.warp_begins().size() * sizeof(uint32_t));
+    // The producer's copy jobs: each chunk's source addresses, resolved here once (mk::produce_warp).
+    std::vector<mk::MkCopy> copies(plan.chunks().size());
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const MkChunk& ch = plan.chunks()[i];
+      const mk::OpDesc& op = ops[ch.phase];
+      const char* wt = static_cast<const char*>(op.w);
+      copies[i].bytes = ch.rows * ch.kc * op.elem_bytes;
+      copies[i].src0 = wt + (static_cast<int64_t>(ch.row0) * op.K + ch.k0) * op.elem_bytes;
+      copies[i].src1 = op.kind == static_cast<uint32_t>(mk::Op::GateUp)
+                           ? wt + ((static_cast<int64_t>(ch.row0) + op.outputs) * op.K + ch.k0) * op.elem_bytes
+                           : nullptr;
+    }
+    static_assert(sizeof(mk::MkCopy) == 32, "two 16-byte loads per copy job");
+    upload(st->copies, copies.data(), copies.size() * sizeof(mk::MkCopy));
+  }
   st->barrier = DeviceBuffer(16);
   st->barrier.fill_zero();
   st->max_splits = std::max<int>(1, sms / static_cast<int>(c.num_key_value_heads));
@@ -200,7 +237,8 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads are done before any step reads them
 
   st->signature = weights_signature(w);
-  st->geometry = {sms, static_cast<int>(stages), stage_bytes, static_cast<int64_t>(plan.chunks().size()), smem};
+  st->geometry = {sms,  static_cast<int>(stages), stage_bytes, static_cast<int64_t>(plan.chunks().size()),
+                  smem, warps,                     variant};
   std::lock_guard<std::mutex> lock(g_states_mutex);
   // A context runs one model: whatever was prepared for this context address before (another model, or a
   // context since destroyed and rebuilt here) is dropped, so the table grows with live contexts only.
@@ -255,6 +293,10 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
   mk::Params p{};
   p.chunks = st->chunks.as<MkChunk>();
   p.begins = st->begins.as<uint32_t>();
+  const bool per_warp = st->geometry.variant == MegakernelVariant::PerWarp;
+  p.warp_chunks = per_warp ? st->warp_chunks.as<MkChunk>() : nullptr;
+  p.warp_begins = per_warp ? st->warp_begins.as<uint32_t>() : nullptr;
+  p.copies = per_warp ? st->copies.as<mk::MkCopy>() : nullptr;
   p.ops = st->ops.as<mk::OpDesc>();
   p.norms = st->norms.as<mk::LayerNorms>();
   p.phases = 4 * static_cast<int>(c.num_hidden_layers) + 1;
@@ -303,7 +345,7 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
   // with the cooperative attribute).
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(st->geometry.blocks));
-  cfg.blockDim = dim3(mk::kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>((st->geometry.consumer_warps + 1) * 32));
   cfg.dynamicSmemBytes = static_cast<size_t>(st->geometry.smem_bytes);
   cfg.stream = ctx.stream();
   cudaLaunchAttribute attr[1];
@@ -311,11 +353,7 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& w, const Ste
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  if (c.head_dim == 64) {
-    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mk::megakernel<64>, p));
-  } else {
-    TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mk::megakernel<128>, p));
-  }
+  TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of(static_cast<int>(c.head_dim), st->geometry.variant), p));
   ++g_steps;
   return ws.logits.view().rows(0, 1);
 }

@@ -17,9 +17,18 @@ namespace mk {
 
 using bf16 = __nv_bfloat16;
 
-inline constexpr int kConsumerWarps = 8;
-inline constexpr int kConsumers = kConsumerWarps * 32;  // threads that compute; thread kConsumers is the producer
-inline constexpr int kThreads = kConsumers + 32;        // + the producer warp
+// Consumer warps of the two schemes (megakernel_plan.h): shared stages (the first version: all of them on every
+// chunk) and per-warp stages (each chunk computed by its one owner warp). Thread W * 32 is the producer; the
+// block has W * 32 + 32 threads (+ the producer warp).
+inline constexpr int kConsumerWarps = 8;         // shared stages
+// Per-warp stages: 11 (+ the producer: 12 warps, 3 per SM sub-partition, whose 16,384 registers then give each
+// thread up to 168; the kernel uses 160-168, ptxas -v, no spills). With 12 + 1 warps, 4 per sub-partition,
+// ptxas must fit 128 and spills.)
+inline constexpr int kConsumerWarpsPerWarp = 11;
+inline constexpr int kConsumers = kConsumerWarps * 32;
+inline constexpr int kThreads = kConsumers + 32;
+template <int W>
+inline constexpr int threads_of = W * 32 + 32;
 inline constexpr int kMaxGroup = 8;                     // query heads per kv head the attention phase takes
 inline constexpr int kMinKeysPerSplit = 64;             // attention: fewer keys per item are not worth an item
 // A spin (ring or grid barrier) longer than this is a bug, not a wait: record it and trap, so a test fails
@@ -46,8 +55,9 @@ __device__ __forceinline__ void watchdog_trap(int* error, int code) {
 
 // ---- mbarriers (PTX ISA "mbarrier"): a 64-bit word in shared memory with a phase bit ----------------------
 // A stage's `full` barrier completes a phase when the producer has arrived (count 1) AND the bulk copies have
-// delivered the expect_tx bytes; its `empty` barrier when one consumer thread has arrived (after the consumer
-// warps' named barrier: all of them are done reading the stage). Waiting for parity P returns once the phase
+// delivered the expect_tx bytes; its `empty` barrier when one consumer thread has arrived (shared stages: after
+// the consumer warps' named barrier, all of them done reading the stage; per-warp stages: lane 0 of the stage's
+// owner warp, after a __syncwarp). Waiting for parity P returns once the phase
 // with that parity has completed; a fresh barrier is in phase 0, so waiting for parity 1 returns at once (the
 // producer's first pass over the ring finds every stage free).
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
@@ -92,7 +102,8 @@ __device__ __forceinline__ void bulk_copy(void* dst_smem, const void* src, uint3
 // ---- the consumer warps ------------------------------------------------------------------------------------
 // Named barrier 1 over the consumer warps only: the producer warp never joins it (it must never wait for the
 // consumers except through the ring's empty barriers).
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+template <int W>
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(W * 32) : "memory"); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -155,8 +166,9 @@ __device__ __forceinline__ float dot16_e4m3(const uint4& codes, const uint4& x_l
 // of data written during the kernel use L2 loads (__ldcg): L1 is not coherent across SMs.
 // `expected` is the generation this block waits to see bumped; every block read it at kernel start, before its
 // first arrival, and no barrier completes before every block has arrived, so all blocks agree on it.
+template <int W>
 __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& expected, int* error) {
-  consumers_sync();
+  consumers_sync<W>();
   if (threadIdx.x == 0) {
     __threadfence();
     const unsigned arrived = atomicAdd(&bar[0], 1u);
@@ -176,7 +188,36 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& expected, 
     ++expected;
     __threadfence();
   }
-  consumers_sync();
+  consumers_sync<W>();
+}
+
+// Per-warp stages: a barrier with one round trip for every block, the last one included. bar[0..1] is one
+// 64-bit counter that only grows: each block adds 1 per barrier, and barrier k of a step is complete when the
+// counter reaches base + (k + 1) * blocks. No reset, no generation: the last arriver does not do three more
+// dependent L2 operations (reset, fence, bump) before anyone may go on. `target` is base + k * blocks on entry:
+// thread 0 reads the counter at kernel start and rounds it down to a multiple of the block count (every launch
+// adds a multiple; barrier 0 cannot complete before this block arrives, so at most blocks - 1 arrivals of this
+// launch can be in it). 64 bits: 10^4 arrivals per step wrap it only after ~10^15 steps.
+template <int W>
+__device__ __forceinline__ void grid_barrier_counter(unsigned long long* counter, unsigned long long& target,
+                                                     int* error) {
+  consumers_sync<W>();
+  if (threadIdx.x == 0) {
+    target += gridDim.x;
+    __threadfence();  // the block's writes of the phase (ordered before thread 0 by the named barrier) go first
+    atomicAdd(counter, 1ull);
+    unsigned long long seen;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(counter) : "memory");
+    if (seen < target) {
+      const unsigned long long start = global_ns();
+      do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(counter) : "memory");
+        if (global_ns() - start > kWatchdogNs) watchdog_trap(error, kErrGridBarrier);
+      } while (seen < target);
+    }
+    __threadfence();
+  }
+  consumers_sync<W>();
 }
 
 }  // namespace mk

@@ -48,6 +48,17 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& weights);
 TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
                               AttentionBackend& backend);
 
+// The consumers' scheme (README section 14, "Per-warp stages"). PerWarp (the default): each ring stage is
+// computed by its one owner warp, no barrier among the warps inside a phase. SharedStages: the first version,
+// every consumer warp on every stage, a named barrier per stage (kept to measure against). Process-wide, read by
+// megakernel_prepare (a context prepared under the other scheme is prepared again). The initial value is
+// SharedStages when the environment variable TVLLM_MEGAKERNEL_V1 is set to a non-empty value other than "0"
+// (a bench knob: `TVLLM_MEGAKERNEL_V1=1 tiny-vllm bench latency --megakernel`), else PerWarp.
+enum class MegakernelVariant { PerWarp, SharedStages };
+void set_megakernel_variant(MegakernelVariant v);
+MegakernelVariant megakernel_variant();
+const char* megakernel_variant_name(MegakernelVariant v);  // "per-warp stages" / "shared stages"
+
 // How many steps the megakernel itself has run in this process (host counter, bumped at each launch or capture):
 // for the tests that check it was not silently declined.
 int64_t megakernel_steps_launched();
@@ -59,6 +70,8 @@ struct MegakernelGeometry {
   int64_t stage_bytes = 0;
   int64_t chunks = 0;        // the program's chunks, all blocks
   int64_t smem_bytes = 0;    // dynamic shared memory per block
+  int consumer_warps = 0;    // + one producer warp
+  MegakernelVariant variant = MegakernelVariant::PerWarp;
 };
 MegakernelGeometry megakernel_geometry(ExecContext& ctx, const ModelWeights& weights);
 

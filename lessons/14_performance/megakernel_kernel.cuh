@@ -10,235 +10,21 @@
 //   - A grid barrier waits for every block's consumers to finish the phase. Each needs only its own block's
 //     chunks of that phase, which (previous point) its producer issues without waiting for anything outside
 //     the block. So every block reaches every barrier: no cycle.
+//   - Per-warp stages: each warp consumes its own chunks in program order. Let m be the block's earliest
+//     unconsumed chunk: its owner has consumed all its earlier chunks (all < m), so it waits for m's bytes
+//     only. If the producer has issued m, they arrive. If not, the producer is at some n <= m and waits for
+//     chunk n - S < m to be freed, which it was: it issues on. Either way something moves. Warps with no chunk
+//     left in a phase wait at the grid barrier's named barrier, which needs nothing from the producer.
 //   - The producer may finish early (all chunks issued) and exit its loop; it then waits only at the kernel's
 //     end, where nothing waits for it. Consumers of a block with no chunks in a phase go straight to the barrier.
 #pragma once
 
 #include "megakernel.cuh"
+#include "megakernel_gemv.cuh"  // Params, the producer, the GEMV phases
 #include "megakernel_plan.h"
 
 namespace tvllm {
 namespace mk {
-
-// One weight phase of the step, in the order of the plan's matrices: 4 per layer, then the lm_head.
-enum class Op : uint32_t { Qkv = 0, O = 1, GateUp = 2, Down = 3, LmHead = 4 };
-
-struct OpDesc {
-  const void* w;       // [rows, K]: for GateUp [2 * outputs, K] (gate rows, then up rows). BF16 or E4M3 codes
-  const float* scale;  // E4M3: F32 [rows], one per weight row (lesson 16); nullptr for BF16
-  const bf16* bias;    // Qkv of Qwen2: bq | bk | bv, added to the bf16 product (lesson 08's add_bias); else nullptr
-  uint32_t K;
-  uint32_t outputs;
-  uint32_t kind;        // Op
-  uint32_t elem_bytes;  // 2 (BF16) or 1 (E4M3)
-};
-
-struct LayerNorms {
-  const bf16* input_norm;
-  const bf16* post_norm;
-  const bf16* q_norm;  // Qwen3: [head_dim] each, or nullptr
-  const bf16* k_norm;
-};
-
-struct Params {
-  const MkChunk* chunks;
-  const uint32_t* begins;  // [blocks * (phases + 1)]
-  const OpDesc* ops;       // [phases]
-  const LayerNorms* norms; // [layers]
-  int phases, layers;
-  int hidden, q_dim, kv_dim, inter, n_heads, n_kv, head_dim;
-  const bf16* embed;
-  const bf16* final_norm;
-  bf16* h;          // [hidden] the residual stream (written from layer 0's o phase on)
-  bf16* qkv;        // [q_dim + 2 kv_dim]
-  bf16* act;        // [inter]
-  float* logits;    // [vocab]
-  float* partials;  // [n_heads][max_splits][head_dim + 2]: o, m, l of each attention item
-  int max_splits;
-  const int32_t* token;     // [1] device: the step's token
-  const int32_t* position;  // [1] device: its position (the context is position + 1 keys)
-  // Where position j's k and v rows are (row r: r * kv_dim elements into a layer's k or v):
-  //   contiguous (lesson 10)  r = slot * max_context + j
-  //   paged (lesson 12)       r = block_table[j / block_size] * block_size + j % block_size; the new token's row
-  //                           is new_row[0] (the step's slot mapping; < 0: a padding row, written nowhere)
-  const int32_t* slot;         // [1] device: the sequence's cache slot (contiguous)
-  const int32_t* block_table;  // device: sequence 0's block table (paged), nullptr for the contiguous cache
-  const int32_t* new_row;      // [1] device: the new token's row (paged)
-  int block_size;
-  bf16* cache_k;            // layer 0's k [rows, kv_dim]; v at + v_offset; layer l at + l * layer_stride
-  int64_t layer_stride, v_offset;
-  int max_context;
-  const float* rope_cos;    // [rope_positions, head_dim / 2]
-  const float* rope_sin;
-  int rope_positions;
-  float eps;
-  float scale_log2;         // 1/sqrt(head_dim) * log2(e): scores in base 2
-  unsigned* bar;            // [2] the grid barrier
-  int* error;               // the watchdog's flag
-  int stages;
-  uint32_t stage_bytes;
-  uint32_t xs_offset, red_offset, att_offset, bar_offset;  // shared memory layout (bytes)
-};
-
-// The ring's position, identical in producer and consumers: chunk n of the block sits in stage n % S and is the
-// (n / S)-th use of that stage, whose full phase has parity (n / S) & 1.
-struct Ring {
-  char* stages;
-  uint64_t* full;
-  uint64_t* empty;
-  int S;
-  uint32_t stage_bytes;
-};
-
-// ---- the producer ------------------------------------------------------------------------------------------
-__device__ void produce(const Params& p, const Ring& ring) {
-  const uint32_t first = p.begins[blockIdx.x * (p.phases + 1)];
-  const uint32_t last = p.begins[blockIdx.x * (p.phases + 1) + p.phases];
-  // A descriptor is an L2 round trip (~0.5 us): the next one is loaded while this one's stage is awaited and
-  // issued, and the op (the matrix) is reloaded only when the phase changes.
-  MkChunk c = first < last ? p.chunks[first] : MkChunk{};
-  OpDesc op = p.ops[c.phase];
-  for (uint32_t ci = first; ci < last; ++ci) {
-    const MkChunk next = ci + 1 < last ? p.chunks[ci + 1] : c;
-    const uint32_t n = ci - first;
-    const int s = static_cast<int>(n % ring.S);
-    const uint32_t use = n / ring.S;
-    mbar_wait(&ring.empty[s], (use & 1u) ^ 1u, p.error, kErrRingFull);
-    const uint32_t half_bytes = c.rows * c.kc * op.elem_bytes;
-    const bool paired = op.kind == static_cast<uint32_t>(Op::GateUp);
-    const char* w = static_cast<const char*>(op.w);
-    char* dst = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
-    mbar_arrive_expect_tx(&ring.full[s], paired ? 2u * half_bytes : half_bytes);
-    bulk_copy(dst, w + (static_cast<int64_t>(c.row0) * op.K + c.k0) * op.elem_bytes, half_bytes, &ring.full[s]);
-    if (paired)
-      bulk_copy(dst + half_bytes, w + ((static_cast<int64_t>(c.row0) + op.outputs) * op.K + c.k0) * op.elem_bytes,
-                half_bytes, &ring.full[s]);
-    if (next.phase != c.phase) op = p.ops[next.phase];
-    c = next;
-  }
-}
-
-// ---- the consumers: activations into shared memory ---------------------------------------------------------
-// xs = bf16(bf16(src * inv_rms) * g), inv_rms = rsqrt(mean(src^2) + eps): lesson 04's rounding, as rmsnorm_gemv.
-__device__ void norm_into_xs(const bf16* src, const bf16* g, int K, float eps, bf16* xs, float* red) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const uint4* s4 = reinterpret_cast<const uint4*>(src);
-  float ss = 0.f;
-  for (int q = t; q < K / 8; q += kConsumers) {
-    float f[8];
-    unpack8(__ldcg(s4 + q), f);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss = fmaf(f[i], f[i], ss);
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[warp] = ss;
-  consumers_sync();
-  float total = 0.f;
-  for (int w = 0; w < kConsumerWarps; ++w) total += red[w];
-  const float inv = rsqrtf(total / static_cast<float>(K) + eps);
-  for (int q = t; q < K / 8; q += kConsumers) {
-    float f[8], gw[8];
-    unpack8(__ldcg(s4 + q), f);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(g) + q), gw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) xs[q * 8 + i] = __float2bfloat16_rn(round_bf16(f[i] * inv) * gw[i]);
-  }
-  consumers_sync();  // xs complete; red free again
-}
-
-__device__ void copy_into_xs(const bf16* src, int K, bf16* xs) {
-  const uint4* s4 = reinterpret_cast<const uint4*>(src);
-  for (int q = threadIdx.x; q < K / 8; q += kConsumers) reinterpret_cast<uint4*>(xs)[q] = __ldcg(s4 + q);
-  consumers_sync();
-}
-
-// ---- the consumers: one weight phase from the ring ---------------------------------------------------------
-// Each chunk's stage rows are shared among the 8 warps: a warp per row, or, with fewer rows than warps, several
-// warps per row splitting its columns; partial sums meet in `red` in a fixed order (deterministic: the order is
-// the plan's, a function of the shapes only). Then one thread per output runs the epilogue.
-__device__ void gemv_phase(const Params& p, const Ring& ring, int phase, uint32_t& n, const bf16* xs, float* red,
-                           float* slice_acc, const bf16* residual_base) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const uint32_t begin = p.begins[blockIdx.x * (p.phases + 1) + phase];
-  const uint32_t end = p.begins[blockIdx.x * (p.phases + 1) + phase + 1];
-  const OpDesc op = p.ops[phase];
-  const Op kind = static_cast<Op>(op.kind);
-  const int halves = kind == Op::GateUp ? 2 : 1;
-  MkChunk c = begin < end ? p.chunks[begin] : MkChunk{};
-  for (uint32_t ci = begin; ci < end; ++ci, ++n) {
-    const MkChunk next = ci + 1 < end ? p.chunks[ci + 1] : c;  // loaded while this chunk is computed
-    const int s = static_cast<int>(n % ring.S);
-    mbar_wait(&ring.full[s], (n / ring.S) & 1u, p.error, kErrRingEmpty);
-    const char* stage = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
-    const int srows = static_cast<int>(c.rows) * halves;
-    const int kc = static_cast<int>(c.kc);
-    const int per_row = srows >= kConsumerWarps ? 1 : kConsumerWarps / srows;
-    const int groups = kConsumerWarps / per_row;
-    const uint4* x4 = reinterpret_cast<const uint4*>(xs + c.k0);
-    for (int r = warp / per_row; r < srows && warp < groups * per_row; r += groups) {
-      const int sub = warp % per_row;
-      const uint4* w4 = reinterpret_cast<const uint4*>(stage + static_cast<size_t>(r) * kc * op.elem_bytes);
-      float acc = 0.f;
-      if (op.elem_bytes == 2) {
-        for (int q = sub * 32 + lane; q < kc / 8; q += per_row * 32) acc = dot8(w4[q], x4[q], acc);
-      } else {  // E4M3: 16 codes per pack against two packs of x; the row's scale comes in the epilogue
-        for (int q = sub * 32 + lane; q < kc / 16; q += per_row * 32) acc = dot16_e4m3(w4[q], x4[2 * q], x4[2 * q + 1], acc);
-      }
-      acc = warp_sum(acc);
-      if (lane == 0) red[r * per_row + sub] = acc;
-    }
-    consumers_sync();                        // every warp is done with the stage and has written red
-    if (t == 0) mbar_arrive(&ring.empty[s]);  // the stage is free: the producer may refill it
-    if (t < static_cast<int>(c.rows)) {
-      float total[2] = {0.f, 0.f};
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        if (hh >= halves) break;
-        const int r = hh * static_cast<int>(c.rows) + t;
-        for (int sub = 0; sub < per_row; ++sub) total[hh] += red[r * per_row + sub];
-      }
-      // A row cut into column slices: sum the slices in order (rows == 1, so thread 0 alone).
-      if (!(c.flags & kMkFirstSlice)) {
-        total[0] += slice_acc[0];
-        total[1] += slice_acc[1];
-      }
-      if (!(c.flags & kMkLastSlice)) {
-        slice_acc[0] = total[0];
-        slice_acc[1] = total[1];
-      } else {
-        const int64_t o = static_cast<int64_t>(c.row0) + t;
-        // E4M3: each row's scale multiplies its finished sum once, in fp32, before the roundings (gemv.h).
-        if (op.scale) {
-          total[0] *= __ldg(op.scale + o);
-          if (halves == 2) total[1] *= __ldg(op.scale + op.outputs + o);
-        }
-        // The epilogues: gemv.h's "Rounding", element by element.
-        switch (kind) {
-          case Op::Qkv:
-            // Qwen2: the bias on the bf16 product, rounded again (add_bias after the projection).
-            p.qkv[o] = op.bias ? __float2bfloat16_rn(round_bf16(total[0]) + __bfloat162float(op.bias[o]))
-                               : __float2bfloat16_rn(total[0]);
-            break;
-          case Op::O:
-          case Op::Down:
-            p.h[o] = __float2bfloat16_rn(__bfloat162float(__ldcg(residual_base + o)) + round_bf16(total[0]));
-            break;
-          case Op::GateUp: {
-            const float gate = round_bf16(total[0]), up = round_bf16(total[1]);
-            const float a = round_bf16(gate / (1.0f + expf(-gate)));
-            p.act[o] = __float2bfloat16_rn(a * up);
-            break;
-          }
-          case Op::LmHead:
-            p.logits[o] = total[0];
-            break;
-        }
-      }
-    }
-    consumers_sync();  // red and slice_acc free for the next chunk
-    c = next;
-  }
-}
 
 // ---- the consumers: attention --------------------------------------------------------------------------------
 // The context (position + 1 keys) is cut into `splits` ranges per kv head; item (g, sp) attends kv head g's
@@ -270,7 +56,7 @@ __device__ __forceinline__ void load_values(const bf16* src, float* out) {
   }
 }
 
-template <int D>
+template <int D, int W>
 __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1, int sp, int pos, float* att) {
   constexpr int E = D / 32;  // value dims per lane
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -285,16 +71,30 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   // The group's G query heads and the new key (head G here) into shared memory, then (Qwen3) each head's RMS
   // norm, then RoPE: lesson 08's order and roundings (head_rmsnorm, apply_rope), each step in place.
   const auto head = [&](int hh) { return hh < G ? qs + hh * D : kn; };
-  for (int i = t; i < (G + 1) * D; i += kConsumers) {
+  // This thread's RoPE table entries (pairs i = t, t + W * 32, ...), loaded first: their round trip overlaps
+  // the q/k/v loads' instead of following the barriers (a short context's attention is a chain of latencies).
+  // Per-warp stages only: the shared-stages kernel (8 warps: 3 entries each) is at its register cap with them
+  // and keeps the first version's loads, after the barrier.
+  constexpr bool kEarlyRope = W > kConsumerWarps;
+  constexpr int kRopePer = (kMaxGroup + 1) * (D / 2) / (W * 32) + 1;
+  float rc[kRopePer], rs[kRopePer];
+#pragma unroll
+  for (int k = 0; k < kRopePer; ++k) {
+    const int i = t + k * W * 32;
+    const bool load = kEarlyRope && i < (G + 1) * half;
+    rc[k] = load ? __ldg(cosr + i % half) : 0.f;
+    rs[k] = load ? __ldg(sinr + i % half) : 0.f;
+  }
+  for (int i = t; i < (G + 1) * D; i += W * 32) {
     const int hh = i / D, d = i % D;
     const bf16* src = hh < G ? p.qkv + static_cast<int64_t>(g * G + hh) * D : p.qkv + p.q_dim + g * D;
     head(hh)[d] = __bfloat162float(__ldcg(src + d));
   }
-  for (int d = t; d < D; d += kConsumers) vn[d] = __bfloat162float(__ldcg(p.qkv + p.q_dim + p.kv_dim + g * D + d));
-  consumers_sync();
+  for (int d = t; d < D; d += W * 32) vn[d] = __bfloat162float(__ldcg(p.qkv + p.q_dim + p.kv_dim + g * D + d));
+  consumers_sync<W>();
   const LayerNorms& nl = p.norms[layer];
   if (nl.q_norm) {
-    for (int hh = warp; hh < G + 1; hh += kConsumerWarps) {  // a warp per head
+    for (int hh = warp; hh < G + 1; hh += W) {  // a warp per head
       float* x = head(hh);
       const bf16* w = hh < G ? nl.q_norm : nl.k_norm;
       float ss = 0.f;
@@ -302,17 +102,20 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
       const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(D) + p.eps);
       for (int d = lane; d < D; d += 32) x[d] = round_bf16(round_bf16(x[d] * inv) * __bfloat162float(w[d]));
     }
-    consumers_sync();
+    consumers_sync<W>();
   }
-  for (int i = t; i < (G + 1) * half; i += kConsumers) {
+#pragma unroll
+  for (int k = 0; k < kRopePer; ++k) {
+    const int i = t + k * W * 32;
+    if (i >= (G + 1) * half) continue;
     const int hh = i / half, j = i % half;
     float* x = head(hh);
     float a, b;
-    rope_pair(x[j], x[j + half], cosr[j], sinr[j], a, b);
+    rope_pair(x[j], x[j + half], kEarlyRope ? rc[k] : cosr[j], kEarlyRope ? rs[k] : sinr[j], a, b);
     x[j] = a;
     x[j + half] = b;
   }
-  consumers_sync();
+  consumers_sync<W>();
   const bool paged = p.block_table != nullptr;
   const int64_t row0 = paged ? 0 : static_cast<int64_t>(__ldg(p.slot)) * p.max_context;
   const auto row_of = [&](int j) -> int64_t {
@@ -324,7 +127,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
   // The new token's k and v into the cache, for the steps after this one (this step reads them from kn, vn).
   const int64_t new_row = paged ? static_cast<int64_t>(__ldg(p.new_row)) : row0 + pos;
   if (pos >= j0 && pos < j1 && new_row >= 0)
-    for (int d = t; d < D; d += kConsumers) {
+    for (int d = t; d < D; d += W * 32) {
       kl[new_row * p.kv_dim + g * D + d] = __float2bfloat16_rn(kn[d]);
       vl[new_row * p.kv_dim + g * D + d] = __float2bfloat16_rn(vn[d]);
     }
@@ -337,7 +140,7 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
 #pragma unroll
     for (int e = 0; e < E; ++e) o[i][e] = 0.f;
   }
-  for (int base = j0 + warp * 32; base < j1; base += kConsumers) {
+  for (int base = j0 + warp * 32; base < j1; base += W * 32) {
     const int j = base + lane;
     float sc[kMaxGroup];
 #pragma unroll
@@ -423,13 +226,13 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
       wp[D + 1] = l[i];
     }
   }
-  consumers_sync();
-  for (int idx = t; idx < G * (D + 2); idx += kConsumers) {
+  consumers_sync<W>();
+  for (int idx = t; idx < G * (D + 2); idx += W * 32) {
     const int i = idx / (D + 2), d = idx % (D + 2);
     float M = -INFINITY;
-    for (int w = 0; w < kConsumerWarps; ++w) M = fmaxf(M, wpart[(w * kMaxGroup + i) * (D + 2) + D]);
+    for (int w = 0; w < W; ++w) M = fmaxf(M, wpart[(w * kMaxGroup + i) * (D + 2) + D]);
     float acc = 0.f;
-    for (int w = 0; w < kConsumerWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float* wp = wpart + (w * kMaxGroup + i) * (D + 2);
       if (wp[D] == -INFINITY) continue;  // a warp that had no keys
       const float f = exp2f(wp[D] - M);
@@ -438,32 +241,56 @@ __device__ void attention_item(const Params& p, int layer, int g, int j0, int j1
     float* out = p.partials + (static_cast<int64_t>(g * G + i) * p.max_splits + sp) * (D + 2);
     out[d] = d == D ? M : acc;
   }
-  consumers_sync();  // shared memory free for the next item
+  consumers_sync<W>();  // shared memory free for the next item
 }
 
 // The o phase's prologue: every block combines the partials of every head into xs (the attention output,
 // bf16(o / l) as the decode kernels round it).
-template <int D>
+template <int D, int W>
 __device__ void combine_into_xs(const Params& p, int splits, bf16* xs) {
-  for (int idx = threadIdx.x; idx < p.q_dim; idx += kConsumers) {
-    const int hh = idx / D, d = idx % D;
-    const float* part = p.partials + static_cast<int64_t>(hh) * p.max_splits * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(part + s * (D + 2) + D));
-    float L = 0.f, acc = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float f = exp2f(__ldcg(part + s * (D + 2) + D) - M);
-      L += f * __ldcg(part + s * (D + 2) + D + 1);
-      acc += f * __ldcg(part + s * (D + 2) + d);
+  // kPer of this thread's elements at a time, split by split: each split's loads of all kPer elements are
+  // independent, so they are in flight together — a round trip per split, not two per element (the loop
+  // element by element was a chain of ~12 L2 round trips at q_dim 2048). Per element the arithmetic is
+  // unchanged: M = the max over the splits, then L and acc summed split by split in order.
+  constexpr int kPer = 4;
+  for (int base = threadIdx.x; base < p.q_dim; base += W * 32 * kPer) {
+    const float* part[kPer];
+    int d[kPer];
+    bool live[kPer];
+    float M[kPer], L[kPer], acc[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int idx = base + k * W * 32;
+      live[k] = idx < p.q_dim;
+      const int hh = live[k] ? idx / D : 0;
+      d[k] = live[k] ? idx % D : 0;
+      part[k] = p.partials + static_cast<int64_t>(hh) * p.max_splits * (D + 2);
+      M[k] = -INFINITY, L[k] = 0.f, acc[k] = 0.f;
     }
-    xs[idx] = __float2bfloat16_rn(acc / L);
+    for (int s = 0; s < splits; ++s)
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) M[k] = fmaxf(M[k], __ldcg(part[k] + s * (D + 2) + D));
+    for (int s = 0; s < splits; ++s)
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const float* ps = part[k] + s * (D + 2);
+        const float f = exp2f(__ldcg(ps + D) - M[k]);
+        L[k] += f * __ldcg(ps + D + 1);
+        acc[k] += f * __ldcg(ps + d[k]);
+      }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k)
+      if (live[k]) xs[base + k * W * 32] = __float2bfloat16_rn(acc[k] / L[k]);
   }
-  consumers_sync();
+  consumers_sync<W>();
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------------------
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1) megakernel(const Params p) {
+// W consumer warps + the producer warp. kPerWarp: per-warp stages (gemv_phase_warp), else shared stages
+// (gemv_phase, W == kConsumerWarps).
+template <int D, int W, bool kPerWarp>
+__global__ void __launch_bounds__(threads_of<W>, 1) megakernel(const Params p) {
+  static_assert(kPerWarp || W == kConsumerWarps, "shared stages: the first version's 8 consumer warps");
   extern __shared__ __align__(128) char smem[];
   Ring ring;
   ring.stages = smem;
@@ -472,59 +299,97 @@ __global__ void __launch_bounds__(kThreads, 1) megakernel(const Params p) {
   ring.full = reinterpret_cast<uint64_t*>(smem + p.bar_offset);
   ring.empty = ring.full + p.stages;
   bf16* xs = reinterpret_cast<bf16*>(smem + p.xs_offset);
-  float* red = reinterpret_cast<float*>(smem + p.red_offset);  // [kConsumers] + 2 (slice_acc)
-  float* slice_acc = red + kConsumers;
+  float* red = reinterpret_cast<float*>(smem + p.red_offset);  // [W * 32] + 2 (slice_acc)
+  float* slice_acc = red + W * 32;
   float* att = reinterpret_cast<float*>(smem + p.att_offset);
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&ring.full[s], 1);
-      mbar_init(&ring.empty[s], 1);
+      mbar_init(&ring.empty[s], 1);  // one arrival frees a stage: thread 0 (shared) or the owner's lane 0
     }
     mbar_fence_init();
   }
   __syncthreads();  // the only block-wide barrier: the barriers exist before anyone uses them
 
-  if (threadIdx.x >= kConsumers) {
-    if (threadIdx.x == kConsumers) produce(p, ring);
+  if (threadIdx.x >= W * 32) {
+    if constexpr (kPerWarp) {
+      produce_warp(p, ring);
+    } else {
+      if (threadIdx.x == W * 32) produce(p, ring);
+    }
     return;  // the producer warp has nothing else to do; its issued copies complete on the mbarriers
   }
 
-  unsigned expected = 0;
-  if (threadIdx.x == 0) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(expected) : "l"(&p.bar[1]) : "memory");
+  unsigned expected = 0;          // shared stages: the generation barrier (grid_barrier)
+  unsigned long long target = 0;  // per-warp stages: the counter barrier (grid_barrier_counter)
+  auto* counter = reinterpret_cast<unsigned long long*>(p.bar);
+  if (threadIdx.x == 0) {
+    if constexpr (kPerWarp) {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(target) : "l"(counter) : "memory");
+      target -= target % gridDim.x;
+    } else {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(expected) : "l"(&p.bar[1]) : "memory");
+    }
+  }
+  const auto grid_sync = [&] {
+    if constexpr (kPerWarp) {
+      grid_barrier_counter<W>(counter, target, p.error);
+    } else {
+      grid_barrier<W>(p.bar, expected, p.error);
+    }
+  };
   const int pos = __ldg(p.position);
   const int ctx = pos + 1;
   int splits, chunk;
   split_count(ctx, p.max_splits, splits, chunk);
   const bf16* embed_row = p.embed + static_cast<int64_t>(__ldg(p.token)) * p.hidden;
-  uint32_t n = 0;  // the consumers' position in the ring (the producer's twin)
+  uint32_t n = 0;  // shared stages: the consumers' position in the ring (the producer's twin)
+  // Per-warp stages: a phase's op and chunk range are loaded before its prologue (warp_phase).
+  const auto prefetch = [&](int phase) {
+    WarpPhase ph{};
+    if constexpr (kPerWarp) ph = warp_phase<W>(p, phase);
+    return ph;
+  };
+  const auto gemv = [&](int phase, const WarpPhase& ph, const bf16* residual_base) {
+    if constexpr (kPerWarp) {
+      gemv_phase_warp<W>(p, ring, ph, xs, residual_base);
+    } else {
+      gemv_phase(p, ring, phase, n, xs, red, slice_acc, residual_base);
+    }
+  };
 
   for (int layer = 0; layer < p.layers; ++layer) {
     // Layer 0 reads the embedding row directly: its o phase writes h = embedding + o, no embedding pass.
     const bf16* resid = layer == 0 ? embed_row : p.h;
-    norm_into_xs(resid, p.norms[layer].input_norm, p.hidden, p.eps, xs, red);
-    gemv_phase(p, ring, 4 * layer + 0, n, xs, red, slice_acc, nullptr);
-    grid_barrier(p.bar, expected, p.error);  // qkv complete
+    WarpPhase ph = prefetch(4 * layer + 0);
+    norm_into_xs<W>(resid, p.norms[layer].input_norm, p.hidden, p.eps, xs, red);
+    gemv(4 * layer + 0, ph, nullptr);
+    grid_sync();  // qkv complete
 
     for (int item = blockIdx.x; item < p.n_kv * splits; item += gridDim.x) {
       const int g = item / splits, sp = item % splits;
-      attention_item<D>(p, layer, g, sp * chunk, min(ctx, (sp + 1) * chunk), sp, pos, att);
+      attention_item<D, W>(p, layer, g, sp * chunk, min(ctx, (sp + 1) * chunk), sp, pos, att);
     }
-    grid_barrier(p.bar, expected, p.error);  // every partial written
+    grid_sync();  // every partial written
 
-    combine_into_xs<D>(p, splits, xs);
-    gemv_phase(p, ring, 4 * layer + 1, n, xs, red, slice_acc, resid);
-    grid_barrier(p.bar, expected, p.error);  // h += o complete
+    ph = prefetch(4 * layer + 1);
+    combine_into_xs<D, W>(p, splits, xs);
+    gemv(4 * layer + 1, ph, resid);
+    grid_sync();  // h += o complete
 
-    norm_into_xs(p.h, p.norms[layer].post_norm, p.hidden, p.eps, xs, red);
-    gemv_phase(p, ring, 4 * layer + 2, n, xs, red, slice_acc, nullptr);
-    grid_barrier(p.bar, expected, p.error);  // act complete
+    ph = prefetch(4 * layer + 2);
+    norm_into_xs<W>(p.h, p.norms[layer].post_norm, p.hidden, p.eps, xs, red);
+    gemv(4 * layer + 2, ph, nullptr);
+    grid_sync();  // act complete
 
-    copy_into_xs(p.act, p.inter, xs);
-    gemv_phase(p, ring, 4 * layer + 3, n, xs, red, slice_acc, p.h);
-    grid_barrier(p.bar, expected, p.error);  // h += down complete
+    ph = prefetch(4 * layer + 3);
+    copy_into_xs<W>(p.act, p.inter, xs);
+    gemv(4 * layer + 3, ph, p.h);
+    grid_sync();  // h += down complete
   }
-  norm_into_xs(p.h, p.final_norm, p.hidden, p.eps, xs, red);
-  gemv_phase(p, ring, 4 * p.layers, n, xs, red, slice_acc, nullptr);
+  const WarpPhase last = prefetch(4 * p.layers);
+  norm_into_xs<W>(p.h, p.final_norm, p.hidden, p.eps, xs, red);
+  gemv(4 * p.layers, last, nullptr);
 }
 
 }  // namespace mk

@@ -9,12 +9,17 @@
 
 namespace tvllm {
 
-MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows)
-    : matrices_(std::move(matrices)), blocks_(blocks), stage_bytes_(stage_bytes) {
+MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows,
+                               int warps)
+    : matrices_(std::move(matrices)), blocks_(blocks), stage_bytes_(stage_bytes), warps_(warps) {
   TVLLM_REQUIRE(blocks >= 1, "megakernel plan: blocks must be >= 1, got " + std::to_string(blocks));
   TVLLM_REQUIRE(stage_bytes >= 16 && stage_bytes % 16 == 0,
                 "megakernel plan: stage_bytes must be a positive multiple of 16, got " + std::to_string(stage_bytes));
   TVLLM_REQUIRE(max_rows >= 1, "megakernel plan: max_rows must be >= 1, got " + std::to_string(max_rows));
+  TVLLM_REQUIRE(warps >= 0, "megakernel plan: warps must be >= 0, got " + std::to_string(warps));
+  TVLLM_REQUIRE(warps == 0 || max_rows <= 32,
+                "megakernel plan: per-warp stages take at most 32 outputs per chunk (one lane each), got " +
+                    std::to_string(max_rows));
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
   const int P = phases();
   begins_.assign(static_cast<size_t>(blocks) * (P + 1), 0);
@@ -26,6 +31,8 @@ MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64
                                                     std::to_string(m.K) + ") are not whole 16-byte packs");
   }
   for (int b = 0; b < blocks; ++b) {
+    const size_t block_first = chunks_.size();
+    uint32_t task = 0;  // per-warp stages: whole-row chunks and sliced rows dealt round-robin to the warps
     for (int p = 0; p < P; ++p) {
       begins_[static_cast<size_t>(b) * (P + 1) + p] = static_cast<uint32_t>(chunks_.size());
       const MkMatrix& m = matrices_[p];
@@ -43,6 +50,8 @@ MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64
           c.k0 = 0;
           c.kc = static_cast<uint32_t>(m.K);
           c.flags = kMkFirstSlice | kMkLastSlice;
+          c.seq = static_cast<uint32_t>(chunks_.size() - block_first);
+          c.warp = warps > 0 ? task++ % static_cast<uint32_t>(warps) : 0u;
           chunks_.push_back(c);
         }
       } else {
@@ -59,12 +68,27 @@ MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64
             c.k0 = static_cast<uint32_t>(k);
             c.kc = static_cast<uint32_t>(std::min(slice, m.K - k));
             c.flags = (k == 0 ? kMkFirstSlice : 0u) | (k + slice >= m.K ? kMkLastSlice : 0u);
+            c.seq = static_cast<uint32_t>(chunks_.size() - block_first);
+            c.warp = warps > 0 ? task % static_cast<uint32_t>(warps) : 0u;  // every slice of a row: one warp
             chunks_.push_back(c);
+            if (c.flags & kMkLastSlice) ++task;
           }
       }
     }
     begins_[static_cast<size_t>(b) * (P + 1) + P] = static_cast<uint32_t>(chunks_.size());
   }
+  if (warps == 0) return;
+  // The warp lists: block by block, warp by warp, phase by phase, each in program order.
+  warp_begins_.assign(static_cast<size_t>(blocks) * warps * (P + 1), 0);
+  for (int b = 0; b < blocks; ++b)
+    for (int w = 0; w < warps; ++w) {
+      for (int p = 0; p < P; ++p) {
+        warp_begins_[(static_cast<size_t>(b) * warps + w) * (P + 1) + p] = static_cast<uint32_t>(warp_chunks_.size());
+        for (uint32_t i = begin(b, p); i < begin(b, p + 1); ++i)
+          if (chunks_[i].warp == static_cast<uint32_t>(w)) warp_chunks_.push_back(chunks_[i]);
+      }
+      warp_begins_[(static_cast<size_t>(b) * warps + w) * (P + 1) + P] = static_cast<uint32_t>(warp_chunks_.size());
+    }
 }
 
 int64_t MegakernelPlan::chunk_bytes(const MkChunk& c) const {

@@ -12,6 +12,17 @@
 //                                                 or, when ONE row is bigger than a stage, a slice of one row's
 //                                                 columns [k0, k0+kc) (the consumer then sums the slices in order)
 //
+// Two consumer schemes read the program (README section 14, "Per-warp stages"):
+//   shared stages (warps == 0, the first version)  every consumer warp works on every chunk, then they meet at a
+//                                                   named barrier: one chunk at a time per block
+//   per-warp stages (warps = W > 0)                 each chunk has ONE owner warp, which computes its rows
+//                                                   alone and frees its stage itself: W chunks in flight. A
+//                                                   "task" (one whole-row chunk, or all slices of one row) goes
+//                                                   to warp task % W, the task counter running on across the
+//                                                   block's phases; a row's slices stay with one warp, in order,
+//                                                   so its partial sums meet in registers in a fixed order.
+//   The warp lists (warp_chunks) are copies of the block's chunks, each warp's own in program order.
+//
 // A "paired" matrix is gate|up: output j needs rows j and N + j of a [2N, K] weight (the stage holds the gate
 // rows, then the up rows), so it counts 2 rows per output.
 //
@@ -40,6 +51,8 @@ struct MkChunk {
   uint32_t k0 = 0;     // first column (elements)
   uint32_t kc = 0;     // columns (elements); == K unless a row is split
   uint32_t flags = 0;  // kMkFirstSlice | kMkLastSlice
+  uint32_t seq = 0;    // position in the block's program: the ring stage is seq % stages (both schemes)
+  uint32_t warp = 0;   // the owner warp (per-warp stages); 0 for shared stages
 };
 inline constexpr uint32_t kMkFirstSlice = 1;  // k0 == 0: the consumer starts the row's sum
 inline constexpr uint32_t kMkLastSlice = 2;   // k0 + kc == K: the row's sum is complete, run the epilogue
@@ -47,9 +60,10 @@ inline constexpr uint32_t kMkLastSlice = 2;   // k0 + kc == K: the row's sum is 
 class MegakernelPlan {
  public:
   // blocks: one per SM (>= 1). stage_bytes: one ring stage (a multiple of 16, >= 16). max_rows: outputs per chunk
-  // at most (the consumer has one epilogue thread per stage row). InputError for bad arguments: a K that is not
-  // a whole number of 16-byte packs (K * elem_bytes % 16 != 0), a non-positive size.
-  MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows);
+  // at most (the consumer has one epilogue thread per stage row; per-warp stages: one lane per output, so at most
+  // 32). warps: 0 for shared stages, else the consumer warps that own chunks. InputError for bad arguments: a K
+  // that is not a whole number of 16-byte packs (K * elem_bytes % 16 != 0), a non-positive size.
+  MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows, int warps = 0);
 
   int blocks() const { return blocks_; }
   int phases() const { return static_cast<int>(matrices_.size()); }
@@ -61,6 +75,16 @@ class MegakernelPlan {
   // [blocks * (phases + 1)]: block b's chunks of phase p are chunks()[begin(b, p) .. begin(b, p + 1)).
   const std::vector<uint32_t>& begins() const { return begins_; }
   uint32_t begin(int block, int phase) const { return begins_[static_cast<size_t>(block) * (phases() + 1) + phase]; }
+
+  // Per-warp stages (warps() > 0): warp w of block b's chunks of phase p, in program order, are
+  // warp_chunks()[warp_begin(b, w, p) .. warp_begin(b, w, p + 1)). Empty for shared stages.
+  int warps() const { return warps_; }
+  const std::vector<MkChunk>& warp_chunks() const { return warp_chunks_; }
+  // [blocks * warps * (phases + 1)]
+  const std::vector<uint32_t>& warp_begins() const { return warp_begins_; }
+  uint32_t warp_begin(int block, int warp, int phase) const {
+    return warp_begins_[(static_cast<size_t>(block) * warps_ + warp) * (phases() + 1) + phase];
+  }
 
   // The outputs of phase p that block b owns: [first, last).
   static int64_t first_output(int64_t outputs, int blocks, int block) { return outputs * block / blocks; }
@@ -74,8 +98,11 @@ class MegakernelPlan {
   std::vector<MkMatrix> matrices_;
   int blocks_ = 0;
   int64_t stage_bytes_ = 0;
+  int warps_ = 0;
   std::vector<MkChunk> chunks_;
   std::vector<uint32_t> begins_;
+  std::vector<MkChunk> warp_chunks_;
+  std::vector<uint32_t> warp_begins_;
 };
 
 }  // namespace tvllm
