@@ -572,7 +572,7 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   });
   timing.cluster = fast.cluster_per_row(batch, vocab);
   timing.cluster_v2_us = time_us([&] {
-    cluster_v1.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
+    cluster_v2.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
                       v2_ids.as<int32_t>(), stream);
   });
   timing.multipass_us = time_us([&] {
@@ -593,7 +593,7 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   multipass_ids.copy_to_host(m.data(), multipass_ids.bytes());
   std::vector<int32_t> v1(static_cast<size_t>(batch));
   v2_ids.copy_to_host(v1.data(), v2_ids.bytes());
-  TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's first cluster kernel and GpuSampler disagree");
+  TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's second cluster kernel and GpuSampler disagree");
   TVLLM_REQUIRE(a == b, "bench_fast_sampler: FastSampler and GpuSampler disagree");
   TVLLM_REQUIRE(m == b, "bench_fast_sampler: FastSampler's multi-pass path and GpuSampler disagree");
   return timing;
