@@ -151,7 +151,7 @@ class VariantScope {
 // (a') Both consumer schemes (section 14, "Per-warp stages"): each installed with its own geometry, each within
 // the fused path's tolerance (same bound as (a)), each the same bits on a second run (deterministic), and a
 // context prepared under one scheme is prepared again under the other. The rest of this file runs whichever
-// scheme is the default (TVLLM_MEGAKERNEL_V1=1 in the environment: the shared stages).
+// scheme is the default (the shared stages; TVLLM_MEGAKERNEL_PER_WARP=1 in the environment: the per-warp ones).
 TEST(Megakernel14Gpu, BothConsumerSchemesMatchTheFusedPath) {
   REQUIRE_MEGAKERNEL(bundled().w);
   const EngineLimits lim = Generator::limits_for(bundled().w.config, 256, 1, 256);

@@ -239,8 +239,8 @@ void check_fast_path(Report& report, const std::filesystem::path& dir, const Mod
   const bool mega = fast.context().forward_fn() == &megakernel_forward;
   if (mega) {
     const MegakernelGeometry g = megakernel_geometry(fast.context(), w);
-    std::printf("megakernel: %s (%d consumer warps; TVLLM_MEGAKERNEL_V1=1 selects the first version's shared "
-                "stages), %d blocks (one per SM), %d stages of %lld KiB, %lld chunks per step, %lld KiB of shared "
+    std::printf("megakernel: %s (%d consumer warps; TVLLM_MEGAKERNEL_PER_WARP=1 selects the experimental "
+                "per-warp stages), %d blocks (one per SM), %d stages of %lld KiB, %lld chunks per step, %lld KiB of shared "
                 "memory per block\n",
                 megakernel_variant_name(g.variant), g.consumer_warps, g.blocks, g.stages,
                 (long long)(g.stage_bytes / 1024), (long long)g.chunks, (long long)(g.smem_bytes / 1024));

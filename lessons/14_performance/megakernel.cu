@@ -59,8 +59,10 @@ std::map<std::pair<const ExecContext*, const ModelWeights*>, std::unique_ptr<MkS
 std::atomic<int64_t> g_steps{0};
 
 MegakernelVariant initial_variant() {
-  const char* v1 = std::getenv("TVLLM_MEGAKERNEL_V1");
-  return v1 && *v1 && std::strcmp(v1, "0") != 0 ? MegakernelVariant::SharedStages : MegakernelVariant::PerWarp;
+  // PerWarp only when asked for: on the H200 it passed every test on small models but failed at the
+  // 1B shape (an unspecified launch failure, not yet diagnosed: README section 14).
+  const char* pw = std::getenv("TVLLM_MEGAKERNEL_PER_WARP");
+  return pw && *pw && std::strcmp(pw, "0") != 0 ? MegakernelVariant::PerWarp : MegakernelVariant::SharedStages;
 }
 std::atomic<MegakernelVariant> g_variant{initial_variant()};
 

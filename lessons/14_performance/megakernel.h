@@ -48,12 +48,13 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& weights);
 TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& weights, const StepInputs& step,
                               AttentionBackend& backend);
 
-// The consumers' scheme (README section 14, "Per-warp stages"). PerWarp (the default): each ring stage is
-// computed by its one owner warp, no barrier among the warps inside a phase. SharedStages: the first version,
-// every consumer warp on every stage, a named barrier per stage (kept to measure against). Process-wide, read by
-// megakernel_prepare (a context prepared under the other scheme is prepared again). The initial value is
-// SharedStages when the environment variable TVLLM_MEGAKERNEL_V1 is set to a non-empty value other than "0"
-// (a bench knob: `TVLLM_MEGAKERNEL_V1=1 tiny-vllm bench latency --megakernel`), else PerWarp.
+// The consumers' scheme (README section 14, "Per-warp stages"). SharedStages (the default): the first version,
+// every consumer warp on every stage, a named barrier per stage. PerWarp: each ring stage computed by its one
+// owner warp, no barrier among the warps inside a phase; it passes the GPU tests on small models but failed at
+// the 1B shape on the H200 (unspecified launch failure, not yet diagnosed), so it is experimental.
+// Process-wide, read by megakernel_prepare (a context prepared under the other scheme is prepared again). The
+// initial value is PerWarp when the environment variable TVLLM_MEGAKERNEL_PER_WARP is set to a non-empty value
+// other than "0", else SharedStages.
 enum class MegakernelVariant { PerWarp, SharedStages };
 void set_megakernel_variant(MegakernelVariant v);
 MegakernelVariant megakernel_variant();
@@ -71,7 +72,7 @@ struct MegakernelGeometry {
   int64_t chunks = 0;        // the program's chunks, all blocks
   int64_t smem_bytes = 0;    // dynamic shared memory per block
   int consumer_warps = 0;    // + one producer warp
-  MegakernelVariant variant = MegakernelVariant::PerWarp;
+  MegakernelVariant variant = MegakernelVariant::SharedStages;
 };
 MegakernelGeometry megakernel_geometry(ExecContext& ctx, const ModelWeights& weights);
 

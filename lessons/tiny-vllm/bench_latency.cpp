@@ -179,8 +179,8 @@ void add_bench_latency_command(CLI::App& bench) {
   cmd->add_flag("--no-fast-attention", opt->no_fast_attention,
                 "lesson 10's decode attention kernel instead of lesson 14's");
   cmd->add_flag("--megakernel", opt->megakernel,
-                "batch-1 decode as lesson 14's one-kernel step (sm_90+; off by default; per-warp stages, or the first "
-                "version's shared stages with TVLLM_MEGAKERNEL_V1=1 in the environment)");
+                "batch-1 decode as lesson 14's one-kernel step (sm_90+; off by default; shared stages, or the "
+                "experimental per-warp stages with TVLLM_MEGAKERNEL_PER_WARP=1 in the environment)");
 #ifdef TVLLM_CLI_HOPPER
   cmd->add_flag("--no-hopper", opt->no_hopper,
                 "prefill rows: only lessons 10 + 06 (without it, on Hopper, lesson 15's attention and GEMM too)");
