@@ -397,22 +397,7 @@ TEST(TransformerGpu, F32CheckpointRunsAsBf16) {
   EXPECT_EQ(to_f32_vector(b.run({prompts[1]})), to_f32_vector(a.run({prompts[1]})));
 }
 
-// A model with the synthetic model's names and shapes but weights like a freshly initialised Hugging Face
-// Llama (normal, std 0.05 of both signs; norm weights near 1), stored as F32. (SyntheticLlama's own bytes
-// are all positive: fine for loaders, but attention over such weights has scores in the thousands and
-// degenerates into an argmax that bf16 flips.)
-void write_random_llama(const SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed) {
-  std::filesystem::create_directories(dir);
-  testing::write_file(dir / "config.json", s.config_json());
-  testing::SafetensorsBuilder b;
-  for (const auto& [name, shape] : s.weights()) {
-    std::vector<float> v = random_normal(static_cast<size_t>(shape_numel(shape)), seed++, 0.05f);
-    if (name.find("norm.weight") != std::string::npos)
-      for (float& x : v) x = 1.0f + x;
-    b.add(name, "F32", shape, testing::f32_bytes(v));
-  }
-  testing::write_file(dir / "model.safetensors", b.build());
-}
+using testing::write_random_llama;
 
 // A model whose head_dim is neither 64 nor 128 (24: the flash kernel's zero-padded tile), untied, F32: the
 // GPU against the CPU reference on the same model.

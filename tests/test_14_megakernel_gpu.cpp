@@ -33,6 +33,7 @@
 #include "megakernel.h"
 #include "model_dir.h"
 #include "testing/engine_fixture.h"
+#include "testing/fast_path_testing.h"
 #include "testing/gpu_reference.h"
 #include "testing/safetensors_builder.h"
 #include "testing/testing.h"
@@ -65,23 +66,7 @@ FastPathOptions with_megakernel() {
   } while (0)
 
 // Teacher forcing through the context's launcher (graphs when installed), one decode step per forced id.
-Tensor forced_logits_launched(Generator& gen, const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced) {
-  const auto P = static_cast<int64_t>(prompt.size()), N = static_cast<int64_t>(forced.size());
-  Tensor out = Tensor::empty({N, gen.weights().config.vocab_size}, DType::F32, Device::CPU);
-  TensorView logits;  // set by the work when it runs; a replay writes the same workspace rows
-  const auto run = [&](int64_t row) {
-    gen.context().launch(gen.step(), gen.attention(), [&] { logits = gen.forward_step(); });
-    gen.context().synchronize();
-    copy_view(out.view().rows(row, 1), logits.rows(0, 1));
-  };
-  gen.set_step(prompt, {P}, {P}, {static_cast<int32_t>(P - 1)}, {0});
-  run(0);
-  for (int64_t i = 1; i < N; ++i) {
-    gen.set_step({forced[static_cast<size_t>(i - 1)]}, {1}, {P + i}, {0}, {0});
-    run(i);
-  }
-  return out;
-}
+using testing::forced_logits_launched;
 
 double relative_l2(const TensorView& a, const TensorView& b) {
   const float* x = a.ptr<const float>();
@@ -136,17 +121,7 @@ TEST(Megakernel14Gpu, TeacherForcedLogitsMatchTheFusedPath) {
   }
 }
 
-// Sets the process-wide consumer scheme for a scope (megakernel_prepare reads it), then puts it back.
-class VariantScope {
- public:
-  explicit VariantScope(MegakernelVariant v) : saved_(megakernel_variant()) { set_megakernel_variant(v); }
-  ~VariantScope() { set_megakernel_variant(saved_); }
-  VariantScope(const VariantScope&) = delete;
-  VariantScope& operator=(const VariantScope&) = delete;
-
- private:
-  MegakernelVariant saved_;
-};
+using VariantScope = testing::MegakernelVariantScope;
 
 // (a') Both consumer schemes (section 14, "Per-warp stages"): each installed with its own geometry, each within
 // the fused path's tolerance (same bound as (a)), each the same bits on a second run (deterministic), and a

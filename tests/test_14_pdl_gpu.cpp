@@ -31,6 +31,7 @@
 #include "graph_runner.h"
 #include "pdl.h"
 #include "testing/engine_fixture.h"
+#include "testing/fast_path_testing.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -169,23 +170,7 @@ TEST(Pdl14Gpu, AChainOfFusedOpsIsTheSameBitsWithAndWithoutPdl) {
 
 // Teacher forcing as Generator::forced_logits does it, but every step through the context's step launcher: the
 // graph runner replays decode steps from graphs, PinnedEagerLauncher launches them with the same pinned splits.
-Tensor forced_logits_launched(Generator& gen, const std::vector<int32_t>& prompt, const std::vector<int32_t>& forced) {
-  const auto P = static_cast<int64_t>(prompt.size()), N = static_cast<int64_t>(forced.size());
-  Tensor out = Tensor::empty({N, bundled().w.config.vocab_size}, DType::F32, Device::CPU);
-  TensorView logits;  // the workspace's logits rows: set by the work when it runs (a replay does not call it)
-  const auto run = [&](int64_t row) {
-    gen.context().launch(gen.step(), gen.attention(), [&] { logits = gen.forward_step(); });
-    gen.context().synchronize();
-    copy_view(out.view().rows(row, 1), logits.rows(0, 1));
-  };
-  gen.set_step(prompt, {P}, {P}, {static_cast<int32_t>(P - 1)}, {0});
-  run(0);
-  for (int64_t i = 1; i < N; ++i) {
-    gen.set_step({forced[static_cast<size_t>(i - 1)]}, {1}, {P + i}, {0}, {0});
-    run(i);
-  }
-  return out;
-}
+using testing::forced_logits_launched;
 
 std::vector<int32_t> forced_ids(int64_t n) {
   std::vector<int32_t> ids;

@@ -22,6 +22,7 @@
 #include "megakernel.h"
 #include "model_dir.h"
 #include "quantize.h"
+#include "testing/fast_path_testing.h"
 #include "testing/safetensors_builder.h"
 #include "testing/testing.h"
 
@@ -35,30 +36,9 @@ FastPathOptions with_megakernel() {
   return o;
 }
 
-void write_random_llama(const testing::SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed) {
-  std::filesystem::create_directories(dir);
-  testing::write_file(dir / "config.json", s.config_json());
-  testing::SafetensorsBuilder b;
-  for (const auto& [name, shape] : s.weights()) {
-    std::vector<float> v = random_normal(static_cast<size_t>(shape_numel(shape)), seed++, 0.05f);
-    if (name.find("norm.weight") != std::string::npos)
-      for (float& x : v) x = 1.0f + x;
-    b.add(name, "F32", shape, testing::f32_bytes(v));
-  }
-  testing::write_file(dir / "model.safetensors", b.build());
-}
+using testing::write_random_llama;
 
-// Sets the process-wide consumer scheme (lesson 14, "Per-warp stages") for a scope, then puts it back.
-class VariantScope {
- public:
-  explicit VariantScope(MegakernelVariant v) : saved_(megakernel_variant()) { set_megakernel_variant(v); }
-  ~VariantScope() { set_megakernel_variant(saved_); }
-  VariantScope(const VariantScope&) = delete;
-  VariantScope& operator=(const VariantScope&) = delete;
-
- private:
-  MegakernelVariant saved_;
-};
+using VariantScope = testing::MegakernelVariantScope;
 
 // The whole check under one consumer scheme (both are tested below: they sum in different orders).
 void fp8_resident_weights_match_the_fused_fp8_path(MegakernelVariant variant) {

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/random.h"
+
 namespace tvllm::testing {
 
 using Bytes = std::vector<uint8_t>;
@@ -178,5 +180,24 @@ struct SyntheticLlama {
     write_file(dir / "model.safetensors", builder().build());
   }
 };
+
+// A model with the synthetic model's names and shapes but weights like a freshly initialised Hugging Face Llama
+// (normal, std 0.05 of both signs; norm weights near 1), stored as F32. (SyntheticLlama's own bytes are all
+// positive: fine for loaders, but attention over such weights has scores in the thousands and degenerates into
+// an argmax that bf16 flips.)
+inline void write_random_llama(const SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed) {
+  std::filesystem::create_directories(dir);
+  write_file(dir / "config.json", s.config_json());
+  SafetensorsBuilder b;
+  for (const auto& [name, shape] : s.weights()) {
+    size_t numel = 1;
+    for (int64_t d : shape) numel *= static_cast<size_t>(d);
+    std::vector<float> v = random_normal(numel, seed++, 0.05f);
+    if (name.find("norm.weight") != std::string::npos)
+      for (float& x : v) x = 1.0f + x;
+    b.add(name, "F32", shape, f32_bytes(v));
+  }
+  write_file(dir / "model.safetensors", b.build());
+}
 
 }  // namespace tvllm::testing
