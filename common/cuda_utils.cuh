@@ -139,11 +139,9 @@ __device__ __forceinline__ void store_pack(__nv_bfloat16* p, const Pack<kVec>& v
 // for bf16 rows reads FP8 rows through the same load_pack<8>(row + col). Exact: an E4M3 value has 4 significant
 // bits and an exponent in [-9, 8], and bf16 (8 bits, exponent down to -133) holds every one. Two codes per
 // conversion (fp8x2 -> f16x2, one cvt on sm_89 and later), then f16 -> f32 -> the f32's upper 16 bits (exact too).
-template <int kVec>
-__device__ __forceinline__ Pack<kVec> load_pack(const __nv_fp8_e4m3* p) {
-  static_assert(kVec == 8, "FP8 rows are read 8 codes (8 bytes) at a time");
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const uint32_t quads[2] = {raw.x, raw.y};
+// The 8 codes of two 32-bit words (as loaded: code 0 in lo's low byte) as 8 bf16.
+__device__ __forceinline__ Pack<8> e4m3x8_to_bf16(uint32_t lo, uint32_t hi) {
+  const uint32_t quads[2] = {lo, hi};
   Pack<8> r;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -152,6 +150,13 @@ __device__ __forceinline__ Pack<kVec> load_pack(const __nv_fp8_e4m3* p) {
     r.word[i] = (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
   }
   return r;
+}
+
+template <int kVec>
+__device__ __forceinline__ Pack<kVec> load_pack(const __nv_fp8_e4m3* p) {
+  static_assert(kVec == 8, "FP8 rows are read 8 codes (8 bytes) at a time");
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  return e4m3x8_to_bf16(raw.x, raw.y);
 }
 
 // The largest power of two up to `max_align` bytes that divides the address: how wide a vector load from

@@ -27,15 +27,7 @@ __device__ __forceinline__ Pack<8> load_streaming(const __nv_bfloat16* p) {
 __device__ __forceinline__ Pack<8> load_streaming(const __nv_fp8_e4m3* p) {
   uint32_t lo, hi;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(p));
-  Pack<8> r;
-  const uint32_t quads[2] = {lo, hi};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>((quads[i / 2] >> (16 * (i % 2))) & 0xffffu);
-    const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    r.word[i] = (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
-  }
-  return r;
+  return e4m3x8_to_bf16(lo, hi);
 }
 
 }  // namespace tvllm
