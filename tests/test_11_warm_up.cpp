@@ -57,18 +57,18 @@ TEST(EngineWarmUp, RunsStepsAndLeavesNoTrace) {
   EXPECT_EQ(after.kv.free_blocks, after.kv.total_blocks);
 }
 
-// The prefill warm-up: one prompt of each length 64, 256, ... that a step holds (here max_tokens 300: 64 and 256),
+// The prefill warm-up: one prompt of each length 16, 32, 64, ... that a step holds (here max_tokens 300: 16 ... 256),
 // so the engine runs more steps than the short requests alone need, and still every block comes back.
 TEST(EngineWarmUp, PrefillsOfEachLengthALongerBudgetRuns) {
-  Engine small(bundled().w, testing::engine_config(32, 4, 128));
+  Engine small(bundled().w, testing::engine_config(12, 4, 128));
   Engine large(bundled().w, testing::engine_config(300, 4, 512));
   EXPECT_TRUE(small.warm_up_prefill_lengths().empty());
-  EXPECT_EQ(large.warm_up_prefill_lengths(), (std::vector<int64_t>{64, 256}));
+  EXPECT_EQ(large.warm_up_prefill_lengths(), (std::vector<int64_t>{16, 32, 64, 128, 256}));
   // Lengths a step cannot hold are skipped: the small engine runs none of the large one's.
   const int64_t few = small.warm_up({}, large.warm_up_prefill_lengths());
   const int64_t more = large.warm_up({}, large.warm_up_prefill_lengths());
-  EXPECT_EQ(more, few + 2) << "a 300-token step holds the 64- and 256-token prefills (one step each: max_tokens 1);"
-                              " a 32-token step holds neither";
+  EXPECT_EQ(more, few + 5) << "a 300-token step holds the 16- to 256-token prefills (one step each: max_tokens 1);"
+                              " a 12-token step holds none";
   const EngineStats s = large.stats();
   EXPECT_EQ(s.steps, 0);
   EXPECT_EQ(s.kv.free_blocks, s.kv.total_blocks);

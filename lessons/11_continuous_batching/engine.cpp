@@ -483,7 +483,9 @@ int64_t Engine::run_until_idle(int64_t max_steps) {
 
 std::vector<int64_t> Engine::warm_up_prefill_lengths() const {
   std::vector<int64_t> lengths;
-  for (int64_t n = 64; n <= std::min(limits_.max_tokens, limits_.max_context - 2); n *= 4) lengths.push_back(n);
+  // Every power of two from 16: cuBLAS's heuristics may pick a different kernel between neighbouring powers, and
+  // each is loaded lazily on its first call (lesson 14 measures what the first request of a new length pays).
+  for (int64_t n = 16; n <= std::min(limits_.max_tokens, limits_.max_context - 2); n *= 2) lengths.push_back(n);
   return lengths;
 }
 

@@ -238,7 +238,7 @@ class Engine {
   // prefill_lengths: one prompt of each length, alone (each range of T has cuBLAS kernels of its own to load on
   // the GPU; warm_up_prefill_lengths() gives the usual ones). Lengths a step cannot hold are skipped.
   int64_t warm_up(const std::vector<int64_t>& decode_batches = {}, const std::vector<int64_t>& prefill_lengths = {});
-  // 64, 256, 1024, ...: the powers of 4 from 64 that one step of this engine holds.
+  // 16, 32, 64, ...: the powers of 2 from 16 that one step of this engine holds.
   std::vector<int64_t> warm_up_prefill_lengths() const;
 
   // The pieces of a step (lesson 14's graph runner captures launch_step() of decode steps):
