@@ -162,10 +162,10 @@ __device__ void produce_warp(const Params& p, const Ring& ring) {
           __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(cur.src1), j));
       const uint32_t bytes = __shfl_sync(0xffffffffu, cur.bytes, j);
       const uint32_t slot = __shfl_sync(0xffffffffu, cur.slot, j);
-      const uint32_t round = __shfl_sync(0xffffffffu, cur.round, j);
+      const uint32_t fill = __shfl_sync(0xffffffffu, cur.round, j);  // this stage's fill number (its round)
       if (lane == 0) {
         const int s = static_cast<int>(slot);
-        mbar_wait(&ring.empty[s], (round & 1u) ^ 1u, p.error, kErrRingFull);  // fill `round - 1` was read
+        mbar_wait(&ring.empty[s], (fill & 1u) ^ 1u, p.error, kErrRingFull);  // fill - 1 of the stage was read
         char* dst = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
         mbar_arrive_expect_tx(&ring.full[s], src1 ? 2u * bytes : bytes);
         bulk_copy(dst, src0, bytes, &ring.full[s]);
