@@ -326,8 +326,7 @@ TEST(Megakernel14Gpu, TheLlama1BShapeMatchesTheFusedPathUnderBothSchemes) {
     const Tensor a = mega.forced_logits(prompt, forced);
     EXPECT_EQ(megakernel_steps_launched() - before, 39) << "every decode step runs the megakernel";
     const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * e);
-    std::printf("    1B shape, %s: %s, relative L2 %.2e
-", megakernel_variant_name(v), t.summary().c_str(),
+    std::printf("    1B shape, %s: %s, relative L2 %.2e\n", megakernel_variant_name(v), t.summary().c_str(),
                 relative_l2(a.view(), b.view()));
     EXPECT_TRUE(t.pass()) << t.summary();
     EXPECT_LE(t.max_abs_error, 2 * e) << t.summary();
