@@ -105,7 +105,7 @@ void expect_valid(const MegakernelPlan& plan, int max_rows) {
         for (uint32_t r = c.row0; r < c.row0 + c.rows; ++r)
           for (uint32_t k = c.k0; k < c.k0 + c.kc; k += 8) ++covered[static_cast<size_t>(r) * ((m.K + 7) / 8) + k / 8];
         if (c.flags & kMkLastSlice) outputs_of[b] += c.rows;
-        // The ring position: the chunk's index in its block's program.
+        // The producer's order: the chunk's index in its block's program (its ring slot: test_14_megakernel_ring).
         ASSERT_EQ(c.seq, i - plan.begin(b, 0));
         if (plan.warps() == 0) {
           ASSERT_EQ(c.warp, 0u);
@@ -128,7 +128,7 @@ TEST(Megakernel14Plan, ALlamaLikeStepOn132Sms) {
   // 1B-like shapes: qkv 3072 x 2048, o 2048 x 2048, gate|up 2 x 8192 x 2048, down 2048 x 8192, lm_head.
   const std::vector<MkMatrix> m = {{3072, 2048, 2, false}, {2048, 2048, 2, false}, {8192, 2048, 2, true},
                                    {2048, 8192, 2, false}, {128256, 2048, 2, false}};
-  const MegakernelPlan plan(m, 132, 32768, 256);
+  const MegakernelPlan plan(m, 132, 32768, 6, 256);
   expect_valid(plan, 256);
   // gate|up: an output is 2 x 4 KiB, so 4 per 32 KiB stage; down: a row is 16 KiB, 2 per stage.
   const MkChunk& gu = plan.chunks()[plan.begin(0, 2)];
@@ -148,7 +148,7 @@ TEST(Megakernel14Plan, PerWarpStagesOfALlamaLikeStep) {
   // The megakernel's default: 16 KiB stages, 11 owner warps, at most 32 outputs per chunk.
   const std::vector<MkMatrix> m = {{3072, 2048, 2, false}, {2048, 2048, 2, false}, {8192, 2048, 2, true},
                                    {2048, 8192, 2, false}, {128256, 2048, 2, false}};
-  const MegakernelPlan plan(m, 132, 16384, 32, 11);
+  const MegakernelPlan plan(m, 132, 16384, 12, 32, 11);
   expect_valid(plan, 32);
   EXPECT_EQ(plan.warps(), 11);
   // qkv: 4 rows of 4 KiB per stage; gate|up: 2 outputs (2 x 2 x 4 KiB); down: one whole 16 KiB row, not sliced.
@@ -165,7 +165,7 @@ TEST(Megakernel14Plan, PerWarpStagesOfALlamaLikeStep) {
   EXPECT_EQ(plan.chunks()[plan.begin(0, 1)].warp, 6u);
   // FP8-resident rows (1 byte per weight): twice the rows per stage.
   const std::vector<MkMatrix> f8 = {{3072, 2048, 1, false}, {2048, 8192, 1, false}};
-  const MegakernelPlan plan8(f8, 132, 16384, 32, 11);
+  const MegakernelPlan plan8(f8, 132, 16384, 12, 32, 11);
   expect_valid(plan8, 32);
   EXPECT_EQ(plan8.chunks()[plan8.begin(0, 0)].rows, 8u);
   EXPECT_EQ(plan8.chunks()[plan8.begin(0, 1)].rows, 2u);
@@ -173,7 +173,7 @@ TEST(Megakernel14Plan, PerWarpStagesOfALlamaLikeStep) {
 
 TEST(Megakernel14Plan, PerWarpStagesKeepARowsSlicesWithOneWarp) {
   // K = 14336 bf16 = 28 KiB per row (an 8B-shaped down) into 16 KiB stages: 2 slices per row, one warp each row.
-  const MegakernelPlan plan({{4096, 14336, 2, false}, {300, 640, 2, true}}, 132, 16384, 32, 11);
+  const MegakernelPlan plan({{4096, 14336, 2, false}, {300, 640, 2, true}}, 132, 16384, 12, 32, 11);
   expect_valid(plan, 32);
   const MkChunk& a = plan.chunks()[0];
   const MkChunk& b = plan.chunks()[1];
@@ -191,17 +191,17 @@ TEST(Megakernel14Plan, WeirdShapes) {
   for (int blocks : {1, 3, 7, 132, 200})
     for (int64_t stage : {int64_t{32}, int64_t{656}, int64_t{1024}, int64_t{32768}}) {
       SCOPED_TRACE(::testing::Message() << blocks << " blocks, stage " << stage);
-      expect_valid(MegakernelPlan(m, blocks, stage, 64), 64);
+      expect_valid(MegakernelPlan(m, blocks, stage, 5, 64), 64);
       for (int warps : {1, 3, 11}) {
         SCOPED_TRACE(::testing::Message() << warps << " warps");
-        expect_valid(MegakernelPlan(m, blocks, stage, 32, warps), 32);
+        expect_valid(MegakernelPlan(m, blocks, stage, 12, 32, warps), 32);
       }
     }
 }
 
 TEST(Megakernel14Plan, RowsBiggerThanAStageAreSlicedInOrder) {
   // K = 8192 bf16 = 16 KiB per row into 6000-byte stages: slices of 3000 columns (375 packs).
-  const MegakernelPlan plan({{5, 8192, 2, false}, {3, 8192, 2, true}}, 2, 6000, 8);
+  const MegakernelPlan plan({{5, 8192, 2, false}, {3, 8192, 2, true}}, 2, 6000, 3, 8);
   expect_valid(plan, 8);
   const MkChunk& first = plan.chunks()[0];
   EXPECT_EQ(first.kc, 3000u);
@@ -213,7 +213,7 @@ TEST(Megakernel14Plan, RowsBiggerThanAStageAreSlicedInOrder) {
 }
 
 TEST(Megakernel14Plan, MoreBlocksThanRowsLeavesSomeIdle) {
-  const MegakernelPlan plan({{3, 64, 2, false}}, 8, 1024, 16);
+  const MegakernelPlan plan({{3, 64, 2, false}}, 8, 1024, 4, 16);
   expect_valid(plan, 16);
   int busy = 0;
   for (int b = 0; b < 8; ++b) busy += plan.begin(b, 1) > plan.begin(b, 0);
@@ -221,12 +221,14 @@ TEST(Megakernel14Plan, MoreBlocksThanRowsLeavesSomeIdle) {
 }
 
 TEST(Megakernel14Plan, BadArgumentsAreInputErrors) {
-  EXPECT_THROW(MegakernelPlan({{4, 12, 2, false}}, 1, 1024, 8), InputError);  // 24-byte rows: not whole packs
-  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 0, 1024, 8), InputError);
-  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1000 + 4, 8), InputError);
-  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 0), InputError);
-  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 8, -1), InputError);
-  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 33, 4), InputError);  // per-warp: one lane per output
+  EXPECT_THROW(MegakernelPlan({{4, 12, 2, false}}, 1, 1024, 4, 8), InputError);  // 24-byte rows: not whole packs
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 0, 1024, 4, 8), InputError);
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1000 + 4, 4, 8), InputError);
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 4, 0), InputError);
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 4, 8, -1), InputError);
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 4, 33, 4), InputError);  // per-warp: one lane per output
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 0, 8), InputError);      // no ring
+  EXPECT_THROW(MegakernelPlan({{4, 64, 2, false}}, 1, 1024, 3, 8, 4), InputError);   // a warp without a stage
 }
 
 // What the megakernel declines, by name, from the config first (no GPU needed for these).

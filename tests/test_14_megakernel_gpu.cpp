@@ -281,6 +281,70 @@ TEST(Megakernel14Gpu, RandomModelsOfOtherShapesMatchTheComposedForward) {
   }
 }
 
+// (c') The Llama-3.2-1B shape — hidden 2048, intermediate 8192, 32 heads / 8 kv heads of 64, vocab 128,256,
+// tied embeddings — with 2 random layers, under BOTH consumer schemes. The first per-warp version failed at this
+// shape on the H200 while passing every smaller model: its stages were shared by several warps, and with many
+// chunks per block a warp running ahead could pass a stage's `full` wait on an older fill's parity (README section
+// 14; the ring itself is simulated on the CPU in test_14_megakernel_ring.cpp). Teacher-forced logits (eager) vs
+// the fused path with the rule of (a), then greedy ids through the graph runner (a step captured once and
+// replayed, as `bench latency` runs it) equal to the fused path's or first differing at a near-tie of its margin.
+// The weights are written as BF16 (~0.8 GB; F32 would be twice that), std 0.02 (Hugging Face's initializer range
+// for Llama: at hidden 2048, 0.05 would grow the residual stream ~2.5x per projection).
+TEST(Megakernel14Gpu, TheLlama1BShapeMatchesTheFusedPathUnderBothSchemes) {
+  TVLLM_REQUIRE_GPU();
+  testing::SyntheticLlama s;
+  s.hidden = 2048, s.heads = 32, s.kv_heads = 8, s.head_dim = 64, s.intermediate = 8192, s.vocab = 128256;
+  s.layers = 2;
+  s.tied = true;
+  testing::TempDir tmp;
+  testing::write_random_llama_as(s, tmp.path(), 1024, "BF16", 0.02f);
+  const ModelDir model = ModelDir::open(tmp.path());
+  const ModelWeights w = ModelWeights::bind(model, Device::CUDA);
+  REQUIRE_MEGAKERNEL(w);
+  const EngineLimits lim = Generator::limits_for(w.config, 64, 1, 64);
+  Generator fused(w, lim);
+  use_fast_path(fused, fused_only());
+  Rng rng(2048);
+  std::vector<int32_t> prompt, forced;
+  for (int i = 0; i < 9; ++i) prompt.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(s.vocab))));
+  for (int i = 0; i < 40; ++i) forced.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(s.vocab))));
+  const Tensor b = fused.forced_logits(prompt, forced);
+  const double e = kGpuLogitErrorPerRms * rms(b.view());
+  GenerateOptions opt;
+  opt.max_new_tokens = 32;
+  opt.ignore_eos = true;
+  const std::vector<int32_t> fused_ids = fused.generate(prompt, opt).ids;
+  const Tensor fused_margins = fused.forced_logits(prompt, fused_ids);  // for a near-tie where the ids differ
+  for (const MegakernelVariant v : {MegakernelVariant::SharedStages, MegakernelVariant::PerWarp}) {
+    SCOPED_TRACE(megakernel_variant_name(v));
+    const VariantScope scope(v);
+    Generator mega(w, lim);
+    use_fast_path(mega, with_megakernel());
+    ASSERT_EQ(mega.context().forward_fn(), &megakernel_forward);
+    ASSERT_EQ(megakernel_geometry(mega.context(), w).variant, v);
+    const int64_t before = megakernel_steps_launched();
+    const Tensor a = mega.forced_logits(prompt, forced);
+    EXPECT_EQ(megakernel_steps_launched() - before, 39) << "every decode step runs the megakernel";
+    const Top1Agreement t = top1_agreement(a.view(), b.view(), 2 * e);
+    std::printf("    1B shape, %s: %s, relative L2 %.2e\n", megakernel_variant_name(v), t.summary().c_str(),
+                relative_l2(a.view(), b.view()));
+    EXPECT_TRUE(t.pass()) << t.summary();
+    EXPECT_LE(t.max_abs_error, 2 * e) << t.summary();
+    EXPECT_LT(relative_l2(a.view(), b.view()), 0.1);
+    const int64_t before_gen = megakernel_steps_launched();
+    const std::vector<int32_t> ids = mega.generate(prompt, opt).ids;
+    EXPECT_GT(megakernel_steps_launched(), before_gen) << "the megakernel must run (captured at least once)";
+    ASSERT_EQ(ids.size(), fused_ids.size());
+    const auto diverge = std::mismatch(ids.begin(), ids.end(), fused_ids.begin());
+    if (diverge.first == ids.end()) continue;
+    const auto i = static_cast<int64_t>(diverge.first - ids.begin());
+    const float* p = fused_margins.view().rows(i, 1).ptr<const float>();
+    std::vector<float> row(p, p + s.vocab);
+    std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
+    EXPECT_LE(row[0] - row[1], 2 * e) << "the ids differ first at step " << i << ", where the margin is clear";
+  }
+}
+
 // (d) Under the graph runner: captured once, replayed, the same bits as the megakernel launched eagerly (it is
 // deterministic: its sums' order depends on the shapes and the GPU's SM count only).
 TEST(Megakernel14Gpu, GraphReplaysAreTheSameBitsAsEagerLaunches) {

@@ -59,8 +59,9 @@ std::map<std::pair<const ExecContext*, const ModelWeights*>, std::unique_ptr<MkS
 std::atomic<int64_t> g_steps{0};
 
 MegakernelVariant initial_variant() {
-  // PerWarp only when asked for: on the H200 it passed every test on small models but failed at the
-  // 1B shape (an unspecified launch failure, not yet diagnosed: README section 14).
+  // PerWarp only when asked for: its first version shared stages between warps and failed at the 1B shape on
+  // the H200 (README section 14: a waiter could pass on an older fill's parity). Fixed since (each stage owned
+  // by one warp), the default again only once the H200 has measured it.
   const char* pw = std::getenv("TVLLM_MEGAKERNEL_PER_WARP");
   return pw && *pw && std::strcmp(pw, "0") != 0 ? MegakernelVariant::PerWarp : MegakernelVariant::SharedStages;
 }
@@ -163,9 +164,12 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
   // about as many stages as there are warps (each warp one in flight) and a 1B-shaped row (down: 8192 bf16 = 16
   // KiB) still fits whole; bigger rows are sliced, the slices kept with one warp.
   int64_t stage_bytes = per_warp ? 16384 : 32768;
-  while (stage_bytes > 4096 && (optin - fixed - 1024) / stage_bytes < 4) stage_bytes /= 2;
+  // At least 4 stages (per-warp stages: one per owner warp, megakernel_plan.h "The ring").
+  const int64_t min_stages = per_warp ? std::max(4, warps) : 4;
+  while (stage_bytes > 4096 && (optin - fixed - 1024) / stage_bytes < min_stages) stage_bytes /= 2;
   const int64_t stages = std::min<int64_t>((optin - fixed - 1024) / stage_bytes, 64);  // 1024: the mbarriers
-  if (stages < 2) return false;  // a tiny shared memory: the fused path
+  // A tiny shared memory, or (per-warp stages) fewer stages than owner warps: the fused path.
+  if (stages < 2 || (per_warp && stages < warps)) return false;
   const int64_t ring_bytes = stages * stage_bytes;
   st->xs_offset = static_cast<uint32_t>(ring_bytes);
   st->red_offset = static_cast<uint32_t>(ring_bytes + xs_bytes);
@@ -204,7 +208,8 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
                      static_cast<const mk::bf16*>(L.q_norm.data), static_cast<const mk::bf16*>(L.k_norm.data)});
   }
   add(w.lm_head, {}, false, mk::Op::LmHead);
-  const MegakernelPlan plan(matrices, sms, stage_bytes, per_warp ? 32 : 128, per_warp ? warps : 0);
+  const MegakernelPlan plan(matrices, sms, stage_bytes, static_cast<int>(stages), per_warp ? 32 : 128,
+                            per_warp ? warps : 0);
 
   const auto upload = [](DeviceBuffer& buf, const void* src, size_t bytes) {
     buf = DeviceBuffer(std::max<size_t>(bytes, 16));
@@ -224,6 +229,8 @@ bool megakernel_prepare(ExecContext& ctx, const ModelWeights& w) {
       const mk::OpDesc& op = ops[ch.phase];
       const char* wt = static_cast<const char*>(op.w);
       copies[i].bytes = ch.rows * ch.kc * op.elem_bytes;
+      copies[i].slot = ch.slot;
+      copies[i].round = ch.round;
       copies[i].src0 = wt + (static_cast<int64_t>(ch.row0) * op.K + ch.k0) * op.elem_bytes;
       copies[i].src1 = op.kind == static_cast<uint32_t>(mk::Op::GateUp)
                            ? wt + ((static_cast<int64_t>(ch.row0) + op.outputs) * op.K + ch.k0) * op.elem_bytes

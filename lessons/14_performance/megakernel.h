@@ -49,9 +49,10 @@ TensorView megakernel_forward(ExecContext& ctx, const ModelWeights& weights, con
                               AttentionBackend& backend);
 
 // The consumers' scheme (README section 14, "Per-warp stages"). SharedStages (the default): the first version,
-// every consumer warp on every stage, a named barrier per stage. PerWarp: each ring stage computed by its one
-// owner warp, no barrier among the warps inside a phase; it passes the GPU tests on small models but failed at
-// the 1B shape on the H200 (unspecified launch failure, not yet diagnosed), so it is experimental.
+// every consumer warp on every stage, a named barrier per stage. PerWarp: each chunk computed by its one owner
+// warp, each ring stage owned by one warp, no barrier among the warps inside a phase. Its first version shared
+// stages between warps and failed at the 1B shape on the H200 (a wait could pass on an older fill's parity:
+// megakernel_plan.h, "The ring"); fixed, not yet measured there, so it stays experimental.
 // Process-wide, read by megakernel_prepare (a context prepared under the other scheme is prepared again). The
 // initial value is PerWarp when the environment variable TVLLM_MEGAKERNEL_PER_WARP is set to a non-empty value
 // other than "0", else SharedStages.

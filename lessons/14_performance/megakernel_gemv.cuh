@@ -39,7 +39,9 @@ struct MkCopy {
   const char* src0;  // the chunk's (gate) rows
   const char* src1;  // gate|up: the up rows (copied after the gate rows' bytes); nullptr otherwise
   uint32_t bytes;    // per source
-  uint32_t pad[3];
+  uint32_t slot;     // the chunk's stage and fill of it (MkChunk::slot, round: megakernel_plan.h, "The ring")
+  uint32_t round;
+  uint32_t pad;
 };
 
 struct Params {
@@ -85,8 +87,11 @@ struct Params {
   uint32_t xs_offset, red_offset, att_offset, bar_offset;  // shared memory layout (bytes)
 };
 
-// The ring's position, identical in producer and consumers: chunk n of the block sits in stage n % S and is the
-// (n / S)-th use of that stage, whose full phase has parity (n / S) & 1.
+// The ring. Shared stages: chunk n of the block sits in stage n % S and is the (n / S)-th fill of that stage,
+// whose full phase has parity (n / S) & 1 — the producer and the consumers count n alike (the plan's slot and
+// round are the same numbers). Per-warp stages: each chunk carries its (slot, round) from the plan, every stage
+// owned by one warp (megakernel_plan.h, "The ring": a stage shared by several warps let a warp wait on a parity
+// that an older fill still showed).
 struct Ring {
   char* stages;
   uint64_t* full;
@@ -136,6 +141,8 @@ __device__ __forceinline__ MkCopy load_copy(const MkCopy* copies, uint32_t i, ui
     c.src0 = reinterpret_cast<const char*>((static_cast<uint64_t>(a.y) << 32) | a.x);
     c.src1 = reinterpret_cast<const char*>((static_cast<uint64_t>(a.w) << 32) | a.z);
     c.bytes = b.x;
+    c.slot = b.y;
+    c.round = b.z;
   }
   return c;
 }
@@ -154,10 +161,11 @@ __device__ void produce_warp(const Params& p, const Ring& ring) {
       const char* src1 = reinterpret_cast<const char*>(
           __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(cur.src1), j));
       const uint32_t bytes = __shfl_sync(0xffffffffu, cur.bytes, j);
+      const uint32_t slot = __shfl_sync(0xffffffffu, cur.slot, j);
+      const uint32_t fill = __shfl_sync(0xffffffffu, cur.round, j);  // this stage's fill number (its round)
       if (lane == 0) {
-        const uint32_t n = base - first + static_cast<uint32_t>(j);
-        const int s = static_cast<int>(n % static_cast<uint32_t>(ring.S));
-        mbar_wait(&ring.empty[s], ((n / static_cast<uint32_t>(ring.S)) & 1u) ^ 1u, p.error, kErrRingFull);
+        const int s = static_cast<int>(slot);
+        mbar_wait(&ring.empty[s], (fill & 1u) ^ 1u, p.error, kErrRingFull);  // fill - 1 of the stage was read
         char* dst = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
         mbar_arrive_expect_tx(&ring.full[s], src1 ? 2u * bytes : bytes);
         bulk_copy(dst, src0, bytes, &ring.full[s]);
@@ -386,8 +394,10 @@ __device__ void gemv_phase_warp(const Params& p, const Ring& ring, const WarpPha
       }
       if (op.bias) bias = __bfloat162float(op.bias[o]);
     }
-    const int s = static_cast<int>(c.seq % static_cast<uint32_t>(ring.S));
-    mbar_wait(&ring.full[s], (c.seq / static_cast<uint32_t>(ring.S)) & 1u, p.error, kErrRingEmpty);
+    // The warp's own stage: its previous fill was this warp's earlier chunk, read already, so the parity names
+    // this fill and no other.
+    const int s = static_cast<int>(c.slot);
+    mbar_wait(&ring.full[s], c.round & 1u, p.error, kErrRingEmpty);
     const char* stage = ring.stages + static_cast<size_t>(s) * ring.stage_bytes;
     const int kc = static_cast<int>(c.kc);
     const int packs = e4m3 ? kc / 16 : kc / 8;

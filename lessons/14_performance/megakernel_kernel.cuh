@@ -10,11 +10,13 @@
 //   - A grid barrier waits for every block's consumers to finish the phase. Each needs only its own block's
 //     chunks of that phase, which (previous point) its producer issues without waiting for anything outside
 //     the block. So every block reaches every barrier: no cycle.
-//   - Per-warp stages: each warp consumes its own chunks in program order. Let m be the block's earliest
-//     unconsumed chunk: its owner has consumed all its earlier chunks (all < m), so it waits for m's bytes
-//     only. If the producer has issued m, they arrive. If not, the producer is at some n <= m and waits for
-//     chunk n - S < m to be freed, which it was: it issues on. Either way something moves. Warps with no chunk
-//     left in a phase wait at the grid barrier's named barrier, which needs nothing from the producer.
+//   - Per-warp stages: each warp consumes its own chunks in program order, and each stage belongs to one warp
+//     (megakernel_plan.h, "The ring"). Let m be the block's earliest unconsumed chunk: its owner has consumed
+//     all its earlier chunks (all < m), so it waits for m's bytes only. If the producer has issued m, they
+//     arrive. If not, the producer is at some n <= m and waits for the previous fill of n's stage to be freed:
+//     an earlier chunk of the same owner, < n <= m, so consumed: it issues on. Either way something moves.
+//     Warps with no chunk left in a phase wait at the grid barrier's named barrier, which needs nothing from
+//     the producer.
 //   - The producer may finish early (all chunks issued) and exit its loop; it then waits only at the kernel's
 //     end, where nothing waits for it. Consumers of a block with no chunks in a phase go straight to the barrier.
 #pragma once

@@ -9,14 +9,17 @@
 
 namespace tvllm {
 
-MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows,
-                               int warps)
-    : matrices_(std::move(matrices)), blocks_(blocks), stage_bytes_(stage_bytes), warps_(warps) {
+MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int stages,
+                               int max_rows, int warps)
+    : matrices_(std::move(matrices)), blocks_(blocks), stage_bytes_(stage_bytes), stages_(stages), warps_(warps) {
   TVLLM_REQUIRE(blocks >= 1, "megakernel plan: blocks must be >= 1, got " + std::to_string(blocks));
   TVLLM_REQUIRE(stage_bytes >= 16 && stage_bytes % 16 == 0,
                 "megakernel plan: stage_bytes must be a positive multiple of 16, got " + std::to_string(stage_bytes));
   TVLLM_REQUIRE(max_rows >= 1, "megakernel plan: max_rows must be >= 1, got " + std::to_string(max_rows));
   TVLLM_REQUIRE(warps >= 0, "megakernel plan: warps must be >= 0, got " + std::to_string(warps));
+  TVLLM_REQUIRE(stages >= 1 && stages >= warps, "megakernel plan: " + std::to_string(stages) +
+                                                    " stages for " + std::to_string(warps) +
+                                                    " owner warps (at least one stage each, at least one in all)");
   TVLLM_REQUIRE(warps == 0 || max_rows <= 32,
                 "megakernel plan: per-warp stages take at most 32 outputs per chunk (one lane each), got " +
                     std::to_string(max_rows));
@@ -76,6 +79,7 @@ MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64
       }
     }
     begins_[static_cast<size_t>(b) * (P + 1) + P] = static_cast<uint32_t>(chunks_.size());
+    assign_ring(block_first);
   }
   if (warps == 0) return;
   // The warp lists: block by block, warp by warp, phase by phase, each in program order.
@@ -89,6 +93,28 @@ MegakernelPlan::MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64
       }
       warp_begins_[(static_cast<size_t>(b) * warps + w) * (P + 1) + P] = static_cast<uint32_t>(warp_chunks_.size());
     }
+}
+
+// Each chunk of the block starting at chunks_[first] gets its (slot, round): megakernel_plan.h, "The ring".
+void MegakernelPlan::assign_ring(size_t first) {
+  const auto S = static_cast<uint32_t>(stages_);
+  if (warps_ == 0) {
+    for (size_t i = first; i < chunks_.size(); ++i) {
+      chunks_[i].slot = chunks_[i].seq % S;
+      chunks_[i].round = chunks_[i].seq / S;
+    }
+    return;
+  }
+  // Per-warp stages: warp w owns stages w, w + W, w + 2W, ... (< S); its chunks cycle through them in its order.
+  const auto W = static_cast<uint32_t>(warps_);
+  std::vector<uint32_t> taken(W, 0);  // chunks of warp w so far
+  for (size_t i = first; i < chunks_.size(); ++i) {
+    MkChunk& c = chunks_[i];
+    const uint32_t owned = (S - c.warp + W - 1) / W;  // stages of warp c.warp (>= 1: S >= W)
+    const uint32_t n = taken[c.warp]++;
+    c.slot = c.warp + W * (n % owned);
+    c.round = n / owned;
+  }
 }
 
 int64_t MegakernelPlan::chunk_bytes(const MkChunk& c) const {

@@ -23,10 +23,26 @@
 //                                                   so its partial sums meet in registers in a fixed order.
 //   The warp lists (warp_chunks) are copies of the block's chunks, each warp's own in program order.
 //
+// The ring (S stages, each with a `full` and an `empty` mbarrier). Every chunk names its stage and which fill of
+// that stage it is: (slot, round). An mbarrier remembers only the PARITY of its completed phases, so a waiter
+// that asks for round r (parity r & 1) is answered correctly only if, when it starts waiting, the stage has been
+// filled r or r + 1 times, never r - 1: one fill behind looks the same as one ahead. Hence the rule:
+//   shared stages     slot = seq % S, round = seq / S: one consumer (all warps together) reads the stages in
+//                     program order, so it never waits for a stage whose previous fill it has not read.
+//   per-warp stages   each stage is OWNED by one warp (stage s by warp s % W, so S >= W): warp w's i-th chunk
+//                     (counted across the block's phases) goes to its (i mod k_w)-th stage, round i div k_w, k_w
+//                     its number of stages. A warp reads its stages' fills in order, so round r - 1 was read
+//                     (and had landed) before it waits for round r. The first version used seq % S for both
+//                     schemes: a stage's consecutive fills then belonged to different warps, and a warp running
+//                     ahead could wait for round r while round r - 1 had not landed, and pass on the wrong
+//                     parity (tests/test_14_megakernel_ring.cpp simulates the ring and shows it).
+// The producer waits on `empty` with parity (round & 1) ^ 1 before fill `round` (each fill is freed by one
+// arrival); the reader waits on `full` with parity round & 1.
+//
 // A "paired" matrix is gate|up: output j needs rows j and N + j of a [2N, K] weight (the stage holds the gate
 // rows, then the up rows), so it counts 2 rows per output.
 //
-// Host-only, no CUDA: tested on the CPU (tests/test_14_megakernel.cpp).
+// Host-only, no CUDA: tested on the CPU (tests/test_14_megakernel.cpp; the ring: tests/test_14_megakernel_ring.cpp).
 #pragma once
 
 #include <cstddef>
@@ -51,23 +67,28 @@ struct MkChunk {
   uint32_t k0 = 0;     // first column (elements)
   uint32_t kc = 0;     // columns (elements); == K unless a row is split
   uint32_t flags = 0;  // kMkFirstSlice | kMkLastSlice
-  uint32_t seq = 0;    // position in the block's program: the ring stage is seq % stages (both schemes)
+  uint32_t seq = 0;    // position in the block's program (the producer's order)
   uint32_t warp = 0;   // the owner warp (per-warp stages); 0 for shared stages
+  uint32_t slot = 0;   // the ring stage it is streamed into
+  uint32_t round = 0;  // which fill of that stage it is (0, 1, ...): the mbarriers' parity is round & 1
 };
 inline constexpr uint32_t kMkFirstSlice = 1;  // k0 == 0: the consumer starts the row's sum
 inline constexpr uint32_t kMkLastSlice = 2;   // k0 + kc == K: the row's sum is complete, run the epilogue
 
 class MegakernelPlan {
  public:
-  // blocks: one per SM (>= 1). stage_bytes: one ring stage (a multiple of 16, >= 16). max_rows: outputs per chunk
-  // at most (the consumer has one epilogue thread per stage row; per-warp stages: one lane per output, so at most
-  // 32). warps: 0 for shared stages, else the consumer warps that own chunks. InputError for bad arguments: a K
-  // that is not a whole number of 16-byte packs (K * elem_bytes % 16 != 0), a non-positive size.
-  MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int max_rows, int warps = 0);
+  // blocks: one per SM (>= 1). stage_bytes: one ring stage (a multiple of 16, >= 16). stages: the ring's stages
+  // (>= 1; per-warp stages: >= warps, one at least per owner). max_rows: outputs per chunk at most (the consumer
+  // has one epilogue thread per stage row; per-warp stages: one lane per output, so at most 32). warps: 0 for
+  // shared stages, else the consumer warps that own chunks. InputError for bad arguments: a K that is not a whole
+  // number of 16-byte packs (K * elem_bytes % 16 != 0), a non-positive size, fewer stages than warps.
+  MegakernelPlan(std::vector<MkMatrix> matrices, int blocks, int64_t stage_bytes, int stages, int max_rows,
+                 int warps = 0);
 
   int blocks() const { return blocks_; }
   int phases() const { return static_cast<int>(matrices_.size()); }
   int64_t stage_bytes() const { return stage_bytes_; }
+  int stages() const { return stages_; }
   const std::vector<MkMatrix>& matrices() const { return matrices_; }
 
   // Every chunk, block after block, each block's chunks in phase order.
@@ -95,9 +116,12 @@ class MegakernelPlan {
   int64_t block_bytes(int block) const;
 
  private:
+  void assign_ring(size_t first);  // the (slot, round) of the block whose chunks start at chunks_[first]
+
   std::vector<MkMatrix> matrices_;
   int blocks_ = 0;
   int64_t stage_bytes_ = 0;
+  int stages_ = 0;
   int warps_ = 0;
   std::vector<MkChunk> chunks_;
   std::vector<uint32_t> begins_;

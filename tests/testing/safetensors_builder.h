@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/random.h"
 
 namespace tvllm::testing {
@@ -182,22 +183,34 @@ struct SyntheticLlama {
 };
 
 // A model with the synthetic model's names and shapes but weights like a freshly initialised Hugging Face Llama
-// (normal, std 0.05 of both signs; norm weights near 1), stored as F32. (SyntheticLlama's own bytes are all
-// positive: fine for loaders, but attention over such weights has scores in the thousands and degenerates into
-// an argmax that bf16 flips.)
-inline void write_random_llama(const SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed) {
+// (normal, std 0.05 of both signs; norm weights near 1), stored as F32. write_random_llama_as: another std, or
+// stored as BF16 (half the bytes, for the big shapes; each value rounded to bf16 once, here). (SyntheticLlama's
+// own bytes are all positive: fine for loaders, but attention over such weights has scores in the thousands and
+// degenerates into an argmax that bf16 flips.)
+inline void write_random_llama_as(const SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed,
+                                  const std::string& dtype, float stddev) {
+  if (dtype != "F32" && dtype != "BF16") throw std::invalid_argument("write_random_llama: F32 or BF16, not " + dtype);
   std::filesystem::create_directories(dir);
   write_file(dir / "config.json", s.config_json());
   SafetensorsBuilder b;
   for (const auto& [name, shape] : s.weights()) {
     size_t numel = 1;
     for (int64_t d : shape) numel *= static_cast<size_t>(d);
-    std::vector<float> v = random_normal(numel, seed++, 0.05f);
+    std::vector<float> v = random_normal(numel, seed++, stddev);
     if (name.find("norm.weight") != std::string::npos)
       for (float& x : v) x = 1.0f + x;
-    b.add(name, "F32", shape, f32_bytes(v));
+    if (dtype == "F32") {
+      b.add(name, "F32", shape, f32_bytes(v));
+    } else {
+      std::vector<uint16_t> bits(v.size());
+      for (size_t i = 0; i < v.size(); ++i) bits[i] = f32_to_bf16(v[i]);
+      b.add(name, "BF16", shape, u16_bytes(bits));
+    }
   }
   write_file(dir / "model.safetensors", b.build());
+}
+inline void write_random_llama(const SyntheticLlama& s, const std::filesystem::path& dir, uint64_t seed) {
+  write_random_llama_as(s, dir, seed, "F32", 0.05f);
 }
 
 }  // namespace tvllm::testing
