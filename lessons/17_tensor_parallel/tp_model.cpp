@@ -1,6 +1,8 @@
 // Lesson 17: the tensor-parallel forward pass: lesson 08's ops on each rank's shard, two all-reduces per layer.
 #include "tp_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/errors.h"
@@ -196,6 +198,49 @@ Tensor TpModel::forward_prompts(const std::vector<std::vector<int32_t>>& prompts
         logits.view().ptr<float>()[row * V + sh.vocab_begin + j] =
             g.view().ptr<const float>()[(sh.rank * R + row) * Vs + j];
   return logits;
+}
+
+EngineLimits limits_for_prompts(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts) {
+  TVLLM_REQUIRE(!prompts.empty(), "limits_for_prompts: no prompt");
+  int64_t total = 0, longest = 0;
+  for (const std::vector<int32_t>& p : prompts) {
+    total += static_cast<int64_t>(p.size());
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  }
+  EngineLimits l;
+  l.max_tokens = std::max<int64_t>(total, 1);
+  l.max_sequences = static_cast<int64_t>(prompts.size());
+  l.max_logits_rows = l.max_tokens;
+  l.max_context = std::min(config.max_position_embeddings, std::max<int64_t>(longest, 1));
+  return l;
+}
+
+Tensor unsharded_logits(const ModelWeights& w, const EngineLimits& limits,
+                        const std::vector<std::vector<int32_t>>& prompts, bool all_rows) {
+  ExecContext ctx(w.config, limits, w.device);
+  StepInputs step(w.config, limits, w.device);
+  PrefillAttention attn(w.config, limits, w.device, AttentionKernel::V2Flash, ctx.cublas());
+  step.set_prompts(prompts, all_rows, ctx.stream());
+  const TensorView logits = forward_composed(ctx, w, step, attn);
+  ctx.synchronize();
+  ctx.check_tokens();
+  return Tensor::copy_of(logits, Device::CPU, DType::F32);
+}
+
+double max_abs_difference(const TensorView& a, const TensorView& b) {
+  TVLLM_REQUIRE(a.shape == b.shape && a.dtype == DType::F32 && b.dtype == DType::F32 && a.device == Device::CPU &&
+                    b.device == Device::CPU && a.is_contiguous() && b.is_contiguous(),
+                "max_abs_difference: two host F32 views of one shape, got " + a.describe() + ", " + b.describe());
+  double m = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(a.ptr<const float>()[i]) - b.ptr<const float>()[i]));
+  return m;
+}
+
+double max_abs_value(const TensorView& a) {
+  double m = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(a.ptr<const float>()[i])));
+  return m;
 }
 
 }  // namespace tvllm

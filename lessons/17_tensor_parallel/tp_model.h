@@ -76,6 +76,29 @@ class TpModel {
 // for this layer.
 void tp_decoder_layer(TpModel& model, int layer);
 
+// The CPU simulation's bound, N > 1 against the unsharded fp32 reference: max |logit difference| <=
+// kTpCpuLogitsTolPerMax x max |reference logit|. Only o_proj's and down_proj's sums change order (N partial sums
+// of in/N products each, then added); every other op computes the same fp32 operations on the same values. One
+// reordered fp32 sum of K terms moves by at most about K x 2^-24 x sum|terms| (README 17, "The CPU
+// simulation"), and a layer's change is carried to the logits like any other rounding. Measured (test_17_tp_sim):
+// 1.1e-7 x max|logit| on the bundled model at N = 2, 0.8e-7 and 1.0e-7 on the random 8-head model at N = 2 and 4,
+// i.e. a few ulps of the largest logit. The bound is ~10x the largest and 50x below the distance
+// (kCpuLogitsAtolPerMax = 5e-5) at which lesson 08's fp32 reference is held to Hugging Face's. A wrong shard or
+// a missing all-reduce moves logits by O(max|logit|).
+inline constexpr double kTpCpuLogitsTolPerMax = 1e-6;
+
+// Limits that hold these prompts as one prefill step with every token's logits.
+EngineLimits limits_for_prompts(const ModelConfig& config, const std::vector<std::vector<int32_t>>& prompts);
+
+// The same step through lesson 08's unsharded forward (forward_composed) on the weights' device: what the
+// tensor-parallel logits are compared with. F32 [R, vocab] on the host.
+Tensor unsharded_logits(const ModelWeights& weights, const EngineLimits& limits,
+                        const std::vector<std::vector<int32_t>>& prompts, bool all_rows);
+
+// max |a - b| over two host F32 views of one shape, and max |a|.
+double max_abs_difference(const TensorView& a, const TensorView& b);
+double max_abs_value(const TensorView& a);
+
 // ---- inline ----------------------------------------------------------------------------------------------
 
 // Makes `device` current for its lifetime and restores the previous one (CUDA); nothing on the CPU.
