@@ -7,7 +7,14 @@
 #      TVLLM_NCCL_ROOT (or CPATH) at a header of the same major version.
 # Result: the imported target tvllm::nccl and TVLLM_HAVE_NCCL (ON/OFF). Without NCCL everything else builds,
 # lesson 17's NCCL code is left out and its GPU tests report themselves skipped.
+# -DTVLLM_WITH_NCCL=OFF builds as if there were none (how the NCCL-less build is tested on a machine that has it).
+option(TVLLM_WITH_NCCL "Look for NCCL (lesson 17's all-reduce between GPUs)" ON)
 set(TVLLM_NCCL_ROOT "$ENV{TVLLM_NCCL_ROOT}" CACHE PATH "Where NCCL lives (include/nccl.h, lib/libnccl.so*)")
+if(NOT TVLLM_WITH_NCCL)
+  set(TVLLM_HAVE_NCCL OFF)
+  message(STATUS "NCCL: not looked for (TVLLM_WITH_NCCL=OFF): lesson 17 builds without it")
+  return()
+endif()
 
 set(_tvllm_nccl_hints "")
 if(TVLLM_NCCL_ROOT)
