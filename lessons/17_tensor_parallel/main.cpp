@@ -131,7 +131,7 @@ int run(const LessonOptions& opt) {
 #else
   const int gpus = cuda_device_count();
   std::printf("\nNCCL %s, %d GPU(s); NCCL_NVLS_ENABLE=0 (no multicast)\n", nccl_version_string().c_str(), gpus);
-  const GpuLogitBound eps = gpu_logit_bound(rms(fp32), nullptr);
+  const GpuLogitBound eps = gpu_bound_for_prompts(opt.model_dir, ref.num_prompts(), fp32);
   auto gpu_checks = [&](const std::string& what, const Tensor& got, const Tensor& want) {
     const Top1Agreement a = top1_agreement(got, want, eps.clear_margin());
     check(what + ": top-1", a.pass() && a.clear > 0, a.summary());

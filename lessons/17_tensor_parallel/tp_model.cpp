@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "common/errors.h"
@@ -43,7 +45,7 @@ std::vector<cudaStream_t> streams_of(TpModel& m) {
 //   normed = rmsnorm(h) * w_in (layer > 0: h += delta first, delta being the previous layer's all-reduced MLP
 //   output); q, k, v of this rank's heads (column-parallel: whole heads); RoPE; attention over those heads;
 //   delta = attn_r Wo_r^T: this rank's PARTIAL o_proj output (its heads' contribution to every element).
-void attention_partial(TpRank& r, int layer, float eps) {
+[[maybe_unused]] void attention_partial(TpRank& r, int layer, float eps) {
   Workspace& ws = r.ctx->workspace();
   const RankLayerWeights& L = r.weights.layers[static_cast<size_t>(layer)];
   const cudaStream_t stream = r.ctx->stream();
@@ -67,7 +69,7 @@ void attention_partial(TpRank& r, int layer, float eps) {
 
 // The MLP's half on one rank: h += delta (all-reduced o_proj output); normed = rmsnorm(h) * w_post; gate and up
 // of this rank's intermediate columns; act = silu(gate) * up; delta = act_r Wd_r^T, a PARTIAL down_proj output.
-void mlp_partial(TpRank& r, int layer, float eps) {
+[[maybe_unused]] void mlp_partial(TpRank& r, int layer, float eps) {
   Workspace& ws = r.ctx->workspace();
   const RankLayerWeights& L = r.weights.layers[static_cast<size_t>(layer)];
   const cudaStream_t stream = r.ctx->stream();
@@ -225,6 +227,17 @@ Tensor unsharded_logits(const ModelWeights& w, const EngineLimits& limits,
   ctx.synchronize();
   ctx.check_tokens();
   return Tensor::copy_of(logits, Device::CPU, DType::F32);
+}
+
+GpuLogitBound gpu_bound_for_prompts(const std::filesystem::path& model_dir, int num_prompts,
+                                    const TensorView& reference) {
+  const std::map<std::string, Bf16Floor> floors = read_bf16_floors(model_dir);
+  std::optional<Bf16Floor> worst;
+  for (int i = 0; i < num_prompts; ++i) {
+    const Bf16Floor* f = find_floor(floors, "p" + std::to_string(i));
+    if (f != nullptr && (!worst || f->logits_max_abs_error > worst->logits_max_abs_error)) worst = *f;
+  }
+  return gpu_logit_bound(rms(reference), worst ? &*worst : nullptr);
 }
 
 double max_abs_difference(const TensorView& a, const TensorView& b) {

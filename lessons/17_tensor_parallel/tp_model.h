@@ -23,6 +23,7 @@
 
 #include "common/errors.h"
 #include "communicator.h"
+#include "logits_check.h"
 #include "rank_weights.h"
 #include "shard_plan.h"
 #include "transformer.h"
@@ -94,6 +95,12 @@ EngineLimits limits_for_prompts(const ModelConfig& config, const std::vector<std
 // tensor-parallel logits are compared with. F32 [R, vocab] on the host.
 Tensor unsharded_logits(const ModelWeights& weights, const EngineLimits& limits,
                         const std::vector<std::vector<int32_t>>& prompts, bool all_rows);
+
+// Lesson 08's GPU bound (logits_check.h) for the reference prompts p0..p{n-1} of model_dir run as one step:
+// max(0.2 x rms(reference), 1.5 x the largest of Hugging Face's own bf16 errors on those prompts, where the
+// manifest records them).
+GpuLogitBound gpu_bound_for_prompts(const std::filesystem::path& model_dir, int num_prompts,
+                                    const TensorView& reference);
 
 // max |a - b| over two host F32 views of one shape, and max |a|.
 double max_abs_difference(const TensorView& a, const TensorView& b);
