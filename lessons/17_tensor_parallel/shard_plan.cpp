@@ -111,7 +111,8 @@ TensorView shard_linear(const TensorView& w, LinearSplit split, int rank, int wo
   //   The cut dimension must be a multiple of world_size: TVLLM_REQUIRE with a message naming it.
   // Hint: dtype_size(w.dtype) bytes per element; row o of W starts at byte o * in * dtype_size.
   // Tests: ShardPlan17.ColumnShardIsAViewOfTheRows ShardPlan17.RowShardsConcatenateBackToTheWeight
-  // Tests: ShardPlan17.ANonDividingCutIsAnInputError TpSim17.*
+  // Tests: ShardPlan17.ANonDividingCutIsAnInputError TpSim17.OneRankIsTheReferenceBitForBit
+  // Tests: TpSim17.TwoRanksEqualTheReferenceOnARandomModel
   // Stub:
   //   (void)out;
   //   (void)in;
