@@ -42,6 +42,7 @@ struct BenchLatencyOptions {
   int iters = 3;
   std::string fp8_weights = "auto";  // lesson 16: how an FP8 checkpoint loads
   std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
+  int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
        megakernel = false, no_hopper = false, compare = false;
 };
@@ -79,6 +80,7 @@ std::vector<LatencyVariant> variants(const BenchLatencyOptions& o, Device device
 
 void run(const BenchLatencyOptions& o) {
   require_generator_kv_cache_dtype(o.kv_cache_dtype, "bench latency");
+  require_tensor_parallel_size(o.tensor_parallel_size, "bench latency");
   TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
   const Device device = resolve_device(o.device);
   TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
@@ -187,6 +189,7 @@ void add_bench_latency_command(CLI::App& bench) {
 #endif
   add_fp8_weights_option(cmd, opt->fp8_weights);
   add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
+  add_tensor_parallel_option(cmd, opt->tensor_parallel_size);
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda");
   cmd->add_option("--output", opt->output, "table (default) or json");

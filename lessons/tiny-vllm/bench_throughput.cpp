@@ -38,6 +38,7 @@ struct BenchThroughputOptions {
   bool prefix_caching = true;
   bool batch_invariant = false;
   std::string kv_cache_dtype = "auto";  // lesson 16
+  int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   FastPathFlags fast;  // lesson 14
 };
 
@@ -48,6 +49,7 @@ std::string gib(size_t bytes) {
 }
 
 void run(const BenchThroughputOptions& o) {
+  require_tensor_parallel_size(o.tensor_parallel_size, "bench throughput");
   TVLLM_REQUIRE(o.kv == "paged" || o.kv == "contiguous", "--kv must be paged or contiguous, got " + o.kv);
   TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
   const Device device = resolve_device(o.device);
@@ -186,6 +188,7 @@ void add_bench_throughput_command(CLI::App& bench) {
   cmd->add_option("--kv-fraction", opt->kv_fraction)->check(CLI::Range(0.01, 1.0))->group("");
   cmd->add_flag("!--no-prefix-caching", opt->prefix_caching, "paged: turn the prefix cache off");
   add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
+  add_tensor_parallel_option(cmd, opt->tensor_parallel_size);
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");

@@ -38,6 +38,7 @@ struct GenerateCliOptions {
   SamplingFlags sampling;
   FastPathFlags fast;
   std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
+  int tensor_parallel_size = 1;          // lesson 17: only 1 runs
 };
 
 std::vector<int32_t> prompt_ids_of(const LoadedModel& m, const GenerateCliOptions& o, bool have_prompt,
@@ -164,6 +165,7 @@ void add_generate_command(CLI::App& app) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--ignore-eos", opt->ignore_eos, "do not stop at an EOS id (benchmarks)");
   add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
+  add_tensor_parallel_option(cmd, opt->tensor_parallel_size);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the kernels of `serve --batch-invariant`: the same ids as a server in that mode gives this prompt");
   cmd->add_option("--device", opt->device, "auto (cuda when a GPU is present), cpu or cuda")
@@ -172,6 +174,7 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([opt, prompt, ids, system, thinking] {
     require_generator_kv_cache_dtype(opt->kv_cache_dtype, "generate");
+    require_tensor_parallel_size(opt->tensor_parallel_size, "generate");
     opt->have_thinking = thinking->count() > 0;
     run_generate(*opt, prompt->count() > 0, ids->count() > 0, system->count() > 0);
     g_exit_code = 0;

@@ -49,6 +49,7 @@ struct ServeCliOptions {
   bool quiet = false;
   bool batch_invariant = false;
   std::string kv_cache_dtype = "auto";  // lesson 16
+  int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   FastPathFlags fast;  // lesson 14
 };
 
@@ -66,6 +67,7 @@ extern "C" void on_stop_signal(int) {
 }
 
 void run_serve(const ServeCliOptions& o) {
+  require_tensor_parallel_size(o.tensor_parallel_size, "serve");
   if (o.port < 0 || o.port > 65535) throw InputError("--port must be in [0, 65535] (0: any free port)");
   if (o.max_waiting < 0) throw InputError("--max-waiting must be >= 0");
   if (o.shutdown_timeout_s < 0) throw InputError("--shutdown-timeout must be >= 0");
@@ -216,6 +218,7 @@ void add_serve_commands(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", opt->gpu_memory_utilization,
                   "paged on CUDA: the fraction of free memory the pool may take (default 0.9)");
   add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
+  add_tensor_parallel_option(cmd, opt->tensor_parallel_size);
   cmd->add_option("--shutdown-timeout", opt->shutdown_timeout_s,
                   "seconds in-flight requests may take to finish after SIGINT/SIGTERM (default 30); then the "
                   "rest are aborted and every connection is closed");

@@ -79,6 +79,26 @@ void add_fp8_weights_option(CLI::App* cmd, std::string& choice) {
       ->type_name("auto|resident|dequantize");
 }
 
+void add_tensor_parallel_option(CLI::App* cmd, int& size) {
+  cmd->add_option("--tensor-parallel-size", size,
+                  "the GPUs the model is cut across (lesson 17); only 1 runs in this engine for now")
+      ->type_name("N")
+      ->capture_default_str();
+}
+
+void require_tensor_parallel_size(int size, const char* command) {
+  TVLLM_REQUIRE(size >= 1, "--tensor-parallel-size must be at least 1, got " + std::to_string(size));
+  if (size == 1) return;
+  const int gpus = cuda_device_count();
+  if (gpus < size) {
+    throw InputError("--tensor-parallel-size " + std::to_string(size) + " needs " + std::to_string(size) +
+                     " GPUs; this machine has " + std::to_string(gpus) + " (use --tensor-parallel-size 1)");
+  }
+  throw InputError(std::string("--tensor-parallel-size ") + std::to_string(size) + ": " + command +
+                   " runs its engine on one GPU; lesson 17 builds the sharded forward and checks it "
+                   "(lesson17_tensor_parallel), the engine over several ranks is not built yet (use 1)");
+}
+
 void add_kv_cache_dtype_option(CLI::App* cmd, std::string& choice) {
   cmd->add_option("--kv-cache-dtype", choice,
                   "how k and v are stored: auto (the model's dtype), bf16, fp8 (E4M3, one scale per layer for k "

@@ -68,6 +68,13 @@ void require_generator_kv_cache_dtype(const std::string& choice, const char* com
 std::string apply_kv_cache_dtype(const std::string& choice, const ModelDir& model, bool paged, bool batch_invariant,
                                  PagedKvOptions& options);
 
+// --tensor-parallel-size N (vLLM's name; lesson 17): the GPUs one model is cut across. 1, the default, is what every
+// command runs. N > 1 is an InputError that says why: fewer than N GPUs here, or (with enough of them) that the
+// engine does not run over several ranks yet (lesson 17 builds and checks the sharded forward,
+// lesson17_tensor_parallel; the engine over N ranks is its next step). N < 1: an InputError too.
+void add_tensor_parallel_option(CLI::App* cmd, int& size);
+void require_tensor_parallel_size(int size, const char* command);
+
 struct FastPathFlags {
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
        megakernel = false;
