@@ -28,12 +28,12 @@
 namespace tvllm {
 namespace {
 
-struct Setup {
+struct Corpus {
   testing::TempDir tmp;
   ModelDir dir;
   std::vector<std::vector<int32_t>> texts;
   int64_t tokens = 0;
-  Setup() : dir(open(tmp)) {
+  Corpus() : dir(open(tmp)) {
     const std::filesystem::path model = testing::tiny_model_dir();
     texts = corpus_windows(model, model.parent_path() / "corpus", 96, 4);
     for (const auto& t : texts) tokens += static_cast<int64_t>(t.size());
@@ -43,18 +43,18 @@ struct Setup {
     return ModelDir::open(t / "fp8", Fp8Load::Resident);
   }
 };
-const Setup& setup() {
-  static const Setup s;
+const Corpus& setup() {
+  static const Corpus s;
   return s;
 }
 
 // Every row's logits of the texts run as one prefill step, on `path`; counts of what ran.
-struct Run {
+struct PrefillRun {
   Tensor logits;
   Fp8GemmCounts counts;
 };
-Run run(Fp8GemmPath path) {
-  const Setup& s = setup();
+PrefillRun run(Fp8GemmPath path) {
+  const Corpus& s = setup();
   install_fp8_resident_weights();
   install_fp8_tensor_core_gemm(path);
   reset_fp8_gemm_counts();
@@ -66,12 +66,12 @@ Run run(Fp8GemmPath path) {
   step.set_prompts(s.texts, /*all_rows=*/true, ctx.stream());
   const TensorView logits = forward(ctx, w, step, attn);
   ctx.synchronize();
-  Run r{Tensor::copy_of(logits, Device::CPU), fp8_gemm_counts()};
+  PrefillRun r{Tensor::copy_of(logits, Device::CPU), fp8_gemm_counts()};
   install_fp8_gemm(nullptr, 1);  // leave the process as it was: the dequantize path everywhere
   return r;
 }
 
-void expect_close_to_dequantize(Fp8GemmPath path, const Run& got, const Run& want) {
+void expect_close_to_dequantize(Fp8GemmPath path, const PrefillRun& got, const PrefillRun& want) {
   const int64_t layers = setup().dir.config.num_hidden_layers;
   // qkv, o, gate|up per layer on the FP8 GEMM; down_proj (K = 600) declined.
   EXPECT_EQ(got.counts.scale_vectors + got.counts.epilogue, 3 * layers) << fp8_gemm_path_name(path);
@@ -95,24 +95,24 @@ void expect_close_to_dequantize(Fp8GemmPath path, const Run& got, const Run& wan
 TEST(Fp8GemmEngine16Gpu, EachPathAgreesWithTheDequantizePathOnTheCorpus) {
   TVLLM_REQUIRE_GPU();
   ASSERT_GE(setup().tokens, 4 * kFp8GemmMinTokens);
-  const Run want = run(Fp8GemmPath::Dequantize);
+  const PrefillRun want = run(Fp8GemmPath::Dequantize);
   EXPECT_EQ(want.counts.scale_vectors + want.counts.epilogue, 0);
   EXPECT_EQ(want.counts.dequantize, 4 * setup().dir.config.num_hidden_layers);  // every projection declined
-  const Run epilogue = run(Fp8GemmPath::Epilogue);
+  const PrefillRun epilogue = run(Fp8GemmPath::Epilogue);
   EXPECT_EQ(epilogue.counts.scale_vectors, 0);
   expect_close_to_dequantize(Fp8GemmPath::Epilogue, epilogue, want);
-  const Run automatic = run(Fp8GemmPath::Auto);
+  const PrefillRun automatic = run(Fp8GemmPath::Auto);
   expect_close_to_dequantize(Fp8GemmPath::Auto, automatic, want);
   if (fp8_scale_vectors_supported(setup().tokens, setup().dir.config.hidden_size, setup().dir.config.hidden_size)) {
     EXPECT_GT(automatic.counts.scale_vectors, 0) << "auto should prefer the scale vectors where cuBLASLt has them";
-    const Run vectors = run(Fp8GemmPath::ScaleVectors);
+    const PrefillRun vectors = run(Fp8GemmPath::ScaleVectors);
     expect_close_to_dequantize(Fp8GemmPath::ScaleVectors, vectors, want);
   }
 }
 
 TEST(Fp8GemmEngine16Gpu, StepsBelowTheThresholdKeepTheDequantizePath) {
   TVLLM_REQUIRE_GPU();
-  const Setup& s = setup();
+  const Corpus& s = setup();
   install_fp8_resident_weights();
   install_fp8_tensor_core_gemm(Fp8GemmPath::Auto);
   reset_fp8_gemm_counts();

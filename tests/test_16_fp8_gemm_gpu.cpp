@@ -11,6 +11,7 @@
 //       a 13-bit accumulator over 2048 additions, and print the largest error seen (README 7.3 records it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>

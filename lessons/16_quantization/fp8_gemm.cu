@@ -284,7 +284,7 @@ bool engine_fp8_gemm(ExecContext& ctx, const TensorView& y, const TensorView& x,
   Workspace& ws = ctx.workspace();
   const int64_t T = x.shape[0], K = x.shape[1], N = w.shape[0];
   const bool fits = ctx.cublas() != nullptr && ws.fp8_codes.data() != nullptr && x.dtype == DType::BF16 &&
-                    x.stride[1] == 1 && y.dtype == DType::BF16 && y.is_contiguous() && w.is_contiguous() &&
+                    x.strides[1] == 1 && y.dtype == DType::BF16 && y.is_contiguous() && w.is_contiguous() &&
                     T * K <= ws.fp8_codes.view().numel() && T <= ws.fp8_scales.view().numel() &&
                     (scale.numel() == N || scale.numel() == 1) &&
                     fp8_gemm_layout_problem(T, N, K, ws.fp8_codes.data(), w.data, y.data).empty();

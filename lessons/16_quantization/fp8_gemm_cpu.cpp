@@ -41,7 +41,7 @@ Fp8GemmPath fp8_gemm_mode(const std::string& choice, bool weights_resident) {
 namespace {
 
 void check_quantizer(const TensorView& codes, const TensorView& scale, const TensorView& x) {
-  TVLLM_REQUIRE(x.rank() == 2 && x.dtype == DType::BF16 && x.data && x.stride[1] == 1,
+  TVLLM_REQUIRE(x.rank() == 2 && x.dtype == DType::BF16 && x.data && x.strides[1] == 1,
                 "quantize_activations: x must be BF16 [T, K] with contiguous rows, got " + x.describe());
   const int64_t T = x.shape[0];
   TVLLM_REQUIRE(codes.dtype == DType::F8_E4M3 && codes.shape == x.shape && codes.is_contiguous() && codes.data,
@@ -64,11 +64,12 @@ void quantize_activations(const TensorView& codes, const TensorView& scale, cons
   check_quantizer(codes, scale, x);
   const int64_t T = x.shape[0], K = x.shape[1];
   if (x.device == Device::CUDA) {
-    if (T * K > 0) quantize_activations_cuda(codes.ptr<uint8_t>(), scale.ptr<float>(), x.data, x.stride[0], T, K, stream);
+    if (T * K > 0)
+      quantize_activations_cuda(codes.ptr<uint8_t>(), scale.ptr<float>(), x.data, x.strides[0], T, K, stream);
     return;
   }
   // --- exercise 16.4: the per-token activation quantizer ---------------------------------------------------
-  // Task: for each row t of x (BF16, row stride x.stride[0] elements): amax = max_k |x[t, k]|; the row's scale
+  // Task: for each row t of x (BF16, row stride x.strides[0] elements): amax = max_k |x[t, k]|; the row's scale
   //   s = amax / 448 in fp32 (1 where amax is 0: an all-zero row gets codes 0, and nothing divides by 0);
   //   codes[t, k] = f32_to_fp8_e4m3(x[t, k] / s) (round to nearest even, saturating at 448: fp8.h).
   // Hint: bf16_to_f32 widens a stored value exactly; the division is fp32 (the GPU kernel divides the same way,
@@ -84,7 +85,7 @@ void quantize_activations(const TensorView& codes, const TensorView& scale, cons
   auto* out = codes.ptr<uint8_t>();
   auto* s = scale.ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
-    const uint16_t* row = xs + t * x.stride[0];
+    const uint16_t* row = xs + t * x.strides[0];
     float amax = 0.0f;
     for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(bf16_to_f32(row[k])));
     const float st = amax > 0.0f ? amax / kE4m3Max : 1.0f;
@@ -96,14 +97,14 @@ void quantize_activations(const TensorView& codes, const TensorView& scale, cons
 
 void fake_quantize_activations(const TensorView& out, const TensorView& x) {
   TVLLM_REQUIRE(x.rank() == 2 && (x.dtype == DType::F32 || x.dtype == DType::BF16) && x.device == Device::CPU &&
-                    x.stride[1] == 1,
+                    x.strides[1] == 1,
                 "fake_quantize_activations: x must be host F32 or BF16 [T, K] with contiguous rows, got " +
                     x.describe());
   TVLLM_REQUIRE(out.dtype == DType::F32 && out.shape == x.shape && out.is_contiguous() && out.device == Device::CPU,
                 "fake_quantize_activations: out must be a contiguous host F32 " + shape_str(x.shape));
   const int64_t T = x.shape[0], K = x.shape[1];
   auto value = [&](int64_t t, int64_t k) {
-    const int64_t i = t * x.stride[0] + k;
+    const int64_t i = t * x.strides[0] + k;
     return x.dtype == DType::F32 ? x.ptr<const float>()[i] : bf16_to_f32(x.ptr<const uint16_t>()[i]);
   };
   float* o = out.ptr<float>();
