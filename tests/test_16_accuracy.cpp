@@ -55,7 +55,8 @@ TEST(Accuracy16, Fp8WeightsAgreeWithBf16OnTheCpu) {
 
 // README 7.3: the FP8 tensor-core GEMM also quantizes the activations, per token. Simulated on the CPU for every
 // projection of every step (the engine quantizes only steps of 17+ tokens: this is the worst case). The issue's
-// targets hold for it too. Measured here: see the printed line (README 7.3 records it).
+// targets hold for it too. Measured here (fp32 CPU path): top-1 100%, perplexity +0.04% (1.02509 vs 1.02467), rms
+// logit error 0.293 against 0.199 for the weights alone (rms logits 4.26). The bounds leave room for another CPU.
 TEST(Accuracy16, Fp8WeightsAndFp8ActivationsAgreeWithBf16OnTheCpu) {
   testing::TempDir tmp;
   quantize_checkpoint(TVLLM_TINY_MODEL_DIR, tmp / "fp8", QuantizeOptions{});
