@@ -7,6 +7,7 @@
 
 #include "common/dtype.h"
 #include "common/errors.h"
+#include "common/exercise.h"  // NotWrittenYet (the stub of exercise 16.4)
 #include "fp8.h"
 #include "fp8_gemm.h"
 #include "transformer.h"  // lesson 08's CPU activation transform
