@@ -160,7 +160,7 @@ TEST(Cli16, Fp8GemmFlagParsingAndItsRefusals) {
     EXPECT_TRUE(contains(r.output, "--fp8-weights resident")) << r.output;
   }
   const auto r = run_command(tiny_vllm() + " bench throughput --model " + q(out) +
-                             " --device cpu --num-requests 2 --min-len 4 --max-len 6 --output json --fp8-gemm auto");
+                             " --device cpu --num-requests 2 --min-len 4 --max-len 12 --output json --fp8-gemm auto");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = json_line(r.output);
   ASSERT_TRUE(j.contains("fp8_gemm")) << r.output;
