@@ -9,7 +9,9 @@
 #include <cstdio>
 
 #include "accuracy.h"
+#include "fp8_gemm.h"
 #include "quantize.h"
+#include "transformer.h"
 #include "testing/testing.h"
 
 namespace tvllm {
@@ -17,14 +19,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-LogitsComparison measure(const fs::path& fp8_dir, Device device) {
+// fp8_activations: the candidate's projections see per-token FP8 activations (fp8_gemm.h's CPU simulation of
+// the FP8 tensor-core GEMM), the reference's do not.
+LogitsComparison measure(const fs::path& fp8_dir, Device device, bool fp8_activations = false) {
   const fs::path model = TVLLM_TINY_MODEL_DIR;
   const ModelDir bf16 = ModelDir::open(model), fp8 = ModelDir::open(fp8_dir);
   LogitsComparison total;
   TeacherForcing run_bf16(bf16, device, 256), run_fp8(fp8, device, 256);
+  struct Off {
+    ~Off() { simulate_fp8_activations_on_cpu(false); }
+  } off;
   for (const std::vector<int32_t>& ids : corpus_windows(model, model.parent_path() / "corpus", 256, 8)) {
     const Tensor ref = run_bf16.logits(ids);
+    simulate_fp8_activations_on_cpu(fp8_activations);
     const Tensor cand = run_fp8.logits(ids);
+    simulate_fp8_activations_on_cpu(false);
     accumulate(total, compare_logits(cand.view(), ref.view(), ids));
   }
   return total;
@@ -42,6 +51,28 @@ TEST(Accuracy16, Fp8WeightsAgreeWithBf16OnTheCpu) {
   EXPECT_LE(std::fabs(c.candidate_perplexity / c.reference_perplexity - 1.0), 0.01);
   EXPECT_GT(c.rms_error, 0.0);  // FP8 weights are not the bf16 weights: the logits must move a little
   EXPECT_LT(c.rms_error, 0.1 * c.reference_rms);
+}
+
+// README 7.3: the FP8 tensor-core GEMM also quantizes the activations, per token. Simulated on the CPU for every
+// projection of every step (the engine quantizes only steps of 17+ tokens: this is the worst case). The issue's
+// targets hold for it too. Measured here (fp32 CPU path): top-1 100%, perplexity +0.04% (1.02509 vs 1.02467), rms
+// logit error 0.293 against 0.199 for the weights alone (rms logits 4.26). The bounds leave room for another CPU.
+TEST(Accuracy16, Fp8WeightsAndFp8ActivationsAgreeWithBf16OnTheCpu) {
+  testing::TempDir tmp;
+  quantize_checkpoint(TVLLM_TINY_MODEL_DIR, tmp / "fp8", QuantizeOptions{});
+  const LogitsComparison w = measure(tmp / "fp8", Device::CPU);
+  const LogitsComparison c = measure(tmp / "fp8", Device::CPU, true);
+  std::printf("FP8 weights + activations: top-1 %.4f, perplexity bf16 %.5f fp8 %.5f, rms err %.4f (weights only "
+              "%.4f; rms logits %.3f)\n",
+              c.top1_agreement(), c.reference_perplexity, c.candidate_perplexity, c.rms_error, w.rms_error,
+              c.reference_rms);
+  EXPECT_GE(c.positions, 2000);
+  EXPECT_GE(c.top1_agreement(), 0.98);
+  EXPECT_LE(std::fabs(c.candidate_perplexity / c.reference_perplexity - 1.0), 0.01);
+  EXPECT_GT(c.rms_error, w.rms_error);  // the activations' quantization moved the logits further
+  EXPECT_LT(c.rms_error, 0.2 * c.reference_rms);
+  // And it is off again: the same run without it gives the weights-only logits.
+  EXPECT_EQ(installed_cpu_activation_transform(), nullptr);
 }
 
 // compare_logits on a hand-made case: two rows, vocab 3.

@@ -128,6 +128,47 @@ TEST(Cli16, Fp8WeightsFlagOnTheCpuAndItsRefusals) {
   EXPECT_TRUE(contains(r.output, "FP8 weights stay resident only on CUDA")) << r.output;
 }
 
+// --fp8-gemm (lesson 16, README 7.3): parsed by generate, chat, serve and both benches; an unknown choice is a usage
+// error (exit 2 naming the flag); scale-vectors / epilogue need resident weights, which the CPU never has (exit 2
+// saying so); auto and dequantize pass anywhere. bench throughput's JSON says which path was installed and what ran.
+TEST(Cli16, Fp8GemmFlagParsingAndItsRefusals) {
+  TempDir tmp;
+  const std::string out = (tmp / "fp8").string();
+  ASSERT_EQ(run_command(tiny_vllm() + " quantize --model " + model() + " --out " + q(out)).exit_code, 0);
+  const std::string args = " --prompt hi --max-tokens 2 --device cpu --output json";
+  for (const std::string cmd : {" generate", " chat"}) {
+    SCOPED_TRACE(cmd);
+    auto r = run_command(tiny_vllm() + cmd + " --model " + q(out) + " --device cpu --fp8-gemm sometimes");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "--fp8-gemm")) << r.output;
+  }
+  for (const std::string choice : {" --fp8-gemm auto", " --fp8-gemm dequantize"}) {
+    SCOPED_TRACE(choice);
+    const auto r = run_command(tiny_vllm() + " generate --model " + q(out) + args + choice);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+  for (const std::string choice : {" --fp8-gemm epilogue", " --fp8-gemm scale-vectors"}) {
+    SCOPED_TRACE(choice);
+    auto r = run_command(tiny_vllm() + " generate --model " + q(out) + args + choice);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "--fp8-weights resident")) << r.output;
+    r = run_command(tiny_vllm() + " bench latency --model " + q(out) +
+                    " --device cpu --context 4 --output-len 2 --prefill-len 4 --iters 1" + choice);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    r = run_command(tiny_vllm() + " serve --model " + q(out) + " --device cpu --port 0" + choice);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "--fp8-weights resident")) << r.output;
+  }
+  const auto r = run_command(tiny_vllm() + " bench throughput --model " + q(out) +
+                             " --device cpu --num-requests 2 --min-len 4 --max-len 12 --output json --fp8-gemm auto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = json_line(r.output);
+  ASSERT_TRUE(j.contains("fp8_gemm")) << r.output;
+  EXPECT_EQ(j["fp8_gemm"]["path"], "dequantize") << r.output;  // nothing installed: the CPU dequantizes at load
+  EXPECT_EQ(j["fp8_gemm"]["calls"]["epilogue"], 0) << r.output;
+  EXPECT_EQ(j["fp8_weights"], "dequantize") << r.output;
+}
+
 }  // namespace
 }  // namespace tvllm
 

@@ -64,6 +64,23 @@ TEST(Cli16Gpu, Fp8CheckpointGeneratesOnTheGpu) {
       testing::run_command(bin + " bench latency --model " + fp8 + bench_args + " --fp8-weights resident");
   ASSERT_EQ(bench_resident.exit_code, 0) << bench_resident.output;
   EXPECT_EQ(last_json_line(bench_resident.output)["fp8_weights"], "resident") << bench_resident.output;
+  // --fp8-gemm (README 7.3): a prefill of 64 tokens runs the FP8 tensor-core GEMM on the path asked for, and the
+  // JSON counts it (the bundled model's down_proj, K = 600, is declined: dequantize); dequantize runs none.
+  const std::string long_args = " --context 64 --output-len 2 --prefill-len 64 --iters 1 --output json";
+  const auto epilogue = testing::run_command(bin + " bench latency --model " + fp8 + long_args +
+                                             " --fp8-weights resident --fp8-gemm epilogue");
+  ASSERT_EQ(epilogue.exit_code, 0) << epilogue.output;
+  const nlohmann::json e = last_json_line(epilogue.output)["fp8_gemm"];
+  EXPECT_EQ(e["path"], "epilogue") << epilogue.output;
+  EXPECT_GT(e["calls"]["epilogue"].get<int64_t>(), 0) << epilogue.output;
+  EXPECT_EQ(e["calls"]["scale_vectors"].get<int64_t>(), 0) << epilogue.output;
+  const auto dequantize = testing::run_command(bin + " bench latency --model " + fp8 + long_args +
+                                               " --fp8-weights resident --fp8-gemm dequantize");
+  ASSERT_EQ(dequantize.exit_code, 0) << dequantize.output;
+  const nlohmann::json d = last_json_line(dequantize.output)["fp8_gemm"];
+  EXPECT_EQ(d["path"], "dequantize") << dequantize.output;
+  EXPECT_EQ(d["calls"]["epilogue"].get<int64_t>() + d["calls"]["scale_vectors"].get<int64_t>(), 0);
+  EXPECT_GT(d["calls"]["dequantize"].get<int64_t>(), 0) << dequantize.output;
 }
 
 }  // namespace

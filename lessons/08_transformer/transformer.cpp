@@ -1,7 +1,10 @@
 // Lesson 08: the limits, the workspace, the execution context, prefill attention and the forward pass.
 #include "transformer.h"
 
+#include <algorithm>
+#include <atomic>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 #include "common/exercise.h"
@@ -52,6 +55,11 @@ Workspace::Workspace(const ModelConfig& c, const EngineLimits& limits, Device de
   out_normed = Tensor::empty({R, H}, act, device);
   logits = Tensor::empty({R, c.vocab_size}, DType::F32, device);
   rope = RopeTable::build(c, limits_.max_context);
+  if (device == Device::CUDA && c.quantization) {  // an FP8 checkpoint: lesson 16's GEMM may quantize activations
+    const int64_t widest = std::max({H, c.q_dim(), I});
+    fp8_codes = Tensor::empty({T, widest}, DType::F8_E4M3, device);
+    fp8_scales = Tensor::empty({T}, DType::F32, device);
+  }
   if (device == Device::CUDA) {
     rope.upload_to_device();
     bad_token = std::make_unique<BadTokenFlag>();
@@ -60,8 +68,8 @@ Workspace::Workspace(const ModelConfig& c, const EngineLimits& limits, Device de
 
 size_t Workspace::activation_bytes() const {
   size_t n = 0;
-  for (const Tensor* t :
-       {&hidden, &normed, &qkv, &attn, &delta, &gate_up, &act, &out_hidden, &out_delta, &out_normed, &logits})
+  for (const Tensor* t : {&hidden, &normed, &qkv, &attn, &delta, &gate_up, &act, &out_hidden, &out_delta,
+                          &out_normed, &logits, &fp8_codes, &fp8_scales})
     n += t->view().nbytes();
   return n;
 }
@@ -85,6 +93,27 @@ void ExecContext::set_matmul_kernel(MatmulKernel kernel) {
 void ExecContext::synchronize() const {
   if (stream_) stream_->synchronize();
 }
+
+// ---- the FP8 GEMM seam (lesson 16) ----------------------------------------------------------------------
+
+namespace {
+std::atomic<Fp8GemmFn> g_fp8_gemm{nullptr};  // published atomically, like the other seams
+std::atomic<int64_t> g_fp8_gemm_min_tokens{0};
+}  // namespace
+
+void install_fp8_gemm(Fp8GemmFn fn, int64_t min_tokens) {
+  TVLLM_REQUIRE(min_tokens >= 1, "install_fp8_gemm: min_tokens must be >= 1, got " + std::to_string(min_tokens));
+  g_fp8_gemm_min_tokens.store(min_tokens);
+  g_fp8_gemm.store(fn);
+}
+Fp8GemmFn installed_fp8_gemm() { return g_fp8_gemm.load(); }
+
+namespace {
+std::atomic<CpuActivationTransform> g_cpu_activation_transform{nullptr};
+}  // namespace
+void install_cpu_activation_transform(CpuActivationTransform fn) { g_cpu_activation_transform.store(fn); }
+CpuActivationTransform installed_cpu_activation_transform() { return g_cpu_activation_transform.load(); }
+int64_t installed_fp8_gemm_min_tokens() { return g_fp8_gemm_min_tokens.load(); }
 
 void ExecContext::check_tokens() {
   if (workspace_.bad_token) workspace_.bad_token->check(stream());
@@ -139,10 +168,27 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
 // own small step after the GEMM (family_ops.h), so every matmul version of lesson 06 serves every family.
 // FP8-resident weights (lesson 16): the GEMM reads the weight dequantized into the layers' scratch just before
 // it (weight_for_gemm); for BF16 weights scale and scratch are empty and the weight is used as it is.
+// Steps of installed_fp8_gemm_min_tokens()+ tokens ask lesson 16's FP8 tensor-core GEMM first (install_fp8_gemm):
+// it reads the codes as they are and quantizes x per token; where it declines, the dequantize path runs.
 [[maybe_unused]] void project(ExecContext& ctx, const TensorView& y, const TensorView& x,
                               const TensorView& weight, const TensorView& bias, const TensorView& scale = {},
                               const TensorView& scratch = {}) {
-  linear(y, x, weight_for_gemm(weight, scale, scratch, ctx.stream()), ctx.matmul_kernel(), ctx.cublas());
+  if (ctx.device() == Device::CPU) {
+    if (const CpuActivationTransform transform = installed_cpu_activation_transform()) {
+      thread_local std::vector<float> changed;  // the CPU path allocates freely; one buffer per thread, reused
+      changed.resize(static_cast<size_t>(x.numel()));
+      const TensorView x2 = TensorView::contiguous(changed.data(), DType::F32, Device::CPU, x.shape);
+      transform(x2, x);
+      linear(y, x2, weight, ctx.matmul_kernel(), ctx.cublas());
+      if (bias.data) add_bias(y, bias, ctx.stream());
+      return;
+    }
+  }
+  const Fp8GemmFn fp8_gemm = installed_fp8_gemm();
+  const bool fp8_done = fp8_gemm && weight.dtype == DType::F8_E4M3 &&
+                        x.shape[0] >= installed_fp8_gemm_min_tokens() && fp8_gemm(ctx, y, x, weight, scale);
+  if (!fp8_done)
+    linear(y, x, weight_for_gemm(weight, scale, scratch, ctx.stream()), ctx.matmul_kernel(), ctx.cublas());
   if (bias.data) add_bias(y, bias, ctx.stream());
 }
 

@@ -86,6 +86,10 @@ class Workspace {
   Tensor out_delta;   // [max_logits_rows, hidden]         the last layer's MLP output of those rows
   Tensor out_normed;  // [max_logits_rows, hidden]         rmsnorm(h + delta) * final_norm
   Tensor logits;      // F32 [max_logits_rows, vocab]
+  // FP8 checkpoints on CUDA only (config.quantization): the activations of a projection quantized per token for
+  // lesson 16's FP8 tensor-core GEMM (install_fp8_gemm). Empty otherwise.
+  Tensor fp8_codes;   // F8_E4M3 [max_tokens, max(hidden, q_dim, intermediate)]   a GEMM input's codes
+  Tensor fp8_scales;  // F32 [max_tokens]                                           one scale per token
   // Constant per engine, sized by the same limits.
   RopeTable rope;                           // cos/sin for positions < max_context (on the GPU for CUDA)
   std::unique_ptr<BadTokenFlag> bad_token;  // CUDA: where the embedding records an id outside the vocabulary
@@ -223,6 +227,25 @@ class ExecContext {
   ForwardFn forward_ = nullptr;
   std::unique_ptr<StepLauncher> launcher_;
 };
+
+// ---- FP8 tensor-core GEMMs: the seam lesson 16 plugs into ----------------------------------------------
+// y = x W^T for an FP8-resident weight (w F8_E4M3 codes [N, K], scale F32 [N]) read as it is, activations
+// quantized on the fly (ctx.workspace().fp8_codes / fp8_scales). Returns false when it declines (a layout rule,
+// no algorithm, --fp8-gemm dequantize): the forward then dequantizes the weight (weight_for_gemm) and runs
+// lesson 06's bf16 GEMM, as it does for steps of fewer than min_tokens tokens. Queued on ctx.stream(), no
+// allocation, no synchronisation. Nothing installed (the default): always the dequantize path.
+using Fp8GemmFn = bool (*)(ExecContext& ctx, const TensorView& y, const TensorView& x, const TensorView& w,
+                           const TensorView& scale);
+void install_fp8_gemm(Fp8GemmFn fn, int64_t min_tokens);  // null uninstalls; published atomically
+Fp8GemmFn installed_fp8_gemm();
+int64_t installed_fp8_gemm_min_tokens();
+
+// CPU only: a transform every projection's input goes through before its GEMM (out: x's shape, contiguous F32),
+// for lesson 16's accuracy measurement, which simulates the FP8 GEMM's per-token activation quantization with it
+// (quantize, then decode). Nothing installed (the default): the inputs as they are. Not for CUDA steps.
+using CpuActivationTransform = void (*)(const TensorView& out, const TensorView& x);
+void install_cpu_activation_transform(CpuActivationTransform fn);  // null uninstalls
+CpuActivationTransform installed_cpu_activation_transform();
 
 // ---- attention: the seam -------------------------------------------------------------------------
 

@@ -8,7 +8,9 @@
 //                                   weight type), half the bytes of bf16: the whole point at batch 1
 //   prefill, larger batches         lesson 06's cuBLAS GEMM, on the layer's weight dequantized into one bf16
 //                                   scratch buffer just before it (ModelWeights' fp8_scratch, weight_for_gemm):
-//                                   the same bf16 values dequantize-at-load computes, so the same logits
+//                                   the same bf16 values dequantize-at-load computes, so the same logits;
+//                                   or, for steps of 17+ tokens, the FP8 tensor-core GEMM of fp8_gemm.h
+//                                   (--fp8-gemm, README 7.3), which declines to this path where it cannot run
 //
 // What decides it (fp8_weights_mode): a quantized checkpoint, a CUDA device and lesson 14's fused decode path.
 // Everything else (the CPU, --no-fused, lessons 08-13's executables) dequantizes at load as before.

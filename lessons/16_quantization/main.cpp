@@ -2,7 +2,8 @@
 //
 //   build/bin/lesson16_quantization                  formats, rounding table, checks, FP8 model vs bf16
 //   build/bin/lesson16_quantization --device cpu     the CPU path only
-//   build/bin/lesson16_quantization --bench          + conversion kernels and bf16 vs FP8 GEMV timed (GPU)
+//   build/bin/lesson16_quantization --bench          + conversion kernels, bf16 vs FP8 GEMV, and the prefill GEMM:
+//                                                      FP8 cuBLASLt vs bf16 cuBLAS at T = 512 and 4096 (GPU)
 //
 // 1. the two formats side by side and the rounding table of the chapter (E4M3, saturating)
 // 2. CPU: every code round-trips; the encoders against the table oracle on every midpoint between
@@ -11,10 +12,13 @@
 //    FP8 GEMV against its reference
 // 4. the model (default: the bundled one) quantized with `tiny-vllm quantize`'s code into a temporary
 //    directory, loaded back (lesson 01 dequantizes at load), and measured against the original with
-//    teacher forcing over the corpus: top-1 agreement, perplexity of each, logit error
+//    teacher forcing over the corpus: top-1 agreement, perplexity of each, logit error; and (small models, on the
+//    CPU) with the FP8 GEMM's per-token activation quantization simulated in every projection (README 7.3)
+// 5. GPU: the FP8 tensor-core GEMM (fp8_gemm.h) on each of its paths against its double-precision reference
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <random>
 #include <string>
@@ -22,13 +26,16 @@
 
 #include "accuracy.h"
 #include "common/bench.h"
+#include "common/cublas.h"
 #include "common/errors.h"
 #include "common/lesson.h"
 #include "common/random.h"
 #include "common/validate.h"
 #include "fp8.h"
+#include "fp8_gemm.h"
 #include "fp8_gemv.h"
 #include "gemv.h"
+#include "matmul.h"
 #include "model_dir.h"
 #include "quantize.h"
 
@@ -209,6 +216,20 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
     accumulate(both8, compare_logits(run_both8.logits(ids).view(), ref.view(), ids));
   }
   const bool text = has_tokenizer(opt.model_dir);
+  // README 7.3: the FP8 GEMM's per-token activation quantization, simulated on the CPU in every projection of
+  // every step (the engine quantizes steps of 17+ tokens only: an upper bound). Small models only: the CPU runs it.
+  std::optional<LogitsComparison> act8;
+  if (bf16.config.hidden_size * bf16.config.num_hidden_layers <= 8192) {
+    act8.emplace();
+    TeacherForcing cpu_bf16(bf16, Device::CPU, 256), cpu_fp8(fp8, Device::CPU, 256);
+    for (const std::vector<int32_t>& ids : corpus_windows(opt.model_dir, corpus, 256, 8)) {
+      const Tensor ref = cpu_bf16.logits(ids);
+      simulate_fp8_activations_on_cpu(true);
+      const Tensor cand = cpu_fp8.logits(ids);
+      simulate_fp8_activations_on_cpu(false);
+      accumulate(*act8, compare_logits(cand.view(), ref.view(), ids));
+    }
+  }
   std::printf("\nteacher-forced over %lld positions of %s (%s):\n", static_cast<long long>(total.positions),
               text ? corpus.string().c_str() : "seeded random ids (the model has no tokenizer)",
               std::string(device_name(opt.device)).c_str());
@@ -240,6 +261,21 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
   // ignored, transposed or applied twice moves them by more than their own size: 25% separates the two.
   report.add_check("rms logit error < 25% of rms logits", total.rms_error < 0.25 * total.reference_rms,
                    std::to_string(total.rms_error) + " vs " + std::to_string(total.reference_rms));
+  if (act8) {
+    std::printf("  FP8 weights + FP8 activations per token (CPU simulation, every projection): perplexity %.5f vs "
+                "%.5f bf16, top-1 agreement %.2f%%, rms logit error %.4f\n\n",
+                act8->candidate_perplexity, act8->reference_perplexity, 100.0 * act8->top1_agreement(),
+                act8->rms_error);
+    report.add_check("FP8 activations (simulated): rms logit error < 25% of rms logits",
+                     act8->rms_error < 0.25 * act8->reference_rms,
+                     std::to_string(act8->rms_error) + " vs " + std::to_string(act8->reference_rms));
+    if (text) {
+      const double up = act8->candidate_perplexity / act8->reference_perplexity - 1.0;
+      report.add_check("FP8 activations (simulated): top-1 >= 98%, perplexity within 1%",
+                       act8->top1_agreement() >= kMinTop1Agreement && std::fabs(up) <= kMaxPerplexityIncrease,
+                       std::to_string(100.0 * act8->top1_agreement()) + "%, " + std::to_string(100.0 * up) + "%");
+    }
+  }
   if (!text) return;  // the targets below are about text the model knows (a random model has none)
   const double increase = total.candidate_perplexity / total.reference_perplexity - 1.0;
   report.add_check("top-1 agreement >= 98%", total.top1_agreement() >= kMinTop1Agreement,
@@ -333,6 +369,97 @@ void bench_gemv(const Ceilings& ceilings) {
   std::printf("  gemv.h: kFp8GemvVariantByRows[5] = {%s};\n\n", table.c_str());
 }
 
+// Random x [T, K] (bf16) and a per-channel FP8 weight [N, K], on the GPU, with x quantized per token.
+struct GemmProblem {
+  int64_t T, N, K;
+  Tensor x, w_bf16, wq, sw, xq, sx, y;
+};
+GemmProblem make_gemm_problem(int64_t T, int64_t N, int64_t K, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> xs(static_cast<size_t>(T * K)), ws(static_cast<size_t>(N * K));
+  for (float& v : xs) v = static_cast<float>(rng.normal());
+  for (float& v : ws) v = static_cast<float>(0.02 * rng.normal());
+  std::vector<uint16_t> wb(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) wb[i] = f32_to_bf16(ws[i]);
+  const Fp8Weight q8 = quantize_weight_fp8(TensorView::contiguous(wb.data(), DType::BF16, Device::CPU, {N, K}),
+                                           Fp8Quantization::Strategy::Channel, DType::F32);
+  GemmProblem p{T, N, K, Tensor::from_f32(xs, {T, K}, DType::BF16, Device::CUDA),
+                Tensor::from_f32(ws, {N, K}, DType::BF16, Device::CUDA),
+                Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA), Tensor::from_f32(q8.scales, {N}, DType::F32, Device::CUDA),
+                Tensor::empty({T, K}, DType::F8_E4M3, Device::CUDA), Tensor::empty({T}, DType::F32, Device::CUDA),
+                Tensor::empty({T, N}, DType::BF16, Device::CUDA)};
+  TVLLM_CUDA_CHECK(cudaMemcpy(p.wq.data(), q8.codes.data(), q8.codes.size(), cudaMemcpyHostToDevice));
+  quantize_activations(p.xq.view(), p.sx.view(), p.x.view());
+  return p;
+}
+
+// Each FP8 path at one prefill shape against the double-precision reference (tests/test_16_fp8_gemm_gpu.cpp has
+// the full set and the tolerance's derivation: 2K 2^-24 sum|terms| + 2^-8 |value|, twice that for the epilogue).
+void check_fp8_gemm(Report& report) {
+  const int64_t T = 64, N = 512, K = 1024;
+  GemmProblem p = make_gemm_problem(T, N, K, 21);
+  const Tensor xq = Tensor::copy_of(p.xq.view(), Device::CPU), sx = Tensor::copy_of(p.sx.view(), Device::CPU),
+               wq = Tensor::copy_of(p.wq.view(), Device::CPU), sw = Tensor::copy_of(p.sw.view(), Device::CPU);
+  const Fp8GemmReference ref = fp8_gemm_reference(xq.view(), sx.view(), wq.view(), sw.view());
+  CublasHandle handle;
+  const Fp8GemmContext ctx{handle.lt(), handle.workspace(), handle.workspace_bytes(), nullptr, false};
+  for (Fp8GemmPath path : {Fp8GemmPath::ScaleVectors, Fp8GemmPath::Epilogue}) {
+    const Fp8GemmPath ran = fp8_gemm(p.y.view(), p.xq.view(), p.sx.view(), p.wq.view(), p.sw.view(), path, ctx);
+    const std::string name = "FP8 GEMM " + std::string(fp8_gemm_path_name(path)) + " " + std::to_string(T) + "x" +
+                             std::to_string(N) + "x" + std::to_string(K);
+    if (ran == Fp8GemmPath::Dequantize) {
+      std::printf("%s: cuBLASLt has no algorithm here (auto falls back)\n", name.c_str());
+      if (path == Fp8GemmPath::Epilogue) report.add_check(name + " runs", false, "declined");
+      continue;
+    }
+    const std::vector<float> got = to_f32_vector(p.y.view());
+    const double rel = path == Fp8GemmPath::Epilogue ? std::ldexp(1.0, -7) : std::ldexp(1.0, -8);
+    int64_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      bad += !(std::fabs(got[i] - ref.value[i]) <=
+               2.0 * K * std::ldexp(1.0, -24) * ref.abs_sum[i] + rel * std::fabs(ref.value[i]));
+    report.add_check(name + " == reference", bad == 0, std::to_string(bad) + " outside the bound");
+  }
+}
+
+// The prefill GEMM at Llama-3.2-1B's projections, T = 512 and 4096: lesson 06's bf16 cuBLAS (v5) against the FP8
+// GEMM's paths (the GEMM alone, the activations already quantized), fast accumulation off and on, and the
+// quantizer alone. TFLOP/s beside the bf16 peak measured here: the FP8 tensor cores' peak is twice it.
+void bench_gemm(const Ceilings& ceilings) {
+  CublasHandle handle;
+  for (int64_t T : {512, 4096}) {
+    std::vector<BenchRow> rows;
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192}}) {
+      GemmProblem p = make_gemm_problem(T, N, K, static_cast<uint64_t>(N + K));
+      const std::string shape = std::to_string(N) + "x" + std::to_string(K);
+      const double flops = 2.0 * T * N * K;
+      rows.push_back({"bf16 cuBLAS          " + shape,
+                      bench_gpu([&] { linear(p.y.view(), p.x.view(), p.w_bf16.view(), MatmulKernel::V5Cublas, &handle); }),
+                      2.0 * (T * K + N * K + T * N), flops});
+      for (const bool fast : {false, true})
+        for (Fp8GemmPath path : {Fp8GemmPath::ScaleVectors, Fp8GemmPath::Epilogue}) {
+          const Fp8GemmContext ctx{handle.lt(), handle.workspace(), handle.workspace_bytes(), nullptr, fast};
+          if (fp8_gemm(p.y.view(), p.xq.view(), p.sx.view(), p.wq.view(), p.sw.view(), path, ctx) != path) continue;
+          std::string name = "fp8 " + std::string(fp8_gemm_path_name(path)) + (fast ? " fast" : "");
+          name.resize(21, ' ');
+          rows.push_back({name + shape, bench_gpu([&] {
+                            fp8_gemm(p.y.view(), p.xq.view(), p.sx.view(), p.wq.view(), p.sw.view(), path, ctx);
+                          }),
+                          static_cast<double>(T * K + N * K + 2 * T * N), flops});
+        }
+      std::string name = "quantize x (T x K)";
+      name.resize(21, ' ');
+      rows.push_back({name + shape, bench_gpu([&] { quantize_activations(p.xq.view(), p.sx.view(), p.x.view()); }),
+                      3.0 * T * K, 0.0});
+    }
+    print_bench_table(std::cout,
+                      "prefill GEMM, T = " + std::to_string(T) +
+                          ": bf16 cuBLAS vs FP8 cuBLASLt (E4M3 x E4M3 -> bf16, fp32 compute; FP8 peak = 2x the bf16 "
+                          "peak column)",
+                      rows, ceilings);
+  }
+}
+
 void run_bench(const LessonOptions& opt) {
   const int64_t n = opt.bench_tokens * 2048;  // an activation tensor [tokens, 2048]
   std::vector<float> values(static_cast<size_t>(n));
@@ -346,9 +473,10 @@ void run_bench(const LessonOptions& opt) {
   for (const std::string& v : fp8_kernel_versions())
     rows.push_back({"fp32->e4m3 " + v, bench_gpu([&] { convert_f32_to_fp8(q.view(), x.view(), v); }), bytes, 0.0});
   rows.push_back({"e4m3->fp32", bench_gpu([&] { convert_fp8_to_f32(back.view(), q.view()); }), bytes, 0.0});
-  const Ceilings ceilings = measure_ceilings(false);
+  const Ceilings ceilings = measure_ceilings(true);  // the GEMM peak too: the prefill GEMM's table reads it
   print_bench_table(std::cout, "conversions of " + std::to_string(n) + " elements (5 bytes each)", rows, ceilings);
   bench_gemv(ceilings);
+  bench_gemm(ceilings);
 }
 
 int run(const LessonOptions& opt, const fs::path& corpus) {
@@ -359,6 +487,7 @@ int run(const LessonOptions& opt, const fs::path& corpus) {
   if (opt.device == Device::CUDA) {
     check_gpu(report);
     check_fp8_gemv(report);
+    check_fp8_gemm(report);
   }
   check_model(opt, corpus, report);
   report.print(std::cout);

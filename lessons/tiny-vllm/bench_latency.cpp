@@ -2,6 +2,7 @@
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
 //                         [--no-pdl] [--no-fast-attention] [--megakernel] [--no-hopper] [--compare]
 //                         [--device auto|cpu|cuda] [--output table|json] [--fp8-weights auto|resident|dequantize]
+//                         [--fp8-gemm auto|scale-vectors|epilogue|dequantize]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
@@ -41,6 +42,7 @@ struct BenchLatencyOptions {
   int64_t output_len = 128;
   int iters = 3;
   std::string fp8_weights = "auto";  // lesson 16: how an FP8 checkpoint loads
+  std::string fp8_gemm = "auto";     // lesson 16: the GEMM of steps of 17+ tokens on resident FP8 weights
   std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
   int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
@@ -84,7 +86,8 @@ void run(const BenchLatencyOptions& o) {
   TVLLM_REQUIRE(o.output == "table" || o.output == "json", "--output must be table or json, got " + o.output);
   const Device device = resolve_device(o.device);
   TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
-  const ModelDir model = ModelDir::open(o.model, resolve_fp8_weights(o.fp8_weights, o.model, device, !o.no_fused));
+  const ModelDir model =
+      ModelDir::open(o.model, resolve_fp8_weights(o.fp8_weights, o.model, device, !o.no_fused, false, o.fp8_gemm));
   const ModelConfig& c = model.config;
   const std::string fp8_note = describe_fp8_load(c, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
   for (int64_t ctx : o.contexts)
@@ -156,6 +159,7 @@ void run(const BenchLatencyOptions& o) {
       }
     out["runs"].push_back(run);
   }
+  out["fp8_gemm"] = fp8_gemm_report();  // which product the steps of 17+ tokens ran (lesson 16)
   if (o.output == "json") std::cout << out.dump() << "\n";
 }
 
@@ -188,6 +192,7 @@ void add_bench_latency_command(CLI::App& bench) {
                 "prefill rows: only lessons 10 + 06 (without it, on Hopper, lesson 15's attention and GEMM too)");
 #endif
   add_fp8_weights_option(cmd, opt->fp8_weights);
+  add_fp8_gemm_option(cmd, opt->fp8_gemm);
   add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
   add_tensor_parallel_option(cmd, opt->tensor_parallel_size);
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");

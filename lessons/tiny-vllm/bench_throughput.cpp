@@ -128,6 +128,8 @@ void run(const BenchThroughputOptions& o) {
     j["kv_block_size"] = r.kv.block_size;
     j["kv_bytes"] = r.kv.bytes;
     j["warm_up_seconds"] = warm_up_s;
+    j["fp8_weights"] = !mc.quantization ? "none" : model.fp8_resident ? "resident" : "dequantize";
+    j["fp8_gemm"] = fp8_gemm_report();  // lesson 16: which product the steps of 17+ tokens ran, and how often
     j["step_seconds"] = {{"total", r.step_s}, {"prepare", r.prepare_s}, {"launch", r.launch_s}, {"wait", r.wait_s},
                          {"other", r.other_s}};
     std::cout << j.dump() << "\n";

@@ -18,6 +18,7 @@
 #include "prefill_hook.h"
 #endif
 #ifdef TVLLM_CLI_QUANTIZE
+#include "fp8_gemm.h"
 #include "fp8_resident.h"
 #endif
 
@@ -43,21 +44,49 @@ SamplingParams SamplingFlags::params() const {
   return p;
 }
 
-Fp8Load resolve_fp8_weights(const std::string& choice, const fs::path& dir, Device device, bool fused,
-                            bool one_sequence) {
+namespace {
+
+Fp8Load resolve_fp8_load(const std::string& choice, const fs::path& dir, Device device, bool fused,
+                         bool one_sequence) {
   if (choice != "auto" && choice != "resident" && choice != "dequantize")
     throw InputError("--fp8-weights: expected auto, resident or dequantize, got \"" + choice + "\"");
   if (choice == "auto" && !one_sequence) return Fp8Load::Dequantize;  // batches: bf16 is faster (session.h)
   std::error_code ec;
   if (!fs::exists(dir / "config.json", ec)) return Fp8Load::Dequantize;  // ModelDir::open says what is missing
 #ifdef TVLLM_CLI_QUANTIZE
-  const Fp8Load mode = fp8_weights_mode(choice, load_model_config(dir), device == Device::CUDA, fused);
-  if (mode == Fp8Load::Resident) install_fp8_resident_weights();  // the prefill GEMMs' dequantizer
-  return mode;
+  return fp8_weights_mode(choice, load_model_config(dir), device == Device::CUDA, fused);
 #else
   (void)device, (void)fused;
   if (choice == "resident") throw InputError("--fp8-weights resident: needs lesson 16 (FP8), not built here");
   return Fp8Load::Dequantize;
+#endif
+}
+
+}  // namespace
+
+Fp8Load resolve_fp8_weights(const std::string& choice, const fs::path& dir, Device device, bool fused,
+                            bool one_sequence, const std::string& gemm) {
+  const Fp8Load mode = resolve_fp8_load(choice, dir, device, fused, one_sequence);
+#ifdef TVLLM_CLI_QUANTIZE
+  const Fp8GemmPath path = fp8_gemm_mode(gemm, mode == Fp8Load::Resident);  // validated whatever the load
+  if (mode == Fp8Load::Resident) {
+    install_fp8_resident_weights();      // the dequantizer: small steps, and what the FP8 GEMM declines
+    install_fp8_tensor_core_gemm(path);  // steps of 17+ tokens (README 7.3)
+  }
+#else
+  if (gemm != "auto" && gemm != "dequantize")
+    throw InputError("--fp8-gemm " + gemm + ": needs lesson 16 (FP8), not built here");
+#endif
+  return mode;
+}
+
+nlohmann::json fp8_gemm_report() {
+#ifdef TVLLM_CLI_QUANTIZE
+  const Fp8GemmCounts c = fp8_gemm_counts();
+  return {{"path", std::string(fp8_gemm_path_name(installed_fp8_gemm_path()))},
+          {"calls", {{"scale_vectors", c.scale_vectors}, {"epilogue", c.epilogue}, {"dequantize", c.dequantize}}}};
+#else
+  return nullptr;
 #endif
 }
 
@@ -97,6 +126,15 @@ void require_tensor_parallel_size(int size, const char* command) {
   throw InputError(std::string("--tensor-parallel-size ") + std::to_string(size) + ": " + command +
                    " runs its engine on one GPU; lesson 17 builds the sharded forward and checks it "
                    "(lesson17_tensor_parallel), the engine over several ranks is not built yet (use 1)");
+}
+
+void add_fp8_gemm_option(CLI::App* cmd, std::string& choice) {
+  cmd->add_option("--fp8-gemm", choice,
+                  "with resident FP8 weights, the GEMM of steps of 17+ tokens: auto (FP8 tensor cores through "
+                  "cuBLASLt: scale vectors, else an epilogue kernel, else dequantize), scale-vectors, epilogue, "
+                  "dequantize (bf16 GEMM on the weight dequantized just before it)")
+      ->check(CLI::IsMember({"auto", "scale-vectors", "epilogue", "dequantize"}))
+      ->type_name("auto|scale-vectors|epilogue|dequantize");
 }
 
 void add_kv_cache_dtype_option(CLI::App* cmd, std::string& choice) {
@@ -141,6 +179,7 @@ std::string apply_kv_cache_dtype(const std::string& choice, const ModelDir& mode
 void FastPathFlags::add_to(CLI::App* cmd) {
 #ifdef TVLLM_CLI_FAST
   add_fp8_weights_option(cmd, fp8_weights);
+  add_fp8_gemm_option(cmd, fp8_gemm);
   cmd->add_flag("--enforce-eager", enforce_eager, "CUDA: launch every step eagerly, no CUDA graphs (vLLM's flag)");
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");

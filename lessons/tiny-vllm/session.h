@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -49,11 +50,20 @@ struct SamplingFlags {
 // auto keeps them resident only for one sequence at a time (one_sequence: generate, chat): measured on the H200,
 // FP8 resident decodes batch 1 1.29x faster than bf16 but batch 8 2.7x slower (the FP8 GEMV is compute-bound
 // there, lesson 16 section 7.2), so serve and the benches load bf16 unless resident is asked for.
+// gemm: --fp8-gemm auto|scale-vectors|epilogue|dequantize (lesson 16, README 7.3): with resident weights, which
+// product steps of 17+ tokens run (auto: cuBLASLt's FP8 tensor cores with scale vectors where it has them, else
+// with an epilogue kernel, else the bf16 GEMM on dequantized weights); installed here. InputError for an unknown
+// choice, or scale-vectors / epilogue with weights that end up not resident.
 Fp8Load resolve_fp8_weights(const std::string& choice, const std::filesystem::path& dir, Device device, bool fused,
-                            bool one_sequence = false);
+                            bool one_sequence = false, const std::string& gemm = "auto");
 // The startup notice's words for it ("" for a checkpoint that is not FP8).
 std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode);
 void add_fp8_weights_option(CLI::App* cmd, std::string& choice);
+void add_fp8_gemm_option(CLI::App* cmd, std::string& choice);
+// For the bench JSON: {"path": the installed --fp8-gemm, "calls": {"scale_vectors": n, "epilogue": n,
+// "dequantize": n}} (projections of steps of 17+ tokens since the start; a CUDA graph counts once). Null without
+// lesson 16.
+nlohmann::json fp8_gemm_report();
 
 // --kv-cache-dtype auto|bf16|fp8 (lesson 16, vLLM's flag and spelling): how k and v are stored. auto: the model's
 // dtype. fp8: E4M3 codes with one scale per layer for k and one for v (the checkpoint's k_scale / v_scale, else
@@ -82,9 +92,10 @@ struct FastPathFlags {
   bool hopper_gemm = false;          // --hopper-gemm: lesson 15's GEMM for large steps (sm_90; off: no faster)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
   std::string fp8_weights = "auto";  // --fp8-weights (lesson 16)
+  std::string fp8_gemm = "auto";     // --fp8-gemm (lesson 16)
   bool one_sequence = false;         // generate and chat: one sequence at a time (auto may keep FP8 resident)
   Fp8Load fp8_load(const std::filesystem::path& dir, Device device) const {
-    return resolve_fp8_weights(fp8_weights, dir, device, !no_fused, one_sequence);
+    return resolve_fp8_weights(fp8_weights, dir, device, !no_fused, one_sequence, fp8_gemm);
   }
   void add_to(CLI::App* cmd);
   // Installs it on the generator or the engine (nothing on the CPU, nor in a student workspace without lesson 14).
