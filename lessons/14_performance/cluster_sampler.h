@@ -65,7 +65,35 @@ enum Mode : int {
   kModeTopK = 1,  // the next digit pass decides a digit of the top-k threshold (measure: count)
   kModeTopP = 2,  // ... of the top-p threshold among the candidates key >= lower (measure: mass)
   kModeDraw = 3,  // thresholds known
+  // Version 3's top-p (see "Version 3" below): one pass of masses into 2048 FINE buckets of z - z_max...
+  kModeTopPFine = 4,
+  // ... then the candidates of the picked fine bucket (prefix holds it) listed and the threshold found
+  // among them exactly (sorted, summed from the top); too many candidates: back to kModeTopP's digits.
+  kModeTopPList = 5,
 };
+
+// ---- version 3: top-p by fine buckets of mass, then a short list ------------------------------------
+// Top-p's threshold is the largest key t whose candidates at or above t reach the target mass. Any
+// function of the key that never decreases as the key grows cuts the candidates into buckets in key order,
+// so the radix rule (the highest bucket where the measure from the top reaches the target) finds the bucket
+// holding t with ANY such function; only the number of passes depends on it. The key's top 11 bits (sign,
+// exponent, 2 mantissa bits) put a row of normal logits into ~40 crowded buckets, and the picked one still
+// holds thousands of tokens: two more digits follow. fine_bucket cuts d = z - z_max (the difference
+// token_mass computes anyway) into 1/64 steps over (-32, 0] (below -27.7 every mass is 0): on the benchmark's
+// rows the picked bucket holds ~150 tokens, few enough to list, sort and sum exactly in every block.
+inline constexpr int kFineStepsPerUnit = 64;  // fine buckets per unit of z: 2048 of them cover (-32, 0]
+inline constexpr int kListCapacity = 2048;   // the most candidates a row's list may hold (else: digits)
+
+// The fine bucket of a key: kBuckets - 1 for z == z_max, one less per 1/64 below it, 0 for z - z_max <= -32
+// (and for every finite z when z_max is +inf: their masses are 0). Never decreases as the key grows: z_of_key
+// and the correctly rounded subtraction keep the order, and * 64 is exact.
+TVLLM_CLUSTER_HD uint32_t fine_bucket(uint32_t key, float z_max) {
+  const float z = z_of_key(key);
+  const float d = z == z_max ? 0.0f : sampling::f_sub(z, z_max);  // token_mass's d: <= 0
+  if (!(d > -32.0f)) return 0;
+  return static_cast<uint32_t>(kBuckets - 1) -
+         static_cast<uint32_t>(sampling::f_mul(d, -static_cast<float>(kFineStepsPerUnit)));
+}
 
 // One row's radix select between digit passes: the same in every block of the cluster (rank 0 decides, the
 // others receive a copy), so every branch on it is uniform across the cluster.
@@ -80,18 +108,28 @@ struct RowState {
   uint64_t target;  // top-k: k; top-p: ceil(p * W), fixed by its first digit
 };
 
-// The state before the first digit pass: top-k if it is on, else top-p if it is on, else the draw.
-TVLLM_CLUSTER_HD RowState initial_state(const SamplingRow& row, int64_t vocab) {
+// The state before the first digit pass: top-k if it is on, else top-p if it is on, else the draw. `fine`:
+// version 3, whose top-p starts with the fine pass.
+TVLLM_CLUSTER_HD RowState initial_state(const SamplingRow& row, int64_t vocab, bool fine = false) {
   RowState st{};
   const bool top_k = row.top_k > 0 && row.top_k < vocab;
-  st.mode = top_k ? kModeTopK : (row.top_p < 1.0f ? kModeTopP : kModeDraw);
+  st.mode = top_k ? kModeTopK : (row.top_p < 1.0f ? (fine ? kModeTopPFine : kModeTopP) : kModeDraw);
   st.target = top_k ? static_cast<uint64_t>(row.top_k) : 0;  // top-p's is set by its first digit
   return st;  // level 0, prefix 0, lower 0, threshold 0 (everything kept), above 0
 }
 
-// Is this key a candidate of the digit pass `st` describes?
+// Is this key a candidate of the digit pass `st` describes? (The fine pass: every key >= lower.)
 TVLLM_CLUSTER_HD bool is_candidate(const RowState& st, uint32_t key) {
-  return key >= st.lower && (key & decided_mask(st.level)) == st.prefix;
+  return key >= st.lower && (st.mode == kModeTopPFine || (key & decided_mask(st.level)) == st.prefix);
+}
+// Does this pass measure masses (top-p), and does its decision fix top-p's target (its first pass)?
+TVLLM_CLUSTER_HD bool measures_mass(const RowState& st) {
+  return st.mode == kModeTopP || st.mode == kModeTopPFine;
+}
+TVLLM_CLUSTER_HD bool sets_target(const RowState& st) { return measures_mass(st) && st.level == 0; }
+// Version 3's list: is this key a candidate of the picked fine bucket (st.prefix) above st.lower?
+TVLLM_CLUSTER_HD bool is_listed(const RowState& st, uint32_t key, float z_max) {
+  return key >= st.lower && fine_bucket(key, z_max) == st.prefix;
 }
 TVLLM_CLUSTER_HD uint32_t digit_of(const RowState& st, uint32_t key) {
   return (key >> digit_shift(st.level)) & ((1u << digit_bits(st.level)) - 1u);
@@ -110,7 +148,16 @@ struct Pick {
 // or, when the threshold is known, top-p among the top-k survivors, or the draw.
 // Top-k's shortcut (exact): when the count from the top reaches k exactly at a bucket, every key of the
 // bucket is among the k largest, so the bucket's lowest possible key keeps the same set as the k-th key.
-TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pick& pick) {
+// Version 3 (`fine`): top-p after top-k starts with the fine pass; the fine pass's pick becomes the list
+// state (prefix: the picked fine bucket; above, target as usual).
+TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pick& pick, bool fine = false) {
+  if (st.mode == kModeTopPFine) {
+    st.mode = kModeTopPList;
+    st.prefix = static_cast<uint32_t>(pick.bucket);
+    st.above = pick.above;
+    st.target = pick.target;
+    return st;
+  }
   const uint32_t prefix = st.prefix | (static_cast<uint32_t>(pick.bucket) << digit_shift(st.level));
   const bool known = st.level == 2 || (st.mode == kModeTopK && pick.above + pick.in_bucket == pick.target);
   if (!known) {
@@ -122,7 +169,7 @@ TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pic
   }
   st.threshold = prefix;  // the low digits not decided are 0: the lowest key of the bucket
   if (st.mode == kModeTopK && row.top_p < 1.0f) {
-    st.mode = kModeTopP;
+    st.mode = fine ? kModeTopPFine : kModeTopP;
     st.level = 0;
     st.prefix = 0;
     st.lower = prefix;
@@ -143,7 +190,10 @@ struct Plan {
   int threads = 0;  // kThreadsShared or kThreadsAlone
   int chunk = 0;
   int piece = 0;
-  int version = 2;  // the kernel: 1 the first cluster kernel (FastSampler's default), 2 with the changes below
+  int version = 2;  // the kernel: 1 the first cluster kernel (FastSampler's default), 2 and 3 below
+  // Version 3: the most candidates a row's list may hold before top-p falls back to the digits (at most
+  // kListCapacity; tests lower it to exercise the fallback).
+  int list_capacity = kListCapacity;
 };
 
 // Version 2 changes WHERE sums are computed and who decides, never WHAT is summed (the same integers, so the
@@ -162,6 +212,24 @@ struct Plan {
 // (And at temperature 1 the load skips the division: x / 1 == x exactly, the same key.)
 // bucket_is_kept below is that rule, shared by the kernel and the CPU model (top-p always ends at digit 2:
 // advance() takes no shortcut for it).
+//
+// Version 3 is version 1 (two cluster barriers per digit, rank 0 decides, nothing counted in the load) with a
+// different top-p (top-k is version 1's, step for step):
+//   * fine pass: every candidate's mass into fine_bucket(key); rank 0 picks the bucket where the mass from
+//     the top reaches ceil(p * W), as a digit; two barriers, as a digit;
+//   * list: every block appends its candidates of that bucket (is_listed) to a list in its shared memory;
+//     one barrier; every block copies all the lists (distributed shared memory: ~150 keys on the benchmark's
+//     rows), sorts them from the largest key down and finds the first position where `above` plus the masses
+//     summed from the top reach the target: that key is the threshold (equal keys sit next to each other,
+//     so the tokens tied with it, kept whole, change nothing). The same integers and the same sort in every
+//     block: the same threshold, without a barrier. More than list_capacity candidates (a flat row, a huge
+//     tie group at the threshold): every block sees the same counts and goes back to version 1's top-p
+//     digits (kModeTopP, level 0), a slow but exact path for rows that rare;
+//   * the draw takes each block's kept mass from its own fine histogram (the buckets above the pick) plus
+//     its listed keys at or above the threshold, so only U's block computes exponentials (version 2's idea,
+//     512-thread blocks only). After a fallback every block sums its pieces, as version 1.
+// Top-p then costs one pass with exponentials, one pass of compares and the list, instead of three digit
+// passes (the second with thousands of exponentials a row) and four more cluster barriers.
 
 // cluster: a power of two, at least enough blocks to hold the row (kMaxTokensPerBlock each), at most
 // max_cluster (what the device can launch); within that, enough blocks per row for the batch to give every
@@ -188,7 +256,14 @@ size_t shared_bytes(const Plan& plan);
 // The cluster path's algorithm, step by step, on the CPU: the same chunks, the same digit passes (serial
 // histograms, the same picks, the same state machine), the same draw by (block, thread piece). It must
 // give sample_cpu's id on every row: tests/test_14_sampler.cpp checks that without a GPU.
-int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan);
+// trace (optional): what version 3's top-p did on this row, for the tests and the chapter's figures.
+struct ModelTrace {
+  int64_t list_size = -1;  // the candidates of the picked fine bucket (-1: no list step ran)
+  bool fell_back = false;  // more than plan.list_capacity: top-p ran version 1's digits instead
+  int passes = 0;          // digit passes (fine pass included), list step excluded
+};
+int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan,
+                     ModelTrace* trace = nullptr);
 
 // ---- the GPU side (cluster_sampler.cu) ----------------------------------------------------------------
 

@@ -60,9 +60,13 @@ namespace tvllm {
 class FastSampler final : public TokenSampler {
  public:
   enum class Path {
-    kAuto,       // the cluster path (version 1) whenever the device and the vocab allow it, else multi-pass
+    kAuto,       // the cluster path whenever the device and the vocab allow it, else multi-pass; the cluster
+                 // kernel's version from the environment: TVLLM_TOPP_V=new takes version 3, =old (or unset)
+                 // version 1 (InputError for any other value), so one binary times both
     kMultiPass,  // always the multi-pass path (tests and the benchmark compare the paths)
     kClusterV2,  // as kAuto, with the second cluster kernel (version 2: measured slower; cluster_sampler.h)
+    kClusterV1,  // as kAuto, with the first cluster kernel whatever the environment says
+    kClusterV3,  // as kAuto, with the third (top-p by fine buckets and a list; cluster_sampler.h), likewise
   };
 
   // max_batch >= 1 rows per call, 1 <= max_vocab <= 2^23 logits per row. InputError otherwise.
@@ -83,6 +87,8 @@ class FastSampler final : public TokenSampler {
   int chunks_per_row(int batch, int64_t vocab) const;
   // Does a call of this shape take the cluster path? Then `cluster` blocks share each row (else 0).
   int cluster_per_row(int batch, int64_t vocab) const;
+  // The cluster kernel's version this sampler launches (1, 2 or 3; see Path).
+  int cluster_version() const { return cluster_version_; }
   // Kernels queued by one sample() call of this shape: 1 (cluster path) or kMultiPassLaunches.
   int launches(int batch, int64_t vocab) const {
     return cluster_per_row(batch, vocab) > 0 ? 1 : kMultiPassLaunches;
@@ -106,12 +112,14 @@ class FastSampler final : public TokenSampler {
 
 // Times sample() with CUDA events on a stream of its own: `batch` model-like rows of `vocab` logits
 // (normal, spread 2, rounded to bf16), every row with `params`; warm-up, then the mean over `iters`
-// back-to-back calls. Times the default FastSampler, the second cluster kernel, the multi-pass path alone and
-// lesson 09's GpuSampler on the same rows, and checks all four agree on every id (InputError if not). Needs a
-// GPU.
+// back-to-back calls. Times the default FastSampler, each cluster kernel (versions 1, 2, 3), the multi-pass
+// path alone and lesson 09's GpuSampler on the same rows, and checks all agree on every id (InputError if
+// not). Needs a GPU.
 struct SamplerTiming {
   double fast_us = 0.0;       // FastSampler::sample (default: the cluster path where it applies), per call
   double cluster_v2_us = 0.0;  // FastSampler::sample with Path::kClusterV2 (the second cluster kernel)
+  double cluster_v1_us = 0.0;  // ... Path::kClusterV1 (the first: TVLLM_TOPP_V=old's default)
+  double cluster_v3_us = 0.0;  // ... Path::kClusterV3 (the third: TVLLM_TOPP_V=new's default)
   double multipass_us = 0.0;  // FastSampler::sample with Path::kMultiPass, per call
   double lesson09_us = 0.0;   // GpuSampler::sample, per call
   int cluster = 0;            // blocks per row the default took (0: it took the multi-pass path)
