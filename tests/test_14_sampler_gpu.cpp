@@ -21,6 +21,7 @@
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
+#include "cluster_sampler.h"
 #include "fast_sampler.h"
 #include "sampling.h"
 #include "testing/sampling_batch.h"
@@ -56,12 +57,18 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
   return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
 
-// The default (the cluster path, version 2, on Hopper), the first cluster kernel and the multi-pass path.
+// The default (the cluster path on Hopper: version 1, or 3 under TVLLM_TOPP_V=new), the second and third
+// cluster kernels and the multi-pass path.
 constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kClusterV2,
-                                            FastSampler::Path::kMultiPass};
+                                            FastSampler::Path::kClusterV3, FastSampler::Path::kMultiPass};
 const char* path_name(FastSampler::Path p) {
-  return p == FastSampler::Path::kAuto ? "default" : (p == FastSampler::Path::kClusterV2 ? "cluster v2"
-                                                                                          : "multi-pass");
+  switch (p) {
+    case FastSampler::Path::kAuto: return "default";
+    case FastSampler::Path::kClusterV1: return "cluster v1";
+    case FastSampler::Path::kClusterV2: return "cluster v2";
+    case FastSampler::Path::kClusterV3: return "cluster v3";
+    default: return "multi-pass";
+  }
 }
 
 TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
@@ -115,7 +122,11 @@ TEST(FastSampler14Gpu, TheClusterPathIsTakenOnHopperAndTooBigRowsFallBack) {
     EXPECT_EQ(sampler.launches(64, 128256), 1);
   }
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV2).cluster_per_row(64, 128256),
-            sampler.cluster_per_row(64, 128256));  // the same plan, the first kernel
+            sampler.cluster_per_row(64, 128256));  // the same plan, another kernel
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV3).cluster_per_row(64, 128256),
+            sampler.cluster_per_row(64, 128256));
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV1).cluster_version(), 1);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV3).cluster_version(), 3);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).cluster_per_row(64, 128256), 0);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).launches(64, 128256),
             FastSampler::kMultiPassLaunches);
@@ -283,6 +294,62 @@ TEST(FastSampler14Gpu, FlatAndTiedRowsAtBatch64AndVocab128256) {
   }
 }
 
+// Version 3's top-p (the fine pass, the list, the fallback when the list overflows) on the kernel itself,
+// called through cluster_sampler::launch so that the list's capacity can be lowered: 2048 (the kernel's),
+// 40 (some rows fall back) and 1 (almost every top-p row falls back, a list of one key does not). Rows:
+// random model-like rows at every spread, bf16-rounded normal rows (the benchmark's), ties at the top, a
+// mask; knobs: p = 1, 0.999, 0.9, 0.5, 1e-6, with and without top-k, temperatures 0.3 to 2; batch 64 (8
+// blocks of 512 threads) and batch 3 (16 blocks of 1024). Every id must be sample_cpu's.
+TEST(FastSampler14Gpu, VersionThreeTopPMatchesTheOracleWithEveryListCapacity) {
+  TVLLM_REQUIRE_GPU();
+  const int max_cluster = cluster_sampler::max_cluster_size();
+  if (max_cluster < 8) GTEST_SKIP() << "needs thread-block clusters of 8 (Hopper)";
+  int device = 0, sms = 0;
+  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t vocab = 128256;
+  std::vector<std::vector<float>> kinds;
+  for (uint64_t seed : {11u, 12u, 13u, 14u, 15u}) kinds.push_back(model_like_row(vocab, seed));
+  std::vector<float> bf16 = random_normal(vocab, 2024, 2.0f);
+  for (float& v : bf16) v = bf16_to_f32(f32_to_bf16(v));
+  kinds.push_back(bf16);
+  for (int64_t i = 0; i < vocab; i += vocab / 300) bf16[static_cast<size_t>(i)] = 8.0f;  // ties on top
+  kinds.push_back(bf16);
+  std::vector<float> masked(vocab, -INFINITY);  // a grammar mask: 3000 tokens left
+  Rng mask_rng(5);
+  for (int i = 0; i < 3000; ++i)
+    masked[static_cast<size_t>(mask_rng.below(vocab))] = mask_rng.normal();
+  kinds.push_back(masked);
+  const float ps[] = {1.0f, 0.999f, 0.9f, 0.5f, 1e-6f};
+  const float ts[] = {0.3f, 0.8f, 1.0f, 2.0f};
+  const int ks[] = {0, 0, 50, 5000};
+  for (int batch : {64, 3}) {
+    cluster_sampler::Plan plan = cluster_sampler::plan_call(batch, vocab, sms, max_cluster);
+    ASSERT_GE(plan.cluster, 8);
+    plan.version = 3;
+    for (int capacity : {cluster_sampler::kListCapacity, 40, 1}) {
+      plan.list_capacity = capacity;
+      Rng rng(static_cast<uint64_t>(batch * 1000 + capacity));
+      for (int call = 0; call < (batch == 64 ? 3 : 8); ++call) {
+        std::vector<float> logits;
+        std::vector<SamplingRow> rows;
+        for (int b = 0; b < batch; ++b) {
+          const std::vector<float>& kind = kinds[static_cast<size_t>(rng.below(static_cast<int64_t>(kinds.size())))];
+          logits.insert(logits.end(), kind.begin(), kind.end());
+          rows.push_back(row_of(ts[rng.below(4)], ks[rng.below(4)], ps[rng.below(5)], rng.next_u64(),
+                                static_cast<uint64_t>(rng.below(1000))));
+        }
+        DeviceBatch d(logits, rows);
+        cluster_sampler::launch(d.logits(), vocab, vocab, d.batch, d.rows(), d.out(), plan, nullptr);
+        TVLLM_CUDA_CHECK(cudaGetLastError());
+        expect_same_ids(d.ids(), sample_on_cpu(logits, vocab, vocab, rows), rows,
+                        "version 3, batch " + std::to_string(batch) + ", list capacity " +
+                            std::to_string(capacity));
+      }
+    }
+  }
+}
+
 TEST(FastSampler14Gpu, PaddedRowsAndRowsAlone) {
   TVLLM_REQUIRE_GPU();
   // Rows with a stride larger than vocab whose padding holds +inf and NaN (which would win if read); and
@@ -386,10 +453,10 @@ TEST(FastSampler14Gpu, PrintsTimings) {
       params.top_p = s.p;
       const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
       std::printf(
-          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   cluster v2 %8.1f us   "
-          "multi-pass %8.1f us   lesson 09 %8.1f us\n",
-          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v2_us, timing.multipass_us,
-          timing.lesson09_us);
+          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   v1 (old) %8.1f us   "
+          "v3 (new) %8.1f us   cluster v2 %8.1f us   multi-pass %8.1f us   lesson 09 %8.1f us\n",
+          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v1_us, timing.cluster_v3_us,
+          timing.cluster_v2_us, timing.multipass_us, timing.lesson09_us);
       EXPECT_GT(timing.fast_us, 0.0);
     }
 }

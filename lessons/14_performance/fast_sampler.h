@@ -9,7 +9,10 @@
 //     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU). Two versions of that kernel:
 //     version 1, the default; version 2 (Path::kClusterV2) pays one cluster barrier per digit and skips most
 //     of top-p's exponentials in the draw, and was measured SLOWER on the H200 (chapter 14, section 6), so it
-//     stays as the lesson's experiment (cluster_sampler.h lists the differences).
+//     stays as the lesson's experiment (cluster_sampler.h lists the differences); version 3
+//     (Path::kClusterV3, or Path::kAuto under TVLLM_TOPP_V=new) finds top-p's threshold with one pass of
+//     masses into fine buckets of z - z_max and a short sorted list (6 cluster barriers instead of 9), not
+//     yet measured, so not yet the default.
 //   multi-pass path (any vocab, any GPU): seven launches over a grid (chunks, rows), the row's state and
 //     histograms in a global workspace between them:
 //
