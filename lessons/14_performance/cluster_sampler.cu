@@ -56,6 +56,7 @@ struct alignas(16) Shared {
   uint32_t list_count;
   uint32_t list_size[kMaxClusterSize], list_offset[kMaxClusterSize];
   uint32_t list_total, list_threshold;
+  uint32_t list_min, list_max;  // the smallest and largest listed key of the row
 };
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
 static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
@@ -143,6 +144,20 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
 // candidates above it, target top-p's. Returns the draw's state, or top-p's first digit when the list
 // overflows (every block reads the same counts, so every block returns the same). Adds this thread's share of
 // the block's listed kept mass to *my_kept.
+// The list's end: this block's listed keys at or above the threshold join its kept mass (the draw from the
+// digits), and the row goes to the draw.
+template <int kThreads>
+__device__ RowState list_done(RowState st, uint32_t threshold, float z_max, cg::cluster_group& cluster,
+                              Shared& s, u64* my_kept) {
+  const uint32_t* list = list_of(s);
+  const uint32_t own = s.list_size[cluster.block_rank()];
+  for (uint32_t i = threadIdx.x; i < own; i += kThreads)
+    if (list[i] >= threshold) *my_kept += token_mass(z_of_key(list[i]), z_max);
+  st.mode = kModeDraw;
+  st.threshold = threshold;
+  return st;
+}
+
 template <int kThreads>
 __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys, int n, int list_capacity,
                                  cg::cluster_group& cluster, Shared& s, u64* my_kept, bool* fell_back) {
@@ -184,7 +199,11 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
     }
     if (lane == kWarpSize - 1) s.list_total = incl;  // at most 16 x 40960: no overflow
   }
-  if (tid == 0) s.list_threshold = 0;  // the unreachable fallback (the pick guarantees a crossing): keep all
+  if (tid == 0) {
+    s.list_threshold = 0;  // the unreachable fallback (the pick guarantees a crossing): keep all
+    s.list_min = 0xffffffffu;
+    s.list_max = 0u;
+  }
   __syncthreads();
   const uint32_t total = s.list_total;
   if (total == 0 || total > capacity) {  // the same counts in every block: the same branch
@@ -202,13 +221,28 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
   // (bitonic: log2(m) * (log2(m) + 1) / 2 steps, each a compare-exchange per pair and a block barrier).
   uint32_t m = kWarpSize;
   while (m < total) m <<= 1;
+  uint32_t key_min = 0xffffffffu, key_max = 0u;
   for (int q = 0; q < blocks; ++q) {
     const uint32_t* remote = cluster.map_shared_rank(list, q);
     const uint32_t size = s.list_size[q], offset = s.list_offset[q];
-    for (uint32_t i = tid; i < size; i += kThreads) sorted[offset + i] = remote[i];
+    for (uint32_t i = tid; i < size; i += kThreads) {
+      const uint32_t key = remote[i];
+      sorted[offset + i] = key;
+      key_min = min(key_min, key);
+      key_max = max(key_max, key);
+    }
   }
   for (uint32_t i = total + tid; i < m; i += kThreads) sorted[i] = 0u;
+  key_min = __reduce_min_sync(0xffffffffu, key_min);
+  key_max = __reduce_max_sync(0xffffffffu, key_max);
+  if (lane == 0) {
+    atomicMin(&s.list_min, key_min);
+    atomicMax(&s.list_max, key_max);
+  }
   __syncthreads();
+  // One key, many tokens (bf16 logits: within 1/64 of a logit there are one or two bf16 values): the
+  // threshold is that key, whatever the sort and the sums would say. The same in every block.
+  if (s.list_min == s.list_max) return list_done<kThreads>(st, s.list_max, z_max, cluster, s, my_kept);
   for (uint32_t k = 2; k <= m; k <<= 1)
     for (uint32_t j = k >> 1; j > 0; j >>= 1) {
       for (uint32_t i = tid; i < m; i += kThreads) {
@@ -249,14 +283,7 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
     }
   }
   __syncthreads();
-  const uint32_t threshold = s.list_threshold;
-  // 5. This block's listed keys at or above the threshold join its kept mass (the draw from the digits).
-  const uint32_t own = s.list_size[cluster.block_rank()];
-  for (uint32_t i = tid; i < own; i += kThreads)
-    if (list[i] >= threshold) *my_kept += token_mass(z_of_key(list[i]), z_max);
-  st.mode = kModeDraw;
-  st.threshold = threshold;
-  return st;
+  return list_done<kThreads>(st, s.list_threshold, z_max, cluster, s, my_kept);
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------------

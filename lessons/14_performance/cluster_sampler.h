@@ -221,8 +221,9 @@ struct Plan {
 //     one barrier; every block copies all the lists (distributed shared memory: ~150 keys on the benchmark's
 //     rows), sorts them from the largest key down and finds the first position where `above` plus the masses
 //     summed from the top reach the target: that key is the threshold (equal keys sit next to each other,
-//     so the tokens tied with it, kept whole, change nothing). The same integers and the same sort in every
-//     block: the same threshold, without a barrier. More than list_capacity candidates (a flat row, a huge
+//     so the tokens tied with it, kept whole, change nothing; a list of one key skips the sort: that key is
+//     the threshold). The same integers and the same sort in every block: the same threshold, without a
+//     barrier. More than list_capacity candidates (a flat row, a huge
 //     tie group at the threshold): every block sees the same counts and goes back to version 1's top-p
 //     digits (kModeTopP, level 0), a slow but exact path for rows that rare;
 //   * the draw takes each block's kept mass from its own fine histogram (the buckets above the pick) plus

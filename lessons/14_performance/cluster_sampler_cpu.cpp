@@ -39,6 +39,7 @@ RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const Plan
     top_p.lower = st.lower;
     return top_p;
   }
+  // (The kernel skips the sort when every listed key is the same: that key is then what the loop finds.)
   std::vector<uint32_t> sorted = list;
   std::sort(sorted.begin(), sorted.end(), [](uint32_t a, uint32_t b) { return a > b; });
   uint32_t threshold = 0;  // unreachable fallback (the pick guarantees a crossing): keep every key
