@@ -139,11 +139,6 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
 
 // ---- version 3: top-p's list --------------------------------------------------------------------------
 
-// Version 3's list step (cluster_sampler.h; the CPU model's resolve_list), called by every thread of every
-// block of the cluster with the state kModeTopPList: prefix is the picked fine bucket, above the mass of the
-// candidates above it, target top-p's. Returns the draw's state, or top-p's first digit when the list
-// overflows (every block reads the same counts, so every block returns the same). Adds this thread's share of
-// the block's listed kept mass to *my_kept.
 // The list's end: this block's listed keys at or above the threshold join its kept mass (the draw from the
 // digits), and the row goes to the draw.
 template <int kThreads>
@@ -158,6 +153,11 @@ __device__ RowState list_done(RowState st, uint32_t threshold, float z_max, cg::
   return st;
 }
 
+// Version 3's list step (cluster_sampler.h; the CPU model's resolve_list), called by every thread of every
+// block of the cluster with the state kModeTopPList: prefix is the picked fine bucket, above the mass of the
+// candidates above it, target top-p's. Returns the draw's state, or top-p's first digit when the list
+// overflows (every block reads the same counts, so every block returns the same). Adds this thread's share of
+// the block's listed kept mass to *my_kept.
 template <int kThreads>
 __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys, int n, int list_capacity,
                                  cg::cluster_group& cluster, Shared& s, u64* my_kept, bool* fell_back) {
