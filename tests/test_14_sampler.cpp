@@ -149,15 +149,17 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnRandomRows) {
       EXPECT_EQ(mismatches(row, params, cs::plan_with(c.vocab, cluster, threads),
                            "vocab " + std::to_string(c.vocab)),
                 0);
-      // Version 3, with its list as the kernel has it, and with room for 3 keys (the fallback, often).
-      for (int capacity : {cs::kListCapacity, 3}) {
-        cs::Plan v3 = cs::plan_with(c.vocab, cluster, threads, 3);
-        v3.list_capacity = capacity;
-        EXPECT_EQ(mismatches(row, params, v3,
-                             "version 3, list " + std::to_string(capacity) + ", vocab " +
-                                 std::to_string(c.vocab)),
-                  0);
-      }
+      // Versions 3 and 4, with the lists as the kernel has them, and with room for 3 keys (the fallbacks,
+      // often).
+      for (int version : {3, 4})
+        for (int capacity : {cs::kListCapacity, 3}) {
+          cs::Plan v = cs::plan_with(c.vocab, cluster, threads, version);
+          v.list_capacity = capacity;
+          EXPECT_EQ(mismatches(row, params, v,
+                               "version " + std::to_string(version) + ", list " + std::to_string(capacity) +
+                                   ", vocab " + std::to_string(c.vocab)),
+                    0);
+        }
     }
   }
 }
@@ -200,7 +202,7 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
     for (int cluster :
          {1, 3, 16})  // 3: not a power of two, but the model does not care (a plan never gives it)
       for (int threads : {cs::kThreadsShared, cs::kThreadsAlone})
-        for (int version : {2, 3}) {
+        for (int version : {2, 3, 4}) {
           EXPECT_EQ(mismatches(edge[e], params, cs::plan_with(vocab, cluster, threads, version),
                                "edge row " + std::to_string(e) + " version " + std::to_string(version)),
                     0);
@@ -237,10 +239,10 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnFlatAndTiedRowsWithTheBatch64Plan)
                                  row_of(0.7f, 50, 0.9f, 7, step), row_of(1.0f, 1000, 0.5f, 7, step)})
       params.push_back(r);
   for (size_t e = 0; e < rows.size(); ++e)
-    for (int version : {1, 2, 3, 4}) {  // 4: version 3 with a list of at most 16 keys (the fallback)
+    for (int version : {1, 2, 3, 4, 5, 6}) {  // 5, 6: versions 3, 4 with lists of at most 16 keys (fallbacks)
       cs::Plan p = plan;
-      p.version = std::min(version, 3);
-      if (version == 4) p.list_capacity = 16;
+      p.version = version > 4 ? version - 2 : version;
+      if (version > 4) p.list_capacity = 16;
       EXPECT_EQ(mismatches(rows[e], params, p,
                            "row " + std::to_string(e) + " version " + std::to_string(version)),
                 0);
@@ -293,6 +295,63 @@ TEST(ClusterSampler14, FineBucketsFollowTheKeysOrder) {
   EXPECT_EQ(st.above, 123u);
   EXPECT_EQ(st.target, 150u);
   EXPECT_EQ(st.lower, 0x5a1u << 21);
+  // Version 4: top-k's first digit leads to the top-k list (top-k's level-1 state), unless it settles the
+  // threshold exactly (then straight to top-p's fine pass); the list's threshold leads to top-p or the draw.
+  st = cs::advance(cs::initial_state(both, 1000, true), both, cs::Pick{0x5a1, 20, 40, 50}, true, true);
+  EXPECT_EQ(st.mode, cs::kModeTopKList);
+  EXPECT_EQ(st.level, 1);
+  EXPECT_EQ(st.prefix, 0x5a1u << 21);
+  EXPECT_EQ(st.above, 20u);
+  EXPECT_EQ(st.target, 50u);
+  EXPECT_TRUE(cs::is_listed(st, (0x5a1u << 21) | 0x1234u, 0.0f));
+  EXPECT_FALSE(cs::is_listed(st, (0x5a2u << 21) | 0x1234u, 0.0f));
+  EXPECT_EQ(cs::advance(cs::initial_state(both, 1000, true), both, cs::Pick{0x5a1, 20, 30, 50}, true, true).mode,
+            cs::kModeTopPFine);  // 20 + 30 == 50: the bucket's lowest key
+  st = cs::after_top_k(st, both, 0xabcdef12u, true);
+  EXPECT_EQ(st.mode, cs::kModeTopPFine);
+  EXPECT_EQ(st.lower, 0xabcdef12u);
+  EXPECT_EQ(st.level, 0);
+  EXPECT_EQ(st.above, 0u);
+  const SamplingRow k_only = row_of(1, 50, 1.0f, 0, 0);
+  st = cs::after_top_k(cs::initial_state(k_only, 1000, true), k_only, 0x1234u, true);
+  EXPECT_EQ(st.mode, cs::kModeDraw);
+  EXPECT_EQ(st.threshold, 0x1234u);
+}
+
+// Version 4's top-k on the benchmark's rows (bf16-rounded normal logits, spread 2, T 0.8, top-k 50): one
+// counting pass and a list of a few hundred keys (the chapter's count), never the fallback; with top-p
+// after it, both lists. Top-k 20000 overflows the list and falls back to the digits. The oracle's ids.
+TEST(ClusterSampler14, VersionFourListsTopKsFirstBucket) {
+  const int64_t vocab = 128256;
+  cs::Plan plan = cs::plan_call(64, vocab, 132, 16);
+  plan.version = 4;
+  for (uint64_t seed : {2024u, 7u, 99u}) {
+    std::vector<float> row = random_normal(vocab, seed, 2.0f);
+    for (float& v : row) v = bf16_to_f32(f32_to_bf16(v));
+    for (float t : {0.8f, 1.0f})
+      for (float p : {1.0f, 0.9f}) {
+        const SamplingRow r = row_of(t, 50, p, seed, 3);
+        cs::ModelTrace trace;
+        EXPECT_EQ(cs::sample_model(row.data(), vocab, r, plan, &trace), sample_cpu(row.data(), vocab, r));
+        EXPECT_FALSE(trace.k_fell_back) << describe(r);
+        EXPECT_GT(trace.k_list_size, 0) << describe(r);
+        EXPECT_LE(trace.k_list_size, 1000) << describe(r);
+        // top-k's first digit (+ the fine pass when top-p follows); the lists are not passes
+        EXPECT_EQ(trace.passes, p < 1.0f ? 2 : 1) << describe(r);
+        if (p < 1.0f) {
+          EXPECT_FALSE(trace.fell_back) << describe(r);
+        }
+        if (seed == 2024 && t == 0.8f && p == 1.0f)
+          std::printf("benchmark row, T 0.8, top-k 50: %lld keys listed\n",
+                      static_cast<long long>(trace.k_list_size));
+      }
+    const SamplingRow big_k = row_of(1.0f, 20000, 1.0f, seed, 1);
+    cs::ModelTrace trace;
+    EXPECT_EQ(cs::sample_model(row.data(), vocab, big_k, plan, &trace), sample_cpu(row.data(), vocab, big_k));
+    EXPECT_TRUE(trace.k_fell_back);
+    EXPECT_GT(trace.k_list_size, cs::kListCapacity);
+    EXPECT_GE(trace.passes, 2);  // the first digit, then the second (and maybe the third)
+  }
 }
 
 // The figure the design rests on: on the benchmark's rows (bf16-rounded normal logits, spread 2, the
@@ -356,7 +415,7 @@ TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {
       cs::sample_model(nullptr, 100, row_of(1, 0, 1, 0, 0), cs::plan_with(100, 1, cs::kThreadsShared)),
       InputError);
   EXPECT_THROW(cs::plan_with(100, 1, 256), InputError);  // only the two block sizes the kernel is built for
-  EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 4), InputError);  // versions 1 to 3 only
+  EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 5), InputError);  // versions 1 to 4 only
   EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 0), InputError);
   p = cs::plan_with(100, 1, cs::kThreadsShared, 3);
   p.list_capacity = cs::kListCapacity + 1;  // more than the kernel's shared memory holds

@@ -57,16 +57,18 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
   return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
 
-// The default (the cluster path on Hopper: version 1, or 3 under TVLLM_TOPP_V=new), the second and third
-// cluster kernels and the multi-pass path.
-constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kClusterV2,
-                                            FastSampler::Path::kClusterV3, FastSampler::Path::kMultiPass};
+// The default (the cluster path on Hopper: version 3; 1 under TVLLM_TOPP_V=old, 4 under TVLLM_TOPK_V=new),
+// every cluster kernel by name and the multi-pass path.
+constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto,      FastSampler::Path::kClusterV1,
+                                            FastSampler::Path::kClusterV2, FastSampler::Path::kClusterV3,
+                                            FastSampler::Path::kClusterV4, FastSampler::Path::kMultiPass};
 const char* path_name(FastSampler::Path p) {
   switch (p) {
     case FastSampler::Path::kAuto: return "default";
     case FastSampler::Path::kClusterV1: return "cluster v1";
     case FastSampler::Path::kClusterV2: return "cluster v2";
     case FastSampler::Path::kClusterV3: return "cluster v3";
+    case FastSampler::Path::kClusterV4: return "cluster v4";
     default: return "multi-pass";
   }
 }
@@ -127,6 +129,16 @@ TEST(FastSampler14Gpu, TheClusterPathIsTakenOnHopperAndTooBigRowsFallBack) {
             sampler.cluster_per_row(64, 128256));
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV1).cluster_version(), 1);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV3).cluster_version(), 3);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV4).cluster_version(), 4);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV4).cluster_per_row(64, 128256),
+            sampler.cluster_per_row(64, 128256));
+  {  // the default reads the environment: version 3 unless TVLLM_TOPP_V / TVLLM_TOPK_V say otherwise
+    const char* p = std::getenv("TVLLM_TOPP_V");
+    const char* k = std::getenv("TVLLM_TOPK_V");
+    const bool old_p = p != nullptr && std::string(p) == "old";
+    const bool new_k = k != nullptr && std::string(k) == "new";
+    EXPECT_EQ(sampler.cluster_version(), new_k ? 4 : (old_p ? 1 : 3));
+  }
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).cluster_per_row(64, 128256), 0);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).launches(64, 128256),
             FastSampler::kMultiPassLaunches);
@@ -294,13 +306,14 @@ TEST(FastSampler14Gpu, FlatAndTiedRowsAtBatch64AndVocab128256) {
   }
 }
 
-// Version 3's top-p (the fine pass, the list, the fallback when the list overflows) on the kernel itself,
+// Version 3's top-p (the fine pass, the list, the fallback when the list overflows) and version 4's top-k
+// list (its fallback to the digits: top-k 5000's bucket holds thousands) on the kernel itself,
 // called through cluster_sampler::launch so that the list's capacity can be lowered: 2048 (the kernel's),
 // 40 (some rows fall back) and 1 (almost every top-p row falls back, a list of one key does not). Rows:
 // random model-like rows at every spread, bf16-rounded normal rows (the benchmark's), ties at the top, a
 // mask; knobs: p = 1, 0.999, 0.9, 0.5, 1e-6, with and without top-k, temperatures 0.3 to 2; batch 64 (8
 // blocks of 512 threads) and batch 3 (16 blocks of 1024). Every id must be sample_cpu's.
-TEST(FastSampler14Gpu, VersionThreeTopPMatchesTheOracleWithEveryListCapacity) {
+TEST(FastSampler14Gpu, VersionsThreeAndFourMatchTheOracleWithEveryListCapacity) {
   TVLLM_REQUIRE_GPU();
   const int max_cluster = cluster_sampler::max_cluster_size();
   if (max_cluster < 8) GTEST_SKIP() << "needs thread-block clusters of 8 (Hopper)";
@@ -326,10 +339,11 @@ TEST(FastSampler14Gpu, VersionThreeTopPMatchesTheOracleWithEveryListCapacity) {
   for (int batch : {64, 3}) {
     cluster_sampler::Plan plan = cluster_sampler::plan_call(batch, vocab, sms, max_cluster);
     ASSERT_GE(plan.cluster, 8);
-    plan.version = 3;
+    for (int version : {3, 4})
     for (int capacity : {cluster_sampler::kListCapacity, 40, 1}) {
+      plan.version = version;
       plan.list_capacity = capacity;
-      Rng rng(static_cast<uint64_t>(batch * 1000 + capacity));
+      Rng rng(static_cast<uint64_t>(batch * 1000 + capacity + 7 * version));
       for (int call = 0; call < (batch == 64 ? 3 : 8); ++call) {
         std::vector<float> logits;
         std::vector<SamplingRow> rows;
@@ -343,7 +357,8 @@ TEST(FastSampler14Gpu, VersionThreeTopPMatchesTheOracleWithEveryListCapacity) {
         cluster_sampler::launch(d.logits(), vocab, vocab, d.batch, d.rows(), d.out(), plan, nullptr);
         TVLLM_CUDA_CHECK(cudaGetLastError());
         expect_same_ids(d.ids(), sample_on_cpu(logits, vocab, vocab, rows), rows,
-                        "version 3, batch " + std::to_string(batch) + ", list capacity " +
+                        "version " + std::to_string(version) + ", batch " + std::to_string(batch) +
+                            ", list capacity " +
                             std::to_string(capacity));
       }
     }
@@ -453,10 +468,11 @@ TEST(FastSampler14Gpu, PrintsTimings) {
       params.top_p = s.p;
       const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
       std::printf(
-          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   v1 (old) %8.1f us   "
-          "v3 (new) %8.1f us   cluster v2 %8.1f us   multi-pass %8.1f us   lesson 09 %8.1f us\n",
+          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   v1 %8.1f us   "
+          "v3 %8.1f us   v4 (top-k list) %8.1f us   cluster v2 %8.1f us   multi-pass %8.1f us   "
+          "lesson 09 %8.1f us\n",
           batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v1_us, timing.cluster_v3_us,
-          timing.cluster_v2_us, timing.multipass_us, timing.lesson09_us);
+          timing.cluster_v4_us, timing.cluster_v2_us, timing.multipass_us, timing.lesson09_us);
       EXPECT_GT(timing.fast_us, 0.0);
     }
 }

@@ -139,11 +139,12 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
 
 // ---- version 3: top-p's list --------------------------------------------------------------------------
 
-// The list's end: this block's listed keys at or above the threshold join its kept mass (the draw from the
-// digits), and the row goes to the draw.
+// The list's end. Top-p's: this block's listed keys at or above the threshold join its kept mass (the draw
+// from the digits), and the row goes to the draw. Version 4's top-k list: top-p or the draw (after_top_k).
 template <int kThreads>
-__device__ RowState list_done(RowState st, uint32_t threshold, float z_max, cg::cluster_group& cluster,
-                              Shared& s, u64* my_kept) {
+__device__ RowState list_done(RowState st, uint32_t threshold, float z_max, const SamplingRow& row,
+                              cg::cluster_group& cluster, Shared& s, u64* my_kept) {
+  if (st.mode == kModeTopKList) return after_top_k(st, row, threshold, true);
   const uint32_t* list = list_of(s);
   const uint32_t own = s.list_size[cluster.block_rank()];
   for (uint32_t i = threadIdx.x; i < own; i += kThreads)
@@ -157,10 +158,14 @@ __device__ RowState list_done(RowState st, uint32_t threshold, float z_max, cg::
 // block of the cluster with the state kModeTopPList: prefix is the picked fine bucket, above the mass of the
 // candidates above it, target top-p's. Returns the draw's state, or top-p's first digit when the list
 // overflows (every block reads the same counts, so every block returns the same). Adds this thread's share of
-// the block's listed kept mass to *my_kept.
+// the block's listed kept mass to *my_kept. Version 4's top-k list (kModeTopKList, top-k's level-1 state):
+// every key counts 1, the result is top-p's fine pass or the draw, an overflow goes back to top-k's second
+// digit, and no kept mass is added.
 template <int kThreads>
 __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys, int n, int list_capacity,
-                                 cg::cluster_group& cluster, Shared& s, u64* my_kept, bool* fell_back) {
+                                 const SamplingRow& row, cg::cluster_group& cluster, Shared& s, u64* my_kept,
+                                 bool* fell_back) {
+  const bool top_k = st.mode == kModeTopKList;  // uniform: the state is the cluster's
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int blocks = static_cast<int>(cluster.num_blocks());
   const uint32_t capacity = static_cast<uint32_t>(min(list_capacity, kListCapacity));
@@ -206,11 +211,30 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
   }
   __syncthreads();
   const uint32_t total = s.list_total;
+  // Version 4: after top-k's list, top-p's fine pass adds into rank 0's row histogram (which holds rank 0's
+  // list and the sorted copy) and appends to fresh lists: a barrier once every block is done with the lists,
+  // the reset, a barrier before anyone adds or appends. (Top-k alone goes to the draw: no reset needed.)
+  auto finish = [&](uint32_t threshold) {
+    const RowState next = list_done<kThreads>(st, threshold, z_max, row, cluster, s, my_kept);
+    if (top_k && next.mode != kModeDraw) {
+      cluster.sync();
+      if (cluster.block_rank() == 0)
+        for (int b = tid; b < kBuckets; b += kThreads) s.row_hist[b] = 0;
+      if (tid == 0) s.list_count = 0;
+      cluster.sync();
+    }
+    return next;
+  };
   if (total == 0 || total > capacity) {  // the same counts in every block: the same branch
-    *fell_back = true;
     if (cluster.block_rank() == 0)  // its row histogram held its list: zero before the next digit's adds
       for (int b = tid; b < kBuckets; b += kThreads) s.row_hist[b] = 0;
     cluster.sync();  // ... which the other blocks make only after this barrier
+    if (tid == 0) s.list_count = 0;  // version 4: top-p's list may follow (every block has read it: step 2)
+    if (top_k) {
+      st.mode = kModeTopK;  // level 1, prefix, above, target: top-k's second digit
+      return st;
+    }
+    *fell_back = true;
     RowState top_p{};
     top_p.mode = kModeTopP;  // level 0, prefix 0, above 0, target 0: top-p's digits from the start
     top_p.lower = st.lower;
@@ -242,7 +266,7 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
   __syncthreads();
   // One key, many tokens (bf16 logits: within 1/64 of a logit there are one or two bf16 values): the
   // threshold is that key, whatever the sort and the sums would say. The same in every block.
-  if (s.list_min == s.list_max) return list_done<kThreads>(st, s.list_max, z_max, cluster, s, my_kept);
+  if (s.list_min == s.list_max) return finish(s.list_max);
   for (uint32_t k = 2; k <= m; k <<= 1)
     for (uint32_t j = k >> 1; j > 0; j >>= 1) {
       for (uint32_t i = tid; i < m; i += kThreads) {
@@ -267,7 +291,7 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     if (j < per && first + j < static_cast<int>(total)) {
-      h[j] = token_mass(z_of_key(sorted[first + j]), z_max);
+      h[j] = top_k ? 1u : token_mass(z_of_key(sorted[first + j]), z_max);
       mine += h[j];
     }
   u64 block_total = 0;
@@ -283,7 +307,7 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
     }
   }
   __syncthreads();
-  return list_done<kThreads>(st, s.list_threshold, z_max, cluster, s, my_kept);
+  return finish(s.list_threshold);
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------------
@@ -313,7 +337,8 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   // an SM (512 threads: many rows), not where each block has an SM of its own and only the latency counts
   // (1024 threads: batch 1 to 8 at vocab 128256, whose top-p draw then stays version 1's, step for step).
   constexpr bool kDrawFromDigits = kVersion >= 2 && kThreads == kThreadsShared;
-  constexpr bool kFine = kVersion == 3;  // top-p: the fine pass and the list (cluster_sampler.h)
+  constexpr bool kFine = kVersion >= 3;   // top-p: the fine pass and the list (cluster_sampler.h)
+  constexpr bool kListK = kVersion == 4;  // top-k: the list after its first digit (cluster_sampler.h)
 
   for (int b = tid; b < kBuckets; b += kThreads) {
     s.lo[b] = s.hi[b] = 0;
@@ -447,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     if (one_barrier) {
       for (int i = tid; i < range; i += kThreads) s.row_hist[((pass + 2) % 3) * range + i] = 0;
       const Pick pick = decide<kThreads>([&](int b) { return *owned(copy, b); }, buckets, st, row, s);
-      next = advance(st, row, pick, kFine);
+      next = advance(st, row, pick, kFine, kListK);
       picked_bucket = pick.bucket;
     } else {
       if (rank == 0) {
@@ -458,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
         };
         const Pick pick = decide<kThreads>(take, buckets, st, row, s);
         if (tid < blocks) {
-          *cluster.map_shared_rank(&s.state, tid) = advance(st, row, pick, kFine);
+          *cluster.map_shared_rank(&s.state, tid) = advance(st, row, pick, kFine, kListK);
           *cluster.map_shared_rank(&s.picked, tid) = pick.bucket;
         }
       }
@@ -479,8 +504,10 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
       __syncthreads();  // zeroed before any thread of the block counts the next digit
     }
     st = next;
+    if (kListK && st.mode == kModeTopKList)
+      st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, row, cluster, s, &my_kept, &fell_back);
     if (kFine && st.mode == kModeTopPList)
-      st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, cluster, s, &my_kept, &fell_back);
+      st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, row, cluster, s, &my_kept, &fell_back);
   }
 
   // 4. The draw. Thread t's piece [t * piece, (t + 1) * piece) of the chunk: its kept mass, a block scan.
@@ -607,7 +634,8 @@ int max_cluster_size() {
   // Both versions use the same shared memory, so they reach the same sizes; each needs its attributes set.
   return std::min({max_cluster_of<kThreadsShared, 1>(), max_cluster_of<kThreadsAlone, 1>(),
                    max_cluster_of<kThreadsShared, 2>(), max_cluster_of<kThreadsAlone, 2>(),
-                   max_cluster_of<kThreadsShared, 3>(), max_cluster_of<kThreadsAlone, 3>()});
+                   max_cluster_of<kThreadsShared, 3>(), max_cluster_of<kThreadsAlone, 3>(),
+                   max_cluster_of<kThreadsShared, 4>(), max_cluster_of<kThreadsAlone, 4>()});
 }
 
 void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
@@ -616,7 +644,7 @@ void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, c
       plan.cluster >= 1 && (plan.threads == kThreadsShared || plan.threads == kThreadsAlone) &&
           plan.chunk >= 1 && plan.piece >= 1 && static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
           plan.chunk <= kMaxTokensPerBlock && static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk &&
-          plan.version >= 1 && plan.version <= 3 && plan.list_capacity >= 0 &&
+          plan.version >= 1 && plan.version <= 4 && plan.list_capacity >= 0 &&
           plan.list_capacity <= kListCapacity,
       "cluster_sampler::launch: the plan does not cover the row");
   cudaLaunchAttribute attribute;
@@ -632,8 +660,10 @@ void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, c
     alone ? go(sample_rows<kThreadsAlone, 1>) : go(sample_rows<kThreadsShared, 1>);
   else if (plan.version == 2)
     alone ? go(sample_rows<kThreadsAlone, 2>) : go(sample_rows<kThreadsShared, 2>);
-  else
+  else if (plan.version == 3)
     alone ? go(sample_rows<kThreadsAlone, 3>) : go(sample_rows<kThreadsShared, 3>);
+  else
+    alone ? go(sample_rows<kThreadsAlone, 4>) : go(sample_rows<kThreadsShared, 4>);
 }
 
 }  // namespace tvllm::cluster_sampler

@@ -70,6 +70,10 @@ enum Mode : int {
   // ... then the candidates of the picked fine bucket (prefix holds it) listed and the threshold found
   // among them exactly (sorted, summed from the top); too many candidates: back to kModeTopP's digits.
   kModeTopPList = 5,
+  // Version 4's top-k: after its first digit, the candidates of the picked bucket listed and the k-th
+  // largest found among them exactly (the state is top-k's level-1 state: prefix, above, target); too many
+  // candidates: back to kModeTopK at level 1, the digits version 1 would run next.
+  kModeTopKList = 6,
 };
 
 // ---- version 3: top-p by fine buckets of mass, then a short list ------------------------------------
@@ -127,9 +131,26 @@ TVLLM_CLUSTER_HD bool measures_mass(const RowState& st) {
   return st.mode == kModeTopP || st.mode == kModeTopPFine;
 }
 TVLLM_CLUSTER_HD bool sets_target(const RowState& st) { return measures_mass(st) && st.level == 0; }
-// Version 3's list: is this key a candidate of the picked fine bucket (st.prefix) above st.lower?
+// Versions 3 and 4's list: is this key a candidate of the picked fine bucket (st.prefix) above st.lower?
+// Version 4's top-k list: a candidate of top-k's level-1 digit (its top 11 bits are st.prefix's).
 TVLLM_CLUSTER_HD bool is_listed(const RowState& st, uint32_t key, float z_max) {
+  if (st.mode == kModeTopKList) return key >= st.lower && (key & decided_mask(1)) == st.prefix;
   return key >= st.lower && fine_bucket(key, z_max) == st.prefix;
+}
+// Once top-k's threshold is known: top-p among the survivors (keys >= it) if the row asks, else the draw.
+TVLLM_CLUSTER_HD RowState after_top_k(RowState st, const SamplingRow& row, uint32_t threshold, bool fine) {
+  st.threshold = threshold;
+  if (row.top_p < 1.0f) {
+    st.mode = fine ? kModeTopPFine : kModeTopP;
+    st.level = 0;
+    st.prefix = 0;
+    st.lower = threshold;
+    st.above = 0;
+    st.target = 0;
+  } else {
+    st.mode = kModeDraw;
+  }
+  return st;
 }
 TVLLM_CLUSTER_HD uint32_t digit_of(const RowState& st, uint32_t key) {
   return (key >> digit_shift(st.level)) & ((1u << digit_bits(st.level)) - 1u);
@@ -150,7 +171,10 @@ struct Pick {
 // bucket is among the k largest, so the bucket's lowest possible key keeps the same set as the k-th key.
 // Version 3 (`fine`): top-p after top-k starts with the fine pass; the fine pass's pick becomes the list
 // state (prefix: the picked fine bucket; above, target as usual).
-TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pick& pick, bool fine = false) {
+// Version 4 (`list_k`): top-k's first digit, when it does not settle the threshold, leads to the top-k list
+// (kModeTopKList with top-k's level-1 state) instead of the second digit.
+TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pick& pick, bool fine = false,
+                                  bool list_k = false) {
   if (st.mode == kModeTopPFine) {
     st.mode = kModeTopPList;
     st.prefix = static_cast<uint32_t>(pick.bucket);
@@ -161,23 +185,17 @@ TVLLM_CLUSTER_HD RowState advance(RowState st, const SamplingRow& row, const Pic
   const uint32_t prefix = st.prefix | (static_cast<uint32_t>(pick.bucket) << digit_shift(st.level));
   const bool known = st.level == 2 || (st.mode == kModeTopK && pick.above + pick.in_bucket == pick.target);
   if (!known) {
+    if (list_k && st.mode == kModeTopK && st.level == 0) st.mode = kModeTopKList;
     st.level += 1;
     st.prefix = prefix;
     st.above = pick.above;
     st.target = pick.target;
     return st;
   }
-  st.threshold = prefix;  // the low digits not decided are 0: the lowest key of the bucket
-  if (st.mode == kModeTopK && row.top_p < 1.0f) {
-    st.mode = fine ? kModeTopPFine : kModeTopP;
-    st.level = 0;
-    st.prefix = 0;
-    st.lower = prefix;
-    st.above = 0;
-    st.target = 0;
-  } else {
-    st.mode = kModeDraw;
-  }
+  // the low digits not decided are 0: the lowest key of the bucket
+  if (st.mode == kModeTopK) return after_top_k(st, row, prefix, fine);
+  st.threshold = prefix;
+  st.mode = kModeDraw;
   return st;
 }
 
@@ -190,7 +208,7 @@ struct Plan {
   int threads = 0;  // kThreadsShared or kThreadsAlone
   int chunk = 0;
   int piece = 0;
-  int version = 2;  // the kernel: 1 the first cluster kernel (FastSampler's default), 2 and 3 below
+  int version = 2;  // the kernel: 1 the first cluster kernel, 2, 3 (FastSampler's default) and 4 below
   // Version 3: the most candidates a row's list may hold before top-p falls back to the digits (at most
   // kListCapacity; tests lower it to exercise the fallback).
   int list_capacity = kListCapacity;
@@ -231,6 +249,15 @@ struct Plan {
 //     512-thread blocks only). After a fallback every block sums its pieces, as version 1.
 // Top-p then costs one pass with exponentials, one pass of compares and the list, instead of three digit
 // passes (the second with thousands of exponentials a row) and four more cluster barriers.
+//
+// Version 4 is version 3 with top-k's digits 2 and 3 replaced by the same list (kModeTopKList): after
+// top-k's first digit (unless it settles the threshold exactly), every block lists its keys whose top 11
+// bits are the picked bucket's, the blocks copy and sort all lists, and the k-th largest key is the list's
+// key at position k - above - 1 from the top (each key counts 1 where top-p's list sums masses). On the
+// benchmark's rows top-k 50's first bucket holds ~150 keys a row. Top-k then costs one counting pass, one
+// pass of compares and the list (one cluster barrier) instead of up to three counting passes and six
+// barriers; a list over list_capacity goes back to version 1's second digit (the state is already its).
+// Top-k followed by top-p runs both lists, one after the other.
 
 // cluster: a power of two, at least enough blocks to hold the row (kMaxTokensPerBlock each), at most
 // max_cluster (what the device can launch); within that, enough blocks per row for the batch to give every
@@ -262,6 +289,8 @@ struct ModelTrace {
   int64_t list_size = -1;  // the candidates of the picked fine bucket (-1: no list step ran)
   bool fell_back = false;  // more than plan.list_capacity: top-p ran version 1's digits instead
   int passes = 0;          // digit passes (fine pass included), list step excluded
+  int64_t k_list_size = -1;  // version 4: the candidates of top-k's first bucket (-1: no top-k list ran)
+  bool k_fell_back = false;  // ... more than plan.list_capacity: top-k ran its second (and third) digit
 };
 int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan,
                      ModelTrace* trace = nullptr);

@@ -22,8 +22,13 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // many (or, defensively, none): back to version 1's top-p digits. Else the threshold is the first key, from
 // the largest down, at which above + the masses so far reach the target, and every block's listed keys at or
 // above it join its kept mass.
-RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const Plan& plan, RowState st,
-                      std::vector<uint64_t>* block_kept, bool* fell_back, int64_t* list_size) {
+// Version 4's top-k list (st.mode == kModeTopKList) is the same step with every key counting 1: the
+// threshold is the k-th largest key; too many candidates: back to top-k's second digit (the state is
+// already its, level 1); the listed keys join no kept mass (the top-k draw sums its pieces), and top-p
+// follows when the row asks (after_top_k).
+RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const SamplingRow& row, const Plan& plan,
+                      RowState st, std::vector<uint64_t>* block_kept, bool* fell_back, int64_t* list_size) {
+  const bool top_k = st.mode == kModeTopKList;
   std::vector<uint32_t> list;
   std::vector<size_t> owner;  // the block of each listed key
   for (size_t i = 0; i < keys.size(); ++i)
@@ -33,6 +38,10 @@ RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const Plan
     }
   *list_size = static_cast<int64_t>(list.size());
   if (list.empty() || list.size() > static_cast<size_t>(plan.list_capacity)) {
+    if (top_k) {
+      st.mode = kModeTopK;  // level 1, prefix, above, target: the second digit
+      return st;
+    }
     *fell_back = true;
     RowState top_p{};
     top_p.mode = kModeTopP;  // level 0, prefix 0, above 0, target 0: top-p's digits from the start
@@ -45,12 +54,13 @@ RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const Plan
   uint32_t threshold = 0;  // unreachable fallback (the pick guarantees a crossing): keep every key
   uint64_t acc = st.above;
   for (uint32_t key : sorted) {
-    acc += sampling::token_mass(z_of_key(key), z_max);
+    acc += top_k ? 1 : sampling::token_mass(z_of_key(key), z_max);
     if (acc >= st.target) {
       threshold = key;
       break;
     }
   }
+  if (top_k) return after_top_k(st, row, threshold, true);
   for (size_t j = 0; j < list.size(); ++j)
     if (list[j] >= threshold) (*block_kept)[owner[j]] += sampling::token_mass(z_of_key(list[j]), z_max);
   st.mode = kModeDraw;
@@ -77,7 +87,7 @@ Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster) {
 
 Plan plan_with(int64_t vocab, int cluster, int threads, int version) {
   TVLLM_REQUIRE(vocab >= 1 && cluster >= 1 && (threads == kThreadsShared || threads == kThreadsAlone) &&
-                    version >= 1 && version <= 3,
+                    version >= 1 && version <= 4,
                 "cluster_sampler::plan_with: bad shape");
   Plan plan;
   plan.cluster = cluster;
@@ -100,7 +110,7 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
                     static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk &&
                     plan.list_capacity >= 0 && plan.list_capacity <= kListCapacity,
                 "cluster_sampler::sample_model: the plan does not cover the row");
-  const bool fine = plan.version == 3;
+  const bool fine = plan.version >= 3, list_k = plan.version == 4;
   const size_t n = static_cast<size_t>(vocab);
   const bool greedy = !(row.temperature > 0.0f);
 
@@ -158,10 +168,15 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
                                                         static_cast<uint32_t>(pick.bucket));
           if (kept_bucket) block_kept[q] += block_hist[q * kBuckets + static_cast<size_t>(b)];
         }
-    st = advance(st, row, pick, fine);
+    st = advance(st, row, pick, fine, list_k);
     ++trace->passes;
+    if (st.mode == kModeTopKList) {
+      bool unused = false;
+      st = resolve_list(keys, z_max, row, plan, st, &block_kept, &unused, &trace->k_list_size);
+      trace->k_fell_back = st.mode == kModeTopK;
+    }
     if (st.mode == kModeTopPList) {
-      st = resolve_list(keys, z_max, plan, st, &block_kept, &fell_back, &trace->list_size);
+      st = resolve_list(keys, z_max, row, plan, st, &block_kept, &fell_back, &trace->list_size);
       trace->fell_back = fell_back;
     }
   }
