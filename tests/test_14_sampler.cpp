@@ -341,9 +341,14 @@ TEST(ClusterSampler14, VersionFourListsTopKsFirstBucket) {
         if (p < 1.0f) {
           EXPECT_FALSE(trace.fell_back) << describe(r);
         }
+        cs::Plan v3 = plan;
+        v3.version = 3;
+        cs::ModelTrace digits;
+        EXPECT_EQ(cs::sample_model(row.data(), vocab, r, v3, &digits), sample_cpu(row.data(), vocab, r));
+        EXPECT_GE(digits.passes, trace.passes + 1) << describe(r);  // the list replaced 1 or 2 digits
         if (seed == 2024 && t == 0.8f && p == 1.0f)
-          std::printf("benchmark row, T 0.8, top-k 50: %lld keys listed\n",
-                      static_cast<long long>(trace.k_list_size));
+          std::printf("benchmark row, T 0.8, top-k 50: %lld keys listed (version 3: %d digit passes)\n",
+                      static_cast<long long>(trace.k_list_size), digits.passes);
       }
     const SamplingRow big_k = row_of(1.0f, 20000, 1.0f, seed, 1);
     cs::ModelTrace trace;
