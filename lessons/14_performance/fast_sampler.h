@@ -7,7 +7,7 @@
 //     thread-block cluster of up to 16 blocks; each block reads its chunk of logits once, keeps the keys in
 //     shared memory, and the blocks meet at cluster barriers between the radix digits and before the draw
 //     (cluster_sampler.h / .cu; cluster_sampler_cpu.cpp models it on the CPU). Two versions of that kernel:
-//     version 1, the default; version 2 (Path::kClusterV2) pays one cluster barrier per digit and skips most
+//     version 1 (Path::kClusterV1, or TVLLM_TOPP_V=old); version 2 (Path::kClusterV2) pays one cluster barrier per digit and skips most
 //     of top-p's exponentials in the draw, and was measured SLOWER on the H200 (chapter 14, section 6), so it
 //     stays as the lesson's experiment (cluster_sampler.h lists the differences); version 3
 //     (Path::kClusterV3; Path::kAuto's default, TVLLM_TOPP_V=old takes version 1) finds top-p's threshold
@@ -43,6 +43,8 @@
 // (test_14_sampler_gpu PrintsTimings, H200, 2026-12-03; version 1 / version 2):
 //   batch  1                     5.0 / 5.4   10.5 / 10.8  24.3 / 27.0  30.4 / 33.9      38.6 / 45.3
 //   batch 64                    19.6 / 20.9  45.6 / 46.4  99.4 / 102.5 161.8 / 176.6   168.1 / 180.7
+// Version 3 against version 1 (2026-12-04, temperature 0.8): batch 64 top-p 169.5 -> 121.3, top-k + top-p
+// 184.1 -> 152.8, top-k 108.2 / 110.3 (the same code); batch 1 top-p 31.3 -> 26.9. Version 4: not measured.
 //
 // Engine rules as GpuSampler: sample() allocates nothing, never synchronises, and can be captured in a
 // CUDA graph (the knobs come from the device `rows` array). Unlike GpuSampler, the multi-pass workspace
