@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -425,6 +427,47 @@ TEST(FastSampler14Gpu, CapturedGraphReplaysEqualEagerCalls) {
                       "graph step " + std::to_string(step));
     }
   }
+}
+
+// Path::kAuto reads TVLLM_TOPP_V and TVLLM_TOPK_V in the constructor: each setting's version, and a clear
+// error for a bad value or a contradiction. The caller's environment is put back afterwards (the lead runs
+// this binary under each setting).
+TEST(FastSampler14Gpu, TheEnvironmentPicksTheClusterKernel) {
+  TVLLM_REQUIRE_GPU();
+  auto saved = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  const std::optional<std::string> p0 = saved("TVLLM_TOPP_V"), k0 = saved("TVLLM_TOPK_V");
+  auto set = [](const char* name, const char* v) {
+    if (v) {
+      ::setenv(name, v, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  struct Case {
+    const char* p;
+    const char* k;
+    int version;  // 0: InputError
+  };
+  for (const Case& c : {Case{nullptr, nullptr, 3}, Case{"new", nullptr, 3}, Case{"old", nullptr, 1},
+                        Case{"", "", 3}, Case{nullptr, "new", 4}, Case{"new", "new", 4}, Case{"old", "new", 0},
+                        Case{nullptr, "old", 3}, Case{"old", "old", 1}, Case{"v2", nullptr, 0},
+                        Case{nullptr, "yes", 0}}) {
+    set("TVLLM_TOPP_V", c.p);
+    set("TVLLM_TOPK_V", c.k);
+    const std::string what = std::string("TVLLM_TOPP_V=") + (c.p ? c.p : "(unset)") +
+                             " TVLLM_TOPK_V=" + (c.k ? c.k : "(unset)");
+    if (c.version == 0) {
+      EXPECT_THROW(FastSampler(2, 1000), InputError) << what;
+    } else {
+      EXPECT_EQ(FastSampler(2, 1000).cluster_version(), c.version) << what;
+      EXPECT_EQ(FastSampler(2, 1000, FastSampler::Path::kClusterV1).cluster_version(), 1) << what;
+    }
+  }
+  set("TVLLM_TOPP_V", p0 ? p0->c_str() : nullptr);
+  set("TVLLM_TOPK_V", k0 ? k0->c_str() : nullptr);
 }
 
 TEST(FastSampler14Gpu, ArgumentErrors) {
