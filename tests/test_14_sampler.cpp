@@ -304,7 +304,8 @@ TEST(ClusterSampler14, FineBucketsFollowTheKeysOrder) {
   EXPECT_EQ(st.above, 20u);
   EXPECT_EQ(st.target, 50u);
   EXPECT_TRUE(cs::is_listed(st, (0x5a1u << 21) | 0x1234u, 0.0f));
-  EXPECT_FALSE(cs::is_listed(st, (0x5a2u << 21) | 0x1234u, 0.0f));
+  EXPECT_TRUE(cs::is_listed(st, (0x5a2u << 21) | 0x1234u, 0.0f));   // above the bucket: listed too
+  EXPECT_FALSE(cs::is_listed(st, (0x5a0u << 21) | 0x1fffffu, 0.0f));  // below it: never kept
   EXPECT_EQ(cs::advance(cs::initial_state(both, 1000, true), both, cs::Pick{0x5a1, 20, 30, 50}, true, true).mode,
             cs::kModeTopPFine);  // 20 + 30 == 50: the bucket's lowest key
   st = cs::after_top_k(st, both, 0xabcdef12u, true);

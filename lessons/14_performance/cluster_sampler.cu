@@ -144,13 +144,19 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
 template <int kThreads>
 __device__ RowState list_done(RowState st, uint32_t threshold, float z_max, const SamplingRow& row,
                               cg::cluster_group& cluster, Shared& s, u64* my_kept) {
-  if (st.mode == kModeTopKList) return after_top_k(st, row, threshold, true);
+  const bool top_k = st.mode == kModeTopKList;
+  if (top_k) {
+    st = after_top_k(st, row, threshold, true);
+    if (st.mode != kModeDraw) return st;  // top-p follows: its own passes give the kept masses
+  }
   const uint32_t* list = list_of(s);
   const uint32_t own = s.list_size[cluster.block_rank()];
   for (uint32_t i = threadIdx.x; i < own; i += kThreads)
     if (list[i] >= threshold) *my_kept += token_mass(z_of_key(list[i]), z_max);
-  st.mode = kModeDraw;
-  st.threshold = threshold;
+  if (!top_k) {
+    st.mode = kModeDraw;
+    st.threshold = threshold;
+  }
   return st;
 }
 
@@ -160,7 +166,8 @@ __device__ RowState list_done(RowState st, uint32_t threshold, float z_max, cons
 // overflows (every block reads the same counts, so every block returns the same). Adds this thread's share of
 // the block's listed kept mass to *my_kept. Version 4's top-k list (kModeTopKList, top-k's level-1 state):
 // every key counts 1, the result is top-p's fine pass or the draw, an overflow goes back to top-k's second
-// digit, and no kept mass is added.
+// digit; the list holds the keys above the bucket too (is_listed), so its count starts from 0; when the draw
+// follows (top-k alone), the listed keys at or above the threshold are the block's kept mass, as top-p's.
 template <int kThreads>
 __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys, int n, int list_capacity,
                                  const SamplingRow& row, cg::cluster_group& cluster, Shared& s, u64* my_kept,
@@ -296,7 +303,7 @@ __device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys,
     }
   u64 block_total = 0;
   const u64 incl = block_inclusive_scan<kThreads>(mine, &block_total, s);
-  u64 acc = st.above + (incl - mine);
+  u64 acc = (top_k ? 0 : st.above) + (incl - mine);
   if ((acc < st.target || tid == 0) && acc + mine >= st.target) {
     for (int j = 0; j < per; ++j) {
       acc += h[j];
@@ -424,6 +431,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   bool counted = count_in_load;  // version 2: the first digit's histogram is already complete
   u64 my_kept = 0;  // version 2, top-p rows: this thread's buckets' share of the block's kept mass
   bool fell_back = false;  // version 3: the list overflowed and top-p ran version 1's digits (uniform)
+  bool k_kept_from_list = false;  // version 4, top-k alone: my_kept holds the block's listed kept mass
   for (int pass = 0; st.mode != kModeDraw; ++pass) {
     const bool top_p = measures_mass(st);
     const bool fine_pass = kFine && st.mode == kModeTopPFine;
@@ -504,8 +512,10 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
       __syncthreads();  // zeroed before any thread of the block counts the next digit
     }
     st = next;
-    if (kListK && st.mode == kModeTopKList)
+    if (kListK && st.mode == kModeTopKList) {
       st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, row, cluster, s, &my_kept, &fell_back);
+      k_kept_from_list = st.mode == kModeDraw;  // top-k alone, and the list did not overflow (uniform)
+    }
     if (kFine && st.mode == kModeTopPList)
       st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, row, cluster, s, &my_kept, &fell_back);
   }
@@ -514,7 +524,8 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   // Version 2, rows with top-p: the block's kept mass is the sum of the threads' my_kept (the same integer
   // the pieces would give), and only the block that holds U scans its pieces, below.
   // top-p ran (initial_state / advance) and, in version 3, its list did not overflow
-  const bool mass_from_digits = kDrawFromDigits && row.top_p < 1.0f && !fell_back;
+  // (version 4: or top-k alone found its threshold by the list, which holds every kept key)
+  const bool mass_from_digits = kDrawFromDigits && (row.top_p < 1.0f || k_kept_from_list) && !fell_back;
   const int p_lo = min(n, tid * piece), p_hi = min(n, p_lo + piece);
   auto scan_pieces = [&](u64* piece_mass, u64* block_total) {
     u64 m = 0;

@@ -132,9 +132,11 @@ TVLLM_CLUSTER_HD bool measures_mass(const RowState& st) {
 }
 TVLLM_CLUSTER_HD bool sets_target(const RowState& st) { return measures_mass(st) && st.level == 0; }
 // Versions 3 and 4's list: is this key a candidate of the picked fine bucket (st.prefix) above st.lower?
-// Version 4's top-k list: a candidate of top-k's level-1 digit (its top 11 bits are st.prefix's).
+// Version 4's top-k list: every key whose top 11 bits are the picked bucket's (st.prefix) or above: the
+// bucket's keys and the `above` keys over it (fewer than k), so that the list holds every key the top-k
+// draw keeps and each block's kept mass comes from its listed keys.
 TVLLM_CLUSTER_HD bool is_listed(const RowState& st, uint32_t key, float z_max) {
-  if (st.mode == kModeTopKList) return key >= st.lower && (key & decided_mask(1)) == st.prefix;
+  if (st.mode == kModeTopKList) return key >= st.lower && key >= st.prefix;
   return key >= st.lower && fine_bucket(key, z_max) == st.prefix;
 }
 // Once top-k's threshold is known: top-p among the survivors (keys >= it) if the row asks, else the draw.
@@ -252,12 +254,14 @@ struct Plan {
 //
 // Version 4 is version 3 with top-k's digits 2 and 3 replaced by the same list (kModeTopKList): after
 // top-k's first digit (unless it settles the threshold exactly), every block lists its keys whose top 11
-// bits are the picked bucket's, the blocks copy and sort all lists, and the k-th largest key is the list's
-// key at position k - above - 1 from the top (each key counts 1 where top-p's list sums masses). On the
-// benchmark's rows top-k 50's first bucket holds ~150 keys a row. Top-k then costs one counting pass, one
-// pass of compares and the list (one cluster barrier) instead of up to three counting passes and six
-// barriers; a list over list_capacity goes back to version 1's second digit (the state is already its).
-// Top-k followed by top-p runs both lists, one after the other.
+// bits are the picked bucket's OR ABOVE (the bucket's keys and the fewer than k keys over it), the blocks
+// copy and sort all lists, and the k-th largest key is the list's key at position k - 1 from the top (each
+// key counts 1 where top-p's list sums masses). On the benchmark's row (T 0.8) the list holds 150 keys.
+// Top-k then costs one counting pass, one pass of compares and the list (one cluster barrier) instead of up
+// to three counting passes and six barriers; a list over list_capacity goes back to version 1's second digit
+// (the state is already its). Top-k followed by top-p runs both lists, one after the other. Top-k alone: the
+// list holds every kept key, so a block's kept mass is its listed keys' at or above the threshold, and only
+// U's block sums its pieces in the draw (512-thread blocks, as version 3's top-p).
 
 // cluster: a power of two, at least enough blocks to hold the row (kMaxTokensPerBlock each), at most
 // max_cluster (what the device can launch); within that, enough blocks per row for the batch to give every

@@ -26,6 +26,8 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // threshold is the k-th largest key; too many candidates: back to top-k's second digit (the state is
 // already its, level 1); the listed keys join no kept mass (the top-k draw sums its pieces), and top-p
 // follows when the row asks (after_top_k).
+// (The top-k list holds the keys above the bucket too, so its count starts from 0, not from above; when the
+// draw follows, every block's listed keys at or above the threshold are its kept mass, as top-p's.)
 RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const SamplingRow& row, const Plan& plan,
                       RowState st, std::vector<uint64_t>* block_kept, bool* fell_back, int64_t* list_size) {
   const bool top_k = st.mode == kModeTopKList;
@@ -52,7 +54,7 @@ RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const Samp
   std::vector<uint32_t> sorted = list;
   std::sort(sorted.begin(), sorted.end(), [](uint32_t a, uint32_t b) { return a > b; });
   uint32_t threshold = 0;  // unreachable fallback (the pick guarantees a crossing): keep every key
-  uint64_t acc = st.above;
+  uint64_t acc = top_k ? 0 : st.above;
   for (uint32_t key : sorted) {
     acc += top_k ? 1 : sampling::token_mass(z_of_key(key), z_max);
     if (acc >= st.target) {
@@ -60,7 +62,10 @@ RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const Samp
       break;
     }
   }
-  if (top_k) return after_top_k(st, row, threshold, true);
+  if (top_k) {
+    st = after_top_k(st, row, threshold, true);
+    if (st.mode != kModeDraw) return st;  // top-p follows: its own passes give the kept masses
+  }
   for (size_t j = 0; j < list.size(); ++j)
     if (list[j] >= threshold) (*block_kept)[owner[j]] += sampling::token_mass(z_of_key(list[j]), z_max);
   st.mode = kModeDraw;
@@ -131,6 +136,7 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
   // masses from them (block_kept, used by the draw). Version 3's top-p: the fine pass, then the list (below).
   RowState st = initial_state(row, vocab, fine);
   bool fell_back = false;  // version 3: the list overflowed, top-p ran version 1's digits
+  bool k_kept_from_list = false;  // version 4, top-k alone: the blocks' kept masses came from the list
   std::vector<uint64_t> hist(kBuckets);
   const size_t blocks = static_cast<size_t>(plan.cluster);
   std::vector<uint64_t> block_hist(blocks * kBuckets), block_kept(blocks, 0);
@@ -174,6 +180,7 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
       bool unused = false;
       st = resolve_list(keys, z_max, row, plan, st, &block_kept, &unused, &trace->k_list_size);
       trace->k_fell_back = st.mode == kModeTopK;
+      k_kept_from_list = st.mode == kModeDraw;
     }
     if (st.mode == kModeTopPList) {
       st = resolve_list(keys, z_max, row, plan, st, &block_kept, &fell_back, &trace->list_size);
@@ -202,7 +209,7 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
     }
   if (kept == 0) return 0;  // the kernel's answer for an impossible row
   const uint64_t u = sampling::mulhi_u64(sampling::random_u64(row.seed, row.step), kept);
-  if (plan.version >= 2 && row.top_p < 1.0f && !fell_back) {
+  if (plan.version >= 2 && (row.top_p < 1.0f || k_kept_from_list) && !fell_back) {
     // Versions 2 and 3 find U's block by the masses the digits gave (block_kept), and only that block sums
     // its pieces: the rule holds only if every block's digit masses equal its pieces' sums. Checked.
     for (size_t q = 0; q < blocks; ++q) {
