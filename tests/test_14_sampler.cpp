@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -148,6 +149,17 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnRandomRows) {
       EXPECT_EQ(mismatches(row, params, cs::plan_with(c.vocab, cluster, threads),
                            "vocab " + std::to_string(c.vocab)),
                 0);
+      // Versions 3 and 4, with the lists as the kernel has them, and with room for 3 keys (the fallbacks,
+      // often).
+      for (int version : {3, 4})
+        for (int capacity : {cs::kListCapacity, 3}) {
+          cs::Plan v = cs::plan_with(c.vocab, cluster, threads, version);
+          v.list_capacity = capacity;
+          EXPECT_EQ(mismatches(row, params, v,
+                               "version " + std::to_string(version) + ", list " + std::to_string(capacity) +
+                                   ", vocab " + std::to_string(c.vocab)),
+                    0);
+        }
     }
   }
 }
@@ -190,9 +202,11 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnEdgeRows) {
     for (int cluster :
          {1, 3, 16})  // 3: not a power of two, but the model does not care (a plan never gives it)
       for (int threads : {cs::kThreadsShared, cs::kThreadsAlone})
-        EXPECT_EQ(mismatches(edge[e], params, cs::plan_with(vocab, cluster, threads),
-                             "edge row " + std::to_string(e)),
-                  0);
+        for (int version : {2, 3, 4}) {
+          EXPECT_EQ(mismatches(edge[e], params, cs::plan_with(vocab, cluster, threads, version),
+                               "edge row " + std::to_string(e) + " version " + std::to_string(version)),
+                    0);
+        }
   }
 }
 
@@ -225,13 +239,159 @@ TEST(ClusterSampler14, ModelMatchesTheOracleOnFlatAndTiedRowsWithTheBatch64Plan)
                                  row_of(0.7f, 50, 0.9f, 7, step), row_of(1.0f, 1000, 0.5f, 7, step)})
       params.push_back(r);
   for (size_t e = 0; e < rows.size(); ++e)
-    for (int version : {1, 2}) {
+    for (int version : {1, 2, 3, 4, 5, 6}) {  // 5, 6: versions 3, 4 with lists of at most 16 keys (fallbacks)
       cs::Plan p = plan;
-      p.version = version;
+      p.version = version > 4 ? version - 2 : version;
+      if (version > 4) p.list_capacity = 16;
       EXPECT_EQ(mismatches(rows[e], params, p,
                            "row " + std::to_string(e) + " version " + std::to_string(version)),
                 0);
     }
+}
+
+// Version 3's fine buckets: never decreasing as the key grows (the radix rule needs only that), the top
+// bucket for z == z_max (also at +-inf), 1/64 of z per bucket, bucket 0 from z - z_max <= -32 on (every mass
+// there is 0: below -27.7, exp(d) * 2^40 < 1).
+TEST(ClusterSampler14, FineBucketsFollowTheKeysOrder) {
+  const uint32_t top = static_cast<uint32_t>(cs::kBuckets - 1);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(5.0f), 5.0f), top);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(5.0f - 1.0f / 64), 5.0f), top - 1);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(5.0f - 1.0f / 128), 5.0f), top);  // within the top step
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(5.0f - 1.0f), 5.0f), top - 64);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(5.0f - 31.9f), 5.0f), top - 2041);  // 31.9 * 64 = 2041.6
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(5.0f - 32.0f), 5.0f), 0u);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(-INFINITY), 5.0f), 0u);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(INFINITY), INFINITY), top);
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(1e30f), INFINITY), 0u);  // its mass is 0
+  EXPECT_EQ(cs::fine_bucket(sampling::order_key(-INFINITY), -INFINITY), top);  // all masked: all tied
+  EXPECT_EQ(sampling::token_mass(5.0f - 27.8f, 5.0f), 0u);  // the masses bucket 0 can hold
+  // Monotone on sorted random keys, for several maxima (the largest key of the sample, as the kernel's).
+  Rng rng(17);
+  for (float spread : {1e-3f, 1.0f, 30.0f, 1e6f}) {
+    std::vector<uint32_t> keys;
+    for (int i = 0; i < 20000; ++i)
+      keys.push_back(sampling::order_key(spread * static_cast<float>(rng.normal())));
+    keys.push_back(sampling::order_key(0.0f));
+    keys.push_back(sampling::order_key(-0.0f));
+    std::sort(keys.begin(), keys.end());
+    const float z_max = cs::z_of_key(keys.back());
+    for (size_t i = 1; i < keys.size(); ++i)
+      ASSERT_LE(cs::fine_bucket(keys[i - 1], z_max), cs::fine_bucket(keys[i], z_max)) << spread;
+    EXPECT_EQ(cs::fine_bucket(keys.back(), z_max), top);
+  }
+  // The state machine: top-p starts with the fine pass in version 3 (alone, and after top-k), whose pick
+  // becomes the list state.
+  const SamplingRow p_only = row_of(1, 0, 0.9f, 0, 0), both = row_of(1, 50, 0.9f, 0, 0);
+  EXPECT_EQ(cs::initial_state(p_only, 1000, true).mode, cs::kModeTopPFine);
+  cs::RowState st = cs::initial_state(both, 1000, true);
+  EXPECT_EQ(st.mode, cs::kModeTopK);
+  st = cs::advance(st, both, cs::Pick{0x5a1, 20, 30, 50}, true);
+  EXPECT_EQ(st.mode, cs::kModeTopPFine);
+  EXPECT_EQ(st.lower, 0x5a1u << 21);
+  EXPECT_TRUE(cs::sets_target(st));
+  st = cs::advance(st, both, cs::Pick{1900, 123, 45, 150}, true);
+  EXPECT_EQ(st.mode, cs::kModeTopPList);
+  EXPECT_EQ(st.prefix, 1900u);
+  EXPECT_EQ(st.above, 123u);
+  EXPECT_EQ(st.target, 150u);
+  EXPECT_EQ(st.lower, 0x5a1u << 21);
+  // Version 4: top-k's first digit leads to the top-k list (top-k's level-1 state), unless it settles the
+  // threshold exactly (then straight to top-p's fine pass); the list's threshold leads to top-p or the draw.
+  st = cs::advance(cs::initial_state(both, 1000, true), both, cs::Pick{0x5a1, 20, 40, 50}, true, true);
+  EXPECT_EQ(st.mode, cs::kModeTopKList);
+  EXPECT_EQ(st.level, 1);
+  EXPECT_EQ(st.prefix, 0x5a1u << 21);
+  EXPECT_EQ(st.above, 20u);
+  EXPECT_EQ(st.target, 50u);
+  EXPECT_TRUE(cs::is_listed(st, (0x5a1u << 21) | 0x1234u, 0.0f));
+  EXPECT_TRUE(cs::is_listed(st, (0x5a2u << 21) | 0x1234u, 0.0f));   // above the bucket: listed too
+  EXPECT_FALSE(cs::is_listed(st, (0x5a0u << 21) | 0x1fffffu, 0.0f));  // below it: never kept
+  EXPECT_EQ(cs::advance(cs::initial_state(both, 1000, true), both, cs::Pick{0x5a1, 20, 30, 50}, true, true).mode,
+            cs::kModeTopPFine);  // 20 + 30 == 50: the bucket's lowest key
+  st = cs::after_top_k(st, both, 0xabcdef12u, true);
+  EXPECT_EQ(st.mode, cs::kModeTopPFine);
+  EXPECT_EQ(st.lower, 0xabcdef12u);
+  EXPECT_EQ(st.level, 0);
+  EXPECT_EQ(st.above, 0u);
+  const SamplingRow k_only = row_of(1, 50, 1.0f, 0, 0);
+  st = cs::after_top_k(cs::initial_state(k_only, 1000, true), k_only, 0x1234u, true);
+  EXPECT_EQ(st.mode, cs::kModeDraw);
+  EXPECT_EQ(st.threshold, 0x1234u);
+}
+
+// Version 4's top-k on the benchmark's rows (bf16-rounded normal logits, spread 2, T 0.8, top-k 50): one
+// counting pass and a list of a few hundred keys (the chapter's count), never the fallback; with top-p
+// after it, both lists. Top-k 20000 overflows the list and falls back to the digits. The oracle's ids.
+TEST(ClusterSampler14, VersionFourListsTopKsFirstBucket) {
+  const int64_t vocab = 128256;
+  cs::Plan plan = cs::plan_call(64, vocab, 132, 16);
+  plan.version = 4;
+  for (uint64_t seed : {2024u, 7u, 99u}) {
+    std::vector<float> row = random_normal(vocab, seed, 2.0f);
+    for (float& v : row) v = bf16_to_f32(f32_to_bf16(v));
+    for (float t : {0.8f, 1.0f})
+      for (float p : {1.0f, 0.9f}) {
+        const SamplingRow r = row_of(t, 50, p, seed, 3);
+        cs::ModelTrace trace;
+        EXPECT_EQ(cs::sample_model(row.data(), vocab, r, plan, &trace), sample_cpu(row.data(), vocab, r));
+        EXPECT_FALSE(trace.k_fell_back) << describe(r);
+        EXPECT_GT(trace.k_list_size, 0) << describe(r);
+        EXPECT_LE(trace.k_list_size, 1000) << describe(r);
+        // top-k's first digit (+ the fine pass when top-p follows); the lists are not passes
+        EXPECT_EQ(trace.passes, p < 1.0f ? 2 : 1) << describe(r);
+        if (p < 1.0f) {
+          EXPECT_FALSE(trace.fell_back) << describe(r);
+        }
+        cs::Plan v3 = plan;
+        v3.version = 3;
+        cs::ModelTrace digits;
+        EXPECT_EQ(cs::sample_model(row.data(), vocab, r, v3, &digits), sample_cpu(row.data(), vocab, r));
+        EXPECT_GE(digits.passes, trace.passes + 1) << describe(r);  // the list replaced 1 or 2 digits
+        if (seed == 2024 && t == 0.8f && p == 1.0f)
+          std::printf("benchmark row, T 0.8, top-k 50: %lld keys listed (version 3: %d digit passes)\n",
+                      static_cast<long long>(trace.k_list_size), digits.passes);
+      }
+    const SamplingRow big_k = row_of(1.0f, 20000, 1.0f, seed, 1);
+    cs::ModelTrace trace;
+    EXPECT_EQ(cs::sample_model(row.data(), vocab, big_k, plan, &trace), sample_cpu(row.data(), vocab, big_k));
+    EXPECT_TRUE(trace.k_fell_back);
+    EXPECT_GT(trace.k_list_size, cs::kListCapacity);
+    EXPECT_GE(trace.passes, 2);  // the first digit, then the second (and maybe the third)
+  }
+}
+
+// The figure the design rests on: on the benchmark's rows (bf16-rounded normal logits, spread 2, the
+// timing's temperature 0.8, top-p 0.9; and lesson 14's bench rows at temperature 1) version 3's top-p is
+// one fine pass and a list of a few hundred keys, never the fallback; flat and step rows, whose threshold
+// sits in a tie group of thousands, fall back. The same ids as the oracle in every case.
+TEST(ClusterSampler14, VersionThreeListsFewCandidatesOnTheBenchmarkRows) {
+  const int64_t vocab = 128256;
+  cs::Plan plan = cs::plan_call(64, vocab, 132, 16);
+  plan.version = 3;
+  for (uint64_t seed : {2024u, 7u, 99u}) {
+    std::vector<float> row = random_normal(vocab, seed, 2.0f);
+    for (float& v : row) v = bf16_to_f32(f32_to_bf16(v));
+    for (float t : {0.8f, 1.0f})
+      for (float p : {0.9f, 0.5f, 0.99f}) {
+        const SamplingRow r = row_of(t, 0, p, seed, 3);
+        cs::ModelTrace trace;
+        EXPECT_EQ(cs::sample_model(row.data(), vocab, r, plan, &trace), sample_cpu(row.data(), vocab, r));
+        EXPECT_FALSE(trace.fell_back) << describe(r);
+        EXPECT_EQ(trace.passes, 1) << describe(r);  // the fine pass, then the list
+        EXPECT_GT(trace.list_size, 0);
+        EXPECT_LE(trace.list_size, 1000) << describe(r);
+        if (seed == 2024 && t == 0.8f && p == 0.9f)
+          std::printf("benchmark row, T 0.8, top-p 0.9: %lld keys listed\n",
+                      static_cast<long long>(trace.list_size));
+      }
+  }
+  const std::vector<float> flat(vocab, 3.25f);
+  cs::ModelTrace trace;
+  const SamplingRow r = row_of(1.0f, 0, 0.9f, 1, 2);
+  EXPECT_EQ(cs::sample_model(flat.data(), vocab, r, plan, &trace), sample_cpu(flat.data(), vocab, r));
+  EXPECT_TRUE(trace.fell_back);
+  EXPECT_EQ(trace.list_size, vocab);
+  EXPECT_EQ(trace.passes, 1 + 3);  // the fine pass, then version 1's three top-p digits
 }
 
 // Version 2 skips the load's division at temperature 1: x / 1 must be x, bit for bit, for every float the
@@ -261,7 +421,11 @@ TEST(ClusterSampler14, ModelRejectsAPlanThatDoesNotCoverTheRow) {
       cs::sample_model(nullptr, 100, row_of(1, 0, 1, 0, 0), cs::plan_with(100, 1, cs::kThreadsShared)),
       InputError);
   EXPECT_THROW(cs::plan_with(100, 1, 256), InputError);  // only the two block sizes the kernel is built for
-  EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 3), InputError);  // versions 1 and 2 only
+  EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 5), InputError);  // versions 1 to 4 only
+  EXPECT_THROW(cs::plan_with(100, 1, cs::kThreadsShared, 0), InputError);
+  p = cs::plan_with(100, 1, cs::kThreadsShared, 3);
+  p.list_capacity = cs::kListCapacity + 1;  // more than the kernel's shared memory holds
+  EXPECT_THROW(cs::sample_model(row.data(), 100, row_of(1, 0, 0.9f, 0, 0), p), InputError);
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
+#include "cluster_sampler.h"
 #include "fast_sampler.h"
 #include "sampling.h"
 #include "testing/sampling_batch.h"
@@ -56,12 +59,20 @@ std::vector<float> model_like_row(int64_t vocab, uint64_t seed) {
   return testing::model_like_row(vocab, seed, kScales[seed % 5] * (0.5f + Rng(seed).uniform()));
 }
 
-// The default (the cluster path, version 2, on Hopper), the first cluster kernel and the multi-pass path.
-constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto, FastSampler::Path::kClusterV2,
-                                            FastSampler::Path::kMultiPass};
+// The default (the cluster path on Hopper: version 3; 1 under TVLLM_TOPP_V=old, 4 under TVLLM_TOPK_V=new),
+// every cluster kernel by name and the multi-pass path.
+constexpr FastSampler::Path kBothPaths[] = {FastSampler::Path::kAuto,      FastSampler::Path::kClusterV1,
+                                            FastSampler::Path::kClusterV2, FastSampler::Path::kClusterV3,
+                                            FastSampler::Path::kClusterV4, FastSampler::Path::kMultiPass};
 const char* path_name(FastSampler::Path p) {
-  return p == FastSampler::Path::kAuto ? "default" : (p == FastSampler::Path::kClusterV2 ? "cluster v2"
-                                                                                          : "multi-pass");
+  switch (p) {
+    case FastSampler::Path::kAuto: return "default";
+    case FastSampler::Path::kClusterV1: return "cluster v1";
+    case FastSampler::Path::kClusterV2: return "cluster v2";
+    case FastSampler::Path::kClusterV3: return "cluster v3";
+    case FastSampler::Path::kClusterV4: return "cluster v4";
+    default: return "multi-pass";
+  }
 }
 
 TEST(FastSampler14Gpu, MatchesTheCpuOracleOnRandomRows) {
@@ -115,7 +126,21 @@ TEST(FastSampler14Gpu, TheClusterPathIsTakenOnHopperAndTooBigRowsFallBack) {
     EXPECT_EQ(sampler.launches(64, 128256), 1);
   }
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV2).cluster_per_row(64, 128256),
-            sampler.cluster_per_row(64, 128256));  // the same plan, the first kernel
+            sampler.cluster_per_row(64, 128256));  // the same plan, another kernel
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV3).cluster_per_row(64, 128256),
+            sampler.cluster_per_row(64, 128256));
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV1).cluster_version(), 1);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV3).cluster_version(), 3);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV4).cluster_version(), 4);
+  EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kClusterV4).cluster_per_row(64, 128256),
+            sampler.cluster_per_row(64, 128256));
+  {  // the default reads the environment: version 3 unless TVLLM_TOPP_V / TVLLM_TOPK_V say otherwise
+    const char* p = std::getenv("TVLLM_TOPP_V");
+    const char* k = std::getenv("TVLLM_TOPK_V");
+    const bool old_p = p != nullptr && std::string(p) == "old";
+    const bool new_k = k != nullptr && std::string(k) == "new";
+    EXPECT_EQ(sampler.cluster_version(), new_k ? 4 : (old_p ? 1 : 3));
+  }
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).cluster_per_row(64, 128256), 0);
   EXPECT_EQ(FastSampler(64, 128256, FastSampler::Path::kMultiPass).launches(64, 128256),
             FastSampler::kMultiPassLaunches);
@@ -283,6 +308,65 @@ TEST(FastSampler14Gpu, FlatAndTiedRowsAtBatch64AndVocab128256) {
   }
 }
 
+// Version 3's top-p (the fine pass, the list, the fallback when the list overflows) and version 4's top-k
+// list (its fallback to the digits: top-k 5000's bucket holds thousands) on the kernel itself,
+// called through cluster_sampler::launch so that the list's capacity can be lowered: 2048 (the kernel's),
+// 40 (some rows fall back) and 1 (almost every top-p row falls back, a list of one key does not). Rows:
+// random model-like rows at every spread, bf16-rounded normal rows (the benchmark's), ties at the top, a
+// mask; knobs: p = 1, 0.999, 0.9, 0.5, 1e-6, with and without top-k, temperatures 0.3 to 2; batch 64 (8
+// blocks of 512 threads) and batch 3 (16 blocks of 1024). Every id must be sample_cpu's.
+TEST(FastSampler14Gpu, VersionsThreeAndFourMatchTheOracleWithEveryListCapacity) {
+  TVLLM_REQUIRE_GPU();
+  const int max_cluster = cluster_sampler::max_cluster_size();
+  if (max_cluster < 8) GTEST_SKIP() << "needs thread-block clusters of 8 (Hopper)";
+  int device = 0, sms = 0;
+  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+  TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t vocab = 128256;
+  std::vector<std::vector<float>> kinds;
+  for (uint64_t seed : {11u, 12u, 13u, 14u, 15u}) kinds.push_back(model_like_row(vocab, seed));
+  std::vector<float> bf16 = random_normal(vocab, 2024, 2.0f);
+  for (float& v : bf16) v = bf16_to_f32(f32_to_bf16(v));
+  kinds.push_back(bf16);
+  for (int64_t i = 0; i < vocab; i += vocab / 300) bf16[static_cast<size_t>(i)] = 8.0f;  // ties on top
+  kinds.push_back(bf16);
+  std::vector<float> masked(vocab, -INFINITY);  // a grammar mask: 3000 tokens left
+  Rng mask_rng(5);
+  for (int i = 0; i < 3000; ++i)
+    masked[static_cast<size_t>(mask_rng.below(vocab))] = mask_rng.normal();
+  kinds.push_back(masked);
+  const float ps[] = {1.0f, 0.999f, 0.9f, 0.5f, 1e-6f};
+  const float ts[] = {0.3f, 0.8f, 1.0f, 2.0f};
+  const int ks[] = {0, 0, 50, 5000};
+  for (int batch : {64, 3}) {
+    cluster_sampler::Plan plan = cluster_sampler::plan_call(batch, vocab, sms, max_cluster);
+    ASSERT_GE(plan.cluster, 8);
+    for (int version : {3, 4})
+    for (int capacity : {cluster_sampler::kListCapacity, 40, 1}) {
+      plan.version = version;
+      plan.list_capacity = capacity;
+      Rng rng(static_cast<uint64_t>(batch * 1000 + capacity + 7 * version));
+      for (int call = 0; call < (batch == 64 ? 3 : 8); ++call) {
+        std::vector<float> logits;
+        std::vector<SamplingRow> rows;
+        for (int b = 0; b < batch; ++b) {
+          const std::vector<float>& kind = kinds[static_cast<size_t>(rng.below(static_cast<int64_t>(kinds.size())))];
+          logits.insert(logits.end(), kind.begin(), kind.end());
+          rows.push_back(row_of(ts[rng.below(4)], ks[rng.below(4)], ps[rng.below(5)], rng.next_u64(),
+                                static_cast<uint64_t>(rng.below(1000))));
+        }
+        DeviceBatch d(logits, rows);
+        cluster_sampler::launch(d.logits(), vocab, vocab, d.batch, d.rows(), d.out(), plan, nullptr);
+        TVLLM_CUDA_CHECK(cudaGetLastError());
+        expect_same_ids(d.ids(), sample_on_cpu(logits, vocab, vocab, rows), rows,
+                        "version " + std::to_string(version) + ", batch " + std::to_string(batch) +
+                            ", list capacity " +
+                            std::to_string(capacity));
+      }
+    }
+  }
+}
+
 TEST(FastSampler14Gpu, PaddedRowsAndRowsAlone) {
   TVLLM_REQUIRE_GPU();
   // Rows with a stride larger than vocab whose padding holds +inf and NaN (which would win if read); and
@@ -345,6 +429,47 @@ TEST(FastSampler14Gpu, CapturedGraphReplaysEqualEagerCalls) {
   }
 }
 
+// Path::kAuto reads TVLLM_TOPP_V and TVLLM_TOPK_V in the constructor: each setting's version, and a clear
+// error for a bad value or a contradiction. The caller's environment is put back afterwards (the lead runs
+// this binary under each setting).
+TEST(FastSampler14Gpu, TheEnvironmentPicksTheClusterKernel) {
+  TVLLM_REQUIRE_GPU();
+  auto saved = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  const std::optional<std::string> p0 = saved("TVLLM_TOPP_V"), k0 = saved("TVLLM_TOPK_V");
+  auto set = [](const char* name, const char* v) {
+    if (v) {
+      ::setenv(name, v, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  struct Case {
+    const char* p;
+    const char* k;
+    int version;  // 0: InputError
+  };
+  for (const Case& c : {Case{nullptr, nullptr, 3}, Case{"new", nullptr, 3}, Case{"old", nullptr, 1},
+                        Case{"", "", 3}, Case{nullptr, "new", 4}, Case{"new", "new", 4}, Case{"old", "new", 0},
+                        Case{nullptr, "old", 3}, Case{"old", "old", 1}, Case{"v2", nullptr, 0},
+                        Case{nullptr, "yes", 0}}) {
+    set("TVLLM_TOPP_V", c.p);
+    set("TVLLM_TOPK_V", c.k);
+    const std::string what = std::string("TVLLM_TOPP_V=") + (c.p ? c.p : "(unset)") +
+                             " TVLLM_TOPK_V=" + (c.k ? c.k : "(unset)");
+    if (c.version == 0) {
+      EXPECT_THROW(FastSampler(2, 1000), InputError) << what;
+    } else {
+      EXPECT_EQ(FastSampler(2, 1000).cluster_version(), c.version) << what;
+      EXPECT_EQ(FastSampler(2, 1000, FastSampler::Path::kClusterV1).cluster_version(), 1) << what;
+    }
+  }
+  set("TVLLM_TOPP_V", p0 ? p0->c_str() : nullptr);
+  set("TVLLM_TOPK_V", k0 ? k0->c_str() : nullptr);
+}
+
 TEST(FastSampler14Gpu, ArgumentErrors) {
   TVLLM_REQUIRE_GPU();
   EXPECT_THROW(FastSampler(0, 100), InputError);
@@ -386,10 +511,11 @@ TEST(FastSampler14Gpu, PrintsTimings) {
       params.top_p = s.p;
       const SamplerTiming timing = bench_fast_sampler(batch, 128256, params, 20);
       std::printf(
-          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   cluster v2 %8.1f us   "
-          "multi-pass %8.1f us   lesson 09 %8.1f us\n",
-          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v2_us, timing.multipass_us,
-          timing.lesson09_us);
+          "sampler vocab 128256 batch %2d %-22s fast %8.1f us (cluster %2d)   v1 %8.1f us   "
+          "v3 %8.1f us   v4 (top-k list) %8.1f us   cluster v2 %8.1f us   multi-pass %8.1f us   "
+          "lesson 09 %8.1f us\n",
+          batch, s.name, timing.fast_us, timing.cluster, timing.cluster_v1_us, timing.cluster_v3_us,
+          timing.cluster_v4_us, timing.cluster_v2_us, timing.multipass_us, timing.lesson09_us);
       EXPECT_GT(timing.fast_us, 0.0);
     }
 }

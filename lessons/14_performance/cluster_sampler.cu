@@ -50,11 +50,25 @@ struct alignas(16) Shared {
   RowState state;  // rank 0 writes the row's new state here, in every block, after each decision
   Pick pick;       // rank 0's decision, shared by its threads
   int pick_thread;
-  int picked;  // version 2 in clusters of 1 or 2: rank 0 writes the decided bucket here too, in every block
+  int picked;  // rank 0 writes the decided bucket here too, in every block
+  // Version 3's list (the keys themselves live in row_hist's words, see list_of): how many this block
+  // appended, and every block's size and offset in the sorted copy (read from the others by warp 0).
+  uint32_t list_count;
+  uint32_t list_size[kMaxClusterSize], list_offset[kMaxClusterSize];
+  uint32_t list_total, list_threshold;
+  uint32_t list_min, list_max;  // the smallest and largest listed key of the row
 };
 static_assert(sizeof(Shared) % 16 == 0, "the keys follow the fixed part, aligned");
 static_assert(kBuckets % kThreadsAlone == 0 && kMaxPer <= 4, "a decision gives each thread whole buckets");
 static_assert(3 * (kBuckets / 4) <= kBuckets, "version 2: three copies of a quarter of the buckets fit");
+static_assert(2 * kListCapacity * sizeof(uint32_t) <= sizeof(Shared::row_hist),
+              "version 3: a block's list and the sorted copy of all lists fit in row_hist's words");
+static_assert(kListCapacity <= 4 * kThreadsShared, "version 3: a thread sums at most 4 sorted keys");
+
+// Version 3: this block's list of candidate keys (the first kListCapacity words of row_hist: rank 0's row
+// histogram is zero and unused between the fine pass's decision and the draw, the others' always) and the
+// sorted copy of every block's list (the next kListCapacity words).
+__device__ __forceinline__ uint32_t* list_of(Shared& s) { return reinterpret_cast<uint32_t*>(s.row_hist); }
 
 // ---- block helpers (sampler_block.cuh) ----------------------------------------------------------------
 
@@ -90,7 +104,7 @@ __device__ Pick decide(Read read, int buckets, const RowState& st, const Samplin
   const u64 incl =
       block_inclusive_scan<kThreads>(mine, &total, s);  // its barriers also order the write above
   // Every thread computes the same target from the same total.
-  const u64 target = st.mode == kModeTopP && st.level == 0 ? top_p_target(row.top_p, total) : st.target;
+  const u64 target = sets_target(st) ? top_p_target(row.top_p, total) : st.target;
   u64 acc = st.above + (total - incl);         // the measure of every bucket above this thread's
   if (acc < target && acc + mine >= target) {  // the crossing is in this thread's buckets: exactly one thread
     for (int j = per - 1; j >= 0; --j) {
@@ -123,6 +137,186 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
   }
 }
 
+// ---- version 3: top-p's list --------------------------------------------------------------------------
+
+// The list's end. Top-p's: this block's listed keys at or above the threshold join its kept mass (the draw
+// from the digits), and the row goes to the draw. Version 4's top-k list: top-p or the draw (after_top_k).
+template <int kThreads>
+__device__ RowState list_done(RowState st, uint32_t threshold, float z_max, const SamplingRow& row,
+                              cg::cluster_group& cluster, Shared& s, u64* my_kept) {
+  const bool top_k = st.mode == kModeTopKList;
+  if (top_k) {
+    st = after_top_k(st, row, threshold, true);
+    if (st.mode != kModeDraw) return st;  // top-p follows: its own passes give the kept masses
+  }
+  const uint32_t* list = list_of(s);
+  const uint32_t own = s.list_size[cluster.block_rank()];
+  for (uint32_t i = threadIdx.x; i < own; i += kThreads)
+    if (list[i] >= threshold) *my_kept += token_mass(z_of_key(list[i]), z_max);
+  if (!top_k) {
+    st.mode = kModeDraw;
+    st.threshold = threshold;
+  }
+  return st;
+}
+
+// Version 3's list step (cluster_sampler.h; the CPU model's resolve_list), called by every thread of every
+// block of the cluster with the state kModeTopPList: prefix is the picked fine bucket, above the mass of the
+// candidates above it, target top-p's. Returns the draw's state, or top-p's first digit when the list
+// overflows (every block reads the same counts, so every block returns the same). Adds this thread's share of
+// the block's listed kept mass to *my_kept. Version 4's top-k list (kModeTopKList, top-k's level-1 state):
+// every key counts 1, the result is top-p's fine pass or the draw, an overflow goes back to top-k's second
+// digit; the list holds the keys above the bucket too (is_listed), so its count starts from 0; when the draw
+// follows (top-k alone), the listed keys at or above the threshold are the block's kept mass, as top-p's.
+template <int kThreads>
+__device__ RowState resolve_list(RowState st, float z_max, const uint32_t* keys, int n, int list_capacity,
+                                 const SamplingRow& row, cg::cluster_group& cluster, Shared& s, u64* my_kept,
+                                 bool* fell_back) {
+  const bool top_k = st.mode == kModeTopKList;  // uniform: the state is the cluster's
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int blocks = static_cast<int>(cluster.num_blocks());
+  const uint32_t capacity = static_cast<uint32_t>(min(list_capacity, kListCapacity));
+  uint32_t* list = list_of(s);
+  uint32_t* sorted = list + kListCapacity;
+  // 1. Append this block's candidates of the picked bucket: one atomic per warp for the warp's slots. A
+  // block never writes past the capacity; counting on tells every block that the row overflowed.
+  for (int i0 = tid - lane; i0 < n; i0 += kThreads) {
+    const int i = i0 + lane;
+    const uint32_t key = i < n ? keys[i] : 0u;
+    const bool listed = i < n && is_listed(st, key, z_max);
+    const unsigned ballot = __ballot_sync(0xffffffffu, listed);
+    if (ballot == 0) continue;
+    const int leader = __ffs(static_cast<int>(ballot)) - 1;
+    uint32_t base = 0;
+    if (lane == leader) base = atomicAdd(&s.list_count, static_cast<uint32_t>(__popc(ballot)));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    if (listed) {
+      const uint32_t slot = base + static_cast<uint32_t>(__popc(ballot & ((1u << lane) - 1u)));
+      if (slot < capacity) list[slot] = key;
+    }
+  }
+  cluster.sync();  // every block's list and count are complete
+  // 2. Every block's size and offset, and the row's total (warp 0: lane q reads block q's count).
+  if (warp == 0) {
+    const uint32_t size = lane < blocks ? *cluster.map_shared_rank(&s.list_count, lane) : 0u;
+    uint32_t incl = size;
+#pragma unroll
+    for (int d = 1; d < kWarpSize; d <<= 1) {
+      const uint32_t other = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += other;
+    }
+    if (lane < blocks) {
+      s.list_size[lane] = size;
+      s.list_offset[lane] = incl - size;
+    }
+    if (lane == kWarpSize - 1) s.list_total = incl;  // at most 16 x 40960: no overflow
+  }
+  if (tid == 0) {
+    s.list_threshold = 0;  // the unreachable fallback (the pick guarantees a crossing): keep all
+    s.list_min = 0xffffffffu;
+    s.list_max = 0u;
+  }
+  __syncthreads();
+  const uint32_t total = s.list_total;
+  // Version 4: after top-k's list, top-p's fine pass adds into rank 0's row histogram (which holds rank 0's
+  // list and the sorted copy) and appends to fresh lists: a barrier once every block is done with the lists,
+  // the reset, a barrier before anyone adds or appends. (Top-k alone goes to the draw: no reset needed.)
+  auto finish = [&](uint32_t threshold) {
+    const RowState next = list_done<kThreads>(st, threshold, z_max, row, cluster, s, my_kept);
+    if (top_k && next.mode != kModeDraw) {
+      cluster.sync();
+      if (cluster.block_rank() == 0)
+        for (int b = tid; b < kBuckets; b += kThreads) s.row_hist[b] = 0;
+      if (tid == 0) s.list_count = 0;
+      cluster.sync();
+    }
+    return next;
+  };
+  if (total == 0 || total > capacity) {  // the same counts in every block: the same branch
+    if (cluster.block_rank() == 0)  // its row histogram held its list: zero before the next digit's adds
+      for (int b = tid; b < kBuckets; b += kThreads) s.row_hist[b] = 0;
+    cluster.sync();  // ... which the other blocks make only after this barrier
+    if (tid == 0) s.list_count = 0;  // version 4: top-p's list may follow (every block has read it: step 2)
+    if (top_k) {
+      st.mode = kModeTopK;  // level 1, prefix, above, target: top-k's second digit
+      return st;
+    }
+    *fell_back = true;
+    RowState top_p{};
+    top_p.mode = kModeTopP;  // level 0, prefix 0, above 0, target 0: top-p's digits from the start
+    top_p.lower = st.lower;
+    return top_p;
+  }
+  // 3. Copy every block's list into the sorted buffer (the blocks' offsets in rank order), pad with key 0
+  // (below every real key: -inf's is 0x007fffff) to a power of two, and sort from the largest key down
+  // (bitonic: log2(m) * (log2(m) + 1) / 2 steps, each a compare-exchange per pair and a block barrier).
+  uint32_t m = kWarpSize;
+  while (m < total) m <<= 1;
+  uint32_t key_min = 0xffffffffu, key_max = 0u;
+  for (int q = 0; q < blocks; ++q) {
+    const uint32_t* remote = cluster.map_shared_rank(list, q);
+    const uint32_t size = s.list_size[q], offset = s.list_offset[q];
+    for (uint32_t i = tid; i < size; i += kThreads) {
+      const uint32_t key = remote[i];
+      sorted[offset + i] = key;
+      key_min = min(key_min, key);
+      key_max = max(key_max, key);
+    }
+  }
+  for (uint32_t i = total + tid; i < m; i += kThreads) sorted[i] = 0u;
+  key_min = __reduce_min_sync(0xffffffffu, key_min);
+  key_max = __reduce_max_sync(0xffffffffu, key_max);
+  if (lane == 0) {
+    atomicMin(&s.list_min, key_min);
+    atomicMax(&s.list_max, key_max);
+  }
+  __syncthreads();
+  // One key, many tokens (bf16 logits: within 1/64 of a logit there are one or two bf16 values): the
+  // threshold is that key, whatever the sort and the sums would say. The same in every block.
+  if (s.list_min == s.list_max) return finish(s.list_max);
+  for (uint32_t k = 2; k <= m; k <<= 1)
+    for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+      for (uint32_t i = tid; i < m; i += kThreads) {
+        const uint32_t partner = i ^ j;
+        if (partner > i) {
+          const uint32_t a = sorted[i], b = sorted[partner];
+          if ((i & k) == 0 ? a < b : a > b) {  // runs with (i & k) == 0 go down, the others up
+            sorted[i] = b;
+            sorted[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  // 4. The masses from the top: thread t sums positions [t * per, (t + 1) * per); a block scan; the thread
+  // whose positions hold the first crossing of the target finds it (thread 0 also when above alone reaches
+  // it, which the pick rules out: then position 0, as the CPU model).
+  const int per = static_cast<int>((m + kThreads - 1) / kThreads);  // at most 4 (static_assert above)
+  const int first = tid * per;
+  u64 h[4] = {0, 0, 0, 0};
+  u64 mine = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (j < per && first + j < static_cast<int>(total)) {
+      h[j] = top_k ? 1u : token_mass(z_of_key(sorted[first + j]), z_max);
+      mine += h[j];
+    }
+  u64 block_total = 0;
+  const u64 incl = block_inclusive_scan<kThreads>(mine, &block_total, s);
+  u64 acc = (top_k ? 0 : st.above) + (incl - mine);
+  if ((acc < st.target || tid == 0) && acc + mine >= st.target) {
+    for (int j = 0; j < per; ++j) {
+      acc += h[j];
+      if (acc >= st.target) {
+        s.list_threshold = sorted[first + j];
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return finish(s.list_threshold);
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------------
 
 // grid (cluster, batch), cluster (cluster, 1, 1): the blocks of cluster r sample row r; block rank q owns
@@ -131,7 +325,7 @@ __device__ __forceinline__ void count_warp(bool counted, uint32_t digit, uint32_
 template <int kThreads, int kVersion>
 __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     sample_rows(const float* __restrict__ logits, int64_t row_stride, int vocab, int chunk, int piece,
-                const SamplingRow* __restrict__ rows, int32_t* __restrict__ out_ids) {
+                int list_capacity, const SamplingRow* __restrict__ rows, int32_t* __restrict__ out_ids) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
   Shared& s = *reinterpret_cast<Shared*>(shared_raw);
   uint32_t* keys = reinterpret_cast<uint32_t*>(shared_raw + sizeof(Shared));
@@ -150,15 +344,18 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   // an SM (512 threads: many rows), not where each block has an SM of its own and only the latency counts
   // (1024 threads: batch 1 to 8 at vocab 128256, whose top-p draw then stays version 1's, step for step).
   constexpr bool kDrawFromDigits = kVersion >= 2 && kThreads == kThreadsShared;
+  constexpr bool kFine = kVersion >= 3;   // top-p: the fine pass and the list (cluster_sampler.h)
+  constexpr bool kListK = kVersion == 4;  // top-k: the list after its first digit (cluster_sampler.h)
 
   for (int b = tid; b < kBuckets; b += kThreads) {
     s.lo[b] = s.hi[b] = 0;
     s.row_hist[b] = 0;
   }
+  if (tid == 0) s.list_count = 0;
   // Version 2: top-k's first digit is a count of every token by its top 11 bits (initial_state: level 0,
   // no lower bound, so every token is a candidate): counted here, while the loads are in flight.
-  const RowState first_state = initial_state(row, vocab);
-  const bool count_in_load = kVersion >= 2 && !greedy && first_state.mode == kModeTopK;
+  const RowState first_state = initial_state(row, vocab, kFine);
+  const bool count_in_load = kVersion == 2 && !greedy && first_state.mode == kModeTopK;
   // Version 2: at temperature 1 the division is skipped. x / 1 is x exactly for every float (IEEE division is
   // correctly rounded and x is representable), so the key is the same bits; scaled_logit sanitizes first.
   const bool unit_temperature = kVersion >= 2 && row.temperature == 1.0f;
@@ -226,15 +423,18 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
   // this barrier) and next added into at digit d+2 (after the next one).
   RowState st = first_state;
   u64* rank0_hist = cluster.map_shared_rank(s.row_hist, 0);
-  const bool one_barrier = kVersion >= 2 && blocks >= 4 && kBuckets % blocks == 0;  // cluster-uniform
+  const bool one_barrier = kVersion == 2 && blocks >= 4 && kBuckets % blocks == 0;  // cluster-uniform
   const int range = kBuckets / blocks;  // buckets per owner (one_barrier: 3 * range <= kBuckets)
   auto owned = [&](int copy, int b) {   // the address of bucket b of the row histogram's copy `copy`
     return cluster.map_shared_rank(s.row_hist, b / range) + copy * range + b % range;
   };
   bool counted = count_in_load;  // version 2: the first digit's histogram is already complete
   u64 my_kept = 0;  // version 2, top-p rows: this thread's buckets' share of the block's kept mass
+  bool fell_back = false;  // version 3: the list overflowed and top-p ran version 1's digits (uniform)
+  bool k_kept_from_list = false;  // version 4, top-k alone: my_kept holds the block's listed kept mass
   for (int pass = 0; st.mode != kModeDraw; ++pass) {
-    const bool top_p = st.mode == kModeTopP;
+    const bool top_p = measures_mass(st);
+    const bool fine_pass = kFine && st.mode == kModeTopPFine;
     // Token i = tid + j * kThreads, as a loop every lane of a warp runs the same number of times (i0 is the
     // warp's first token): the warp votes below.
     for (int i0 = counted ? n : tid - lane; i0 < n; i0 += kThreads) {
@@ -242,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
       const uint32_t key = i < n ? keys[i] : 0u;
       u64 measure = 0;  // 1 (top-k) or the token's mass (top-p); 0 for a token that is not a candidate
       if (i < n && is_candidate(st, key)) measure = top_p ? token_mass(z_of_key(key), z_max) : 1u;
-      const uint32_t digit = digit_of(st, key);
+      const uint32_t digit = fine_pass ? fine_bucket(key, z_max) : digit_of(st, key);
       const unsigned measured = __ballot_sync(0xffffffffu, measure != 0);
       if (measured == 0) continue;
       // A warp whose measured tokens all fall into one bucket (a flat row; a masked row's -inf tokens under
@@ -264,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     __syncthreads();
     // Nonzero buckets into rank 0's row histogram (integers: the order of the adds cannot matter); our own
     // buckets back to zero for the next digit (version 2 keeps top-p's until the pick is known).
-    const int buckets = 1 << digit_bits(st.level);
+    const int buckets = fine_pass ? kBuckets : 1 << digit_bits(st.level);
     const bool keep_local = kDrawFromDigits && top_p;
     const int copy = pass % 3;
     for (int b = tid; b < buckets; b += kThreads) {
@@ -280,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
     if (one_barrier) {
       for (int i = tid; i < range; i += kThreads) s.row_hist[((pass + 2) % 3) * range + i] = 0;
       const Pick pick = decide<kThreads>([&](int b) { return *owned(copy, b); }, buckets, st, row, s);
-      next = advance(st, row, pick);
+      next = advance(st, row, pick, kFine, kListK);
       picked_bucket = pick.bucket;
     } else {
       if (rank == 0) {
@@ -291,7 +491,7 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
         };
         const Pick pick = decide<kThreads>(take, buckets, st, row, s);
         if (tid < blocks) {
-          *cluster.map_shared_rank(&s.state, tid) = advance(st, row, pick);
+          *cluster.map_shared_rank(&s.state, tid) = advance(st, row, pick, kFine, kListK);
           *cluster.map_shared_rank(&s.picked, tid) = pick.bucket;
         }
       }
@@ -303,18 +503,29 @@ __global__ void __launch_bounds__(kThreads, kThreads == kThreadsShared ? 2 : 1)
       const uint32_t picked = static_cast<uint32_t>(picked_bucket);
       for (int b = tid; b < buckets; b += kThreads) {
         const u64 v = (static_cast<u64>(s.hi[b]) << 32) + s.lo[b];
-        if (bucket_is_kept(st.level, static_cast<uint32_t>(b), picked)) my_kept += v;
+        // (the fine pass: the buckets above the pick; the list decides the picked one's keys)
+        if (fine_pass ? static_cast<uint32_t>(b) > picked
+                      : bucket_is_kept(st.level, static_cast<uint32_t>(b), picked))
+          my_kept += v;
         s.lo[b] = s.hi[b] = 0;  // the next digit's atomics come after the next barrier (its pass's end)
       }
       __syncthreads();  // zeroed before any thread of the block counts the next digit
     }
     st = next;
+    if (kListK && st.mode == kModeTopKList) {
+      st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, row, cluster, s, &my_kept, &fell_back);
+      k_kept_from_list = st.mode == kModeDraw;  // top-k alone, and the list did not overflow (uniform)
+    }
+    if (kFine && st.mode == kModeTopPList)
+      st = resolve_list<kThreads>(st, z_max, keys, n, list_capacity, row, cluster, s, &my_kept, &fell_back);
   }
 
   // 4. The draw. Thread t's piece [t * piece, (t + 1) * piece) of the chunk: its kept mass, a block scan.
   // Version 2, rows with top-p: the block's kept mass is the sum of the threads' my_kept (the same integer
   // the pieces would give), and only the block that holds U scans its pieces, below.
-  const bool mass_from_digits = kDrawFromDigits && row.top_p < 1.0f;  // top-p ran: initial_state / advance
+  // top-p ran (initial_state / advance) and, in version 3, its list did not overflow
+  // (version 4: or top-k alone found its threshold by the list, which holds every kept key)
+  const bool mass_from_digits = kDrawFromDigits && (row.top_p < 1.0f || k_kept_from_list) && !fell_back;
   const int p_lo = min(n, tid * piece), p_hi = min(n, p_lo + piece);
   auto scan_pieces = [&](u64* piece_mass, u64* block_total) {
     u64 m = 0;
@@ -433,7 +644,9 @@ int max_cluster_size() {
   if (major < 9) return 0;  // thread-block clusters are Hopper's
   // Both versions use the same shared memory, so they reach the same sizes; each needs its attributes set.
   return std::min({max_cluster_of<kThreadsShared, 1>(), max_cluster_of<kThreadsAlone, 1>(),
-                   max_cluster_of<kThreadsShared, 2>(), max_cluster_of<kThreadsAlone, 2>()});
+                   max_cluster_of<kThreadsShared, 2>(), max_cluster_of<kThreadsAlone, 2>(),
+                   max_cluster_of<kThreadsShared, 3>(), max_cluster_of<kThreadsAlone, 3>(),
+                   max_cluster_of<kThreadsShared, 4>(), max_cluster_of<kThreadsAlone, 4>()});
 }
 
 void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, const SamplingRow* rows,
@@ -442,7 +655,8 @@ void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, c
       plan.cluster >= 1 && (plan.threads == kThreadsShared || plan.threads == kThreadsAlone) &&
           plan.chunk >= 1 && plan.piece >= 1 && static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
           plan.chunk <= kMaxTokensPerBlock && static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk &&
-          (plan.version == 1 || plan.version == 2),
+          plan.version >= 1 && plan.version <= 4 && plan.list_capacity >= 0 &&
+          plan.list_capacity <= kListCapacity,
       "cluster_sampler::launch: the plan does not cover the row");
   cudaLaunchAttribute attribute;
   const cudaLaunchConfig_t config =
@@ -450,13 +664,17 @@ void launch(const float* logits, int64_t row_stride, int64_t vocab, int batch, c
                     plan.cluster, shared_bytes(plan), stream, &attribute);
   auto go = [&](auto kernel) {
     TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, logits, row_stride, static_cast<int>(vocab),
-                                        plan.chunk, plan.piece, rows, out_ids));
+                                        plan.chunk, plan.piece, plan.list_capacity, rows, out_ids));
   };
   const bool alone = plan.threads == kThreadsAlone;
   if (plan.version == 1)
     alone ? go(sample_rows<kThreadsAlone, 1>) : go(sample_rows<kThreadsShared, 1>);
-  else
+  else if (plan.version == 2)
     alone ? go(sample_rows<kThreadsAlone, 2>) : go(sample_rows<kThreadsShared, 2>);
+  else if (plan.version == 3)
+    alone ? go(sample_rows<kThreadsAlone, 3>) : go(sample_rows<kThreadsShared, 3>);
+  else
+    alone ? go(sample_rows<kThreadsAlone, 4>) : go(sample_rows<kThreadsShared, 4>);
 }
 
 }  // namespace tvllm::cluster_sampler

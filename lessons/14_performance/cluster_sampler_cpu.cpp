@@ -16,6 +16,62 @@ namespace tvllm::cluster_sampler {
 
 namespace {
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Version 3's list step, as every block of the kernel runs it: the candidates of the picked fine bucket, in
+// block order (each block's list; the kernel appends in any order, the sort below makes it canonical); too
+// many (or, defensively, none): back to version 1's top-p digits. Else the threshold is the first key, from
+// the largest down, at which above + the masses so far reach the target, and every block's listed keys at or
+// above it join its kept mass.
+// Version 4's top-k list (st.mode == kModeTopKList) is the same step with every key counting 1: the
+// threshold is the k-th largest key; too many candidates: back to top-k's second digit (the state is
+// already its, level 1); the listed keys join no kept mass (the top-k draw sums its pieces), and top-p
+// follows when the row asks (after_top_k).
+// (The top-k list holds the keys above the bucket too, so its count starts from 0, not from above; when the
+// draw follows, every block's listed keys at or above the threshold are its kept mass, as top-p's.)
+RowState resolve_list(const std::vector<uint32_t>& keys, float z_max, const SamplingRow& row, const Plan& plan,
+                      RowState st, std::vector<uint64_t>* block_kept, bool* fell_back, int64_t* list_size) {
+  const bool top_k = st.mode == kModeTopKList;
+  std::vector<uint32_t> list;
+  std::vector<size_t> owner;  // the block of each listed key
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (is_listed(st, keys[i], z_max)) {
+      list.push_back(keys[i]);
+      owner.push_back(i / static_cast<size_t>(plan.chunk));
+    }
+  *list_size = static_cast<int64_t>(list.size());
+  if (list.empty() || list.size() > static_cast<size_t>(plan.list_capacity)) {
+    if (top_k) {
+      st.mode = kModeTopK;  // level 1, prefix, above, target: the second digit
+      return st;
+    }
+    *fell_back = true;
+    RowState top_p{};
+    top_p.mode = kModeTopP;  // level 0, prefix 0, above 0, target 0: top-p's digits from the start
+    top_p.lower = st.lower;
+    return top_p;
+  }
+  // (The kernel skips the sort when every listed key is the same: that key is then what the loop finds.)
+  std::vector<uint32_t> sorted = list;
+  std::sort(sorted.begin(), sorted.end(), [](uint32_t a, uint32_t b) { return a > b; });
+  uint32_t threshold = 0;  // unreachable fallback (the pick guarantees a crossing): keep every key
+  uint64_t acc = top_k ? 0 : st.above;
+  for (uint32_t key : sorted) {
+    acc += top_k ? 1 : sampling::token_mass(z_of_key(key), z_max);
+    if (acc >= st.target) {
+      threshold = key;
+      break;
+    }
+  }
+  if (top_k) {
+    st = after_top_k(st, row, threshold, true);
+    if (st.mode != kModeDraw) return st;  // top-p follows: its own passes give the kept masses
+  }
+  for (size_t j = 0; j < list.size(); ++j)
+    if (list[j] >= threshold) (*block_kept)[owner[j]] += sampling::token_mass(z_of_key(list[j]), z_max);
+  st.mode = kModeDraw;
+  st.threshold = threshold;
+  return st;
+}
 }  // namespace
 
 Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster) {
@@ -36,7 +92,7 @@ Plan plan_call(int batch, int64_t vocab, int sms, int max_cluster) {
 
 Plan plan_with(int64_t vocab, int cluster, int threads, int version) {
   TVLLM_REQUIRE(vocab >= 1 && cluster >= 1 && (threads == kThreadsShared || threads == kThreadsAlone) &&
-                    (version == 1 || version == 2),
+                    version >= 1 && version <= 4,
                 "cluster_sampler::plan_with: bad shape");
   Plan plan;
   plan.cluster = cluster;
@@ -47,13 +103,19 @@ Plan plan_with(int64_t vocab, int cluster, int threads, int version) {
   return plan;
 }
 
-int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan) {
+int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row, const Plan& plan,
+                     ModelTrace* trace) {
+  ModelTrace unused;
+  if (trace == nullptr) trace = &unused;
+  *trace = ModelTrace{};
   TVLLM_REQUIRE(logits != nullptr && vocab >= 1 && vocab <= sampling::kMaxVocab,
                 "cluster_sampler::sample_model: bad row");
   TVLLM_REQUIRE(plan.cluster >= 1 && plan.threads >= 1 &&
                     static_cast<int64_t>(plan.cluster) * plan.chunk >= vocab &&
-                    static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk,
+                    static_cast<int64_t>(plan.piece) * plan.threads >= plan.chunk &&
+                    plan.list_capacity >= 0 && plan.list_capacity <= kListCapacity,
                 "cluster_sampler::sample_model: the plan does not cover the row");
+  const bool fine = plan.version >= 3, list_k = plan.version == 4;
   const size_t n = static_cast<size_t>(vocab);
   const bool greedy = !(row.temperature > 0.0f);
 
@@ -70,9 +132,11 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
   const float z_max = z_of_key(static_cast<uint32_t>(best >> 32));
 
   // 2. The digits: the row's histogram (the kernel: per block, added into rank 0's), the pick, the state.
-  // Version 2 also keeps each block's own top-p histograms (block_hist) to take the blocks' kept masses
-  // from them (block_kept, used by the draw).
-  RowState st = initial_state(row, vocab);
+  // Versions 2 and 3 also keep each block's own top-p histograms (block_hist) to take the blocks' kept
+  // masses from them (block_kept, used by the draw). Version 3's top-p: the fine pass, then the list (below).
+  RowState st = initial_state(row, vocab, fine);
+  bool fell_back = false;  // version 3: the list overflowed, top-p ran version 1's digits
+  bool k_kept_from_list = false;  // version 4, top-k alone: the blocks' kept masses came from the list
   std::vector<uint64_t> hist(kBuckets);
   const size_t blocks = static_cast<size_t>(plan.cluster);
   std::vector<uint64_t> block_hist(blocks * kBuckets), block_kept(blocks, 0);
@@ -81,15 +145,15 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
     std::fill(block_hist.begin(), block_hist.end(), 0);
     for (size_t i = 0; i < n; ++i) {
       if (!is_candidate(st, keys[i])) continue;
-      const uint64_t measure = st.mode == kModeTopK ? 1 : sampling::token_mass(z_of_key(keys[i]), z_max);
-      hist[digit_of(st, keys[i])] += measure;
-      block_hist[i / static_cast<size_t>(plan.chunk) * kBuckets + digit_of(st, keys[i])] += measure;
+      const uint64_t measure = measures_mass(st) ? sampling::token_mass(z_of_key(keys[i]), z_max) : 1;
+      const uint32_t digit = st.mode == kModeTopPFine ? fine_bucket(keys[i], z_max) : digit_of(st, keys[i]);
+      hist[digit] += measure;
+      block_hist[i / static_cast<size_t>(plan.chunk) * kBuckets + digit] += measure;
     }
-    const int buckets = 1 << digit_bits(st.level);
+    const int buckets = st.mode == kModeTopPFine ? kBuckets : 1 << digit_bits(st.level);
     uint64_t total = 0;
     for (int b = 0; b < buckets; ++b) total += hist[static_cast<size_t>(b)];
-    const uint64_t target =
-        st.mode == kModeTopP && st.level == 0 ? sampling::top_p_target(row.top_p, total) : st.target;
+    const uint64_t target = sets_target(st) ? sampling::top_p_target(row.top_p, total) : st.target;
     Pick pick{0, st.above, 0, target};  // the kernel's unreachable fallback
     uint64_t acc = st.above;
     for (int b = buckets - 1; b >= 0; --b) {
@@ -100,12 +164,28 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
       }
       acc += h;
     }
-    if (st.mode == kModeTopP)
+    if ((plan.version == 2 && st.mode == kModeTopP) || st.mode == kModeTopPFine)
       for (size_t q = 0; q < blocks; ++q)
-        for (int b = 0; b < buckets; ++b)
-          if (bucket_is_kept(st.level, static_cast<uint32_t>(b), static_cast<uint32_t>(pick.bucket)))
-            block_kept[q] += block_hist[q * kBuckets + static_cast<size_t>(b)];
-    st = advance(st, row, pick);
+        for (int b = 0; b < buckets; ++b) {
+          // The fine pass: only the buckets above the pick are kept for sure; the list decides the rest.
+          const bool kept_bucket = st.mode == kModeTopPFine
+                                       ? b > pick.bucket
+                                       : bucket_is_kept(st.level, static_cast<uint32_t>(b),
+                                                        static_cast<uint32_t>(pick.bucket));
+          if (kept_bucket) block_kept[q] += block_hist[q * kBuckets + static_cast<size_t>(b)];
+        }
+    st = advance(st, row, pick, fine, list_k);
+    ++trace->passes;
+    if (st.mode == kModeTopKList) {
+      bool unused = false;
+      st = resolve_list(keys, z_max, row, plan, st, &block_kept, &unused, &trace->k_list_size);
+      trace->k_fell_back = st.mode == kModeTopK;
+      k_kept_from_list = st.mode == kModeDraw;
+    }
+    if (st.mode == kModeTopPList) {
+      st = resolve_list(keys, z_max, row, plan, st, &block_kept, &fell_back, &trace->list_size);
+      trace->fell_back = fell_back;
+    }
   }
 
   // 3. The draw: the kept mass of every (block, thread piece), in index order; W; U; then narrow down.
@@ -129,9 +209,9 @@ int32_t sample_model(const float* logits, int64_t vocab, const SamplingRow& row,
     }
   if (kept == 0) return 0;  // the kernel's answer for an impossible row
   const uint64_t u = sampling::mulhi_u64(sampling::random_u64(row.seed, row.step), kept);
-  if (plan.version >= 2 && row.top_p < 1.0f) {
-    // Version 2's kernel finds U's block by the masses the digits gave (block_kept), and only that block
-    // sums its pieces: the rule holds only if every block's digit masses equal its pieces' sums. Checked.
+  if (plan.version >= 2 && (row.top_p < 1.0f || k_kept_from_list) && !fell_back) {
+    // Versions 2 and 3 find U's block by the masses the digits gave (block_kept), and only that block sums
+    // its pieces: the rule holds only if every block's digit masses equal its pieces' sums. Checked.
     for (size_t q = 0; q < blocks; ++q) {
       uint64_t pieces = 0;
       for (int64_t t = 0; t < threads; ++t) pieces += piece_mass[q * static_cast<size_t>(threads) + t];

@@ -37,6 +37,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -452,6 +454,28 @@ size_t keys_bytes(int max_batch, int64_t max_vocab) {
   const size_t bytes = sizeof(uint32_t) * static_cast<size_t>(max_vocab) * static_cast<size_t>(max_batch);
   return (bytes + 255) / 256 * 256;
 }
+// Path::kAuto's cluster kernel: TVLLM_TOPP_V=new / unset (version 3) or old (version 1); TVLLM_TOPK_V=new
+// takes version 4 (version 3's top-p and top-k's list; with TVLLM_TOPP_V=old: InputError), old / unset
+// leaves the choice to TVLLM_TOPP_V. Read once per sampler, in its constructor (never in sample(), which a
+// CUDA graph may capture).
+int env_choice(const char* name) {  // 0 unset or empty, 1 "old", 2 "new"
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return 0;
+  if (std::strcmp(v, "old") == 0) return 1;
+  TVLLM_REQUIRE(std::strcmp(v, "new") == 0,
+                std::string("FastSampler: ") + name + " must be 'old' or 'new', got '" + v + "'");
+  return 2;
+}
+int cluster_version_from_env() {
+  const int top_p = env_choice("TVLLM_TOPP_V"), top_k = env_choice("TVLLM_TOPK_V");
+  if (top_k == 2) {
+    TVLLM_REQUIRE(top_p != 1, "FastSampler: TVLLM_TOPK_V=new (version 4) includes version 3's top-p: "
+                              "TVLLM_TOPP_V=old contradicts it");
+    return 4;
+  }
+  return top_p == 1 ? 1 : 3;
+}
+
 }  // namespace
 
 FastSampler::FastSampler(int max_batch, int64_t max_vocab, Path path)
@@ -465,6 +489,9 @@ FastSampler::FastSampler(int max_batch, int64_t max_vocab, Path path)
   sms_ = std::max(1, sms);
   if (path != Path::kMultiPass) max_cluster_ = cluster_sampler::max_cluster_size();
   if (path == Path::kClusterV2) cluster_version_ = 2;
+  if (path == Path::kClusterV3) cluster_version_ = 3;
+  if (path == Path::kClusterV4) cluster_version_ = 4;
+  if (path == Path::kAuto) cluster_version_ = cluster_version_from_env();
   TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_pass, kThreads, 0));
   wave_blocks_ = std::max(1, sms * std::max(per_sm, 1));
   max_chunks_ = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wave_blocks_, max_vocab / kMinChunk)));
@@ -548,7 +575,13 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   FastSampler fast(batch, vocab);
   FastSampler multipass(batch, vocab, FastSampler::Path::kMultiPass);
   FastSampler cluster_v2(batch, vocab, FastSampler::Path::kClusterV2);
+  FastSampler cluster_v1(batch, vocab, FastSampler::Path::kClusterV1);
+  FastSampler cluster_v3(batch, vocab, FastSampler::Path::kClusterV3);
+  FastSampler cluster_v4(batch, vocab, FastSampler::Path::kClusterV4);
   DeviceBuffer v2_ids(sizeof(int32_t) * static_cast<size_t>(batch));
+  DeviceBuffer v1_ids(sizeof(int32_t) * static_cast<size_t>(batch));
+  DeviceBuffer v3_ids(sizeof(int32_t) * static_cast<size_t>(batch));
+  DeviceBuffer v4_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   GpuSampler reference(batch, vocab);
   DeviceBuffer multipass_ids(sizeof(int32_t) * static_cast<size_t>(batch));
   cudaStream_t stream = nullptr;
@@ -575,6 +608,18 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
     cluster_v2.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
                       v2_ids.as<int32_t>(), stream);
   });
+  timing.cluster_v1_us = time_us([&] {
+    cluster_v1.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
+                      v1_ids.as<int32_t>(), stream);
+  });
+  timing.cluster_v3_us = time_us([&] {
+    cluster_v3.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
+                      v3_ids.as<int32_t>(), stream);
+  });
+  timing.cluster_v4_us = time_us([&] {
+    cluster_v4.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(),
+                      v4_ids.as<int32_t>(), stream);
+  });
   timing.multipass_us = time_us([&] {
     multipass.sample(logits_d.as<float>(), vocab, vocab, batch, rows_d.as<SamplingRow>(), multipass_ids.as<int32_t>(),
                      stream);
@@ -594,6 +639,12 @@ SamplerTiming bench_fast_sampler(int batch, int64_t vocab, const SamplingParams&
   std::vector<int32_t> v1(static_cast<size_t>(batch));
   v2_ids.copy_to_host(v1.data(), v2_ids.bytes());
   TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's second cluster kernel and GpuSampler disagree");
+  v1_ids.copy_to_host(v1.data(), v1_ids.bytes());
+  TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's first cluster kernel and GpuSampler disagree");
+  v3_ids.copy_to_host(v1.data(), v3_ids.bytes());
+  TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's third cluster kernel and GpuSampler disagree");
+  v4_ids.copy_to_host(v1.data(), v4_ids.bytes());
+  TVLLM_REQUIRE(v1 == b, "bench_fast_sampler: FastSampler's fourth cluster kernel and GpuSampler disagree");
   TVLLM_REQUIRE(a == b, "bench_fast_sampler: FastSampler and GpuSampler disagree");
   TVLLM_REQUIRE(m == b, "bench_fast_sampler: FastSampler's multi-pass path and GpuSampler disagree");
   return timing;

@@ -525,12 +525,13 @@ void bench_step_timeline(const ModelWeights& w) {
 }
 
 void bench_sampler(int64_t vocab) {
-  std::printf("\nsampler, vocab %lld: FastSampler (default: the cluster path v1, one launch; the second\n"
-              "cluster kernel v2; the multi-pass path, seven launches) vs lesson 09's GpuSampler\n"
-              "(us per call, the same ids)\n",
+  std::printf("\nsampler, vocab %lld: FastSampler (default: the cluster path, one launch; v3 unless\n"
+              "TVLLM_TOPP_V=old picks v1 or TVLLM_TOPK_V=new v4), each cluster kernel (v1, v2, v3: top-p by\n"
+              "fine buckets and a list, v4: v3 plus top-k by a list),\n"
+              "the multi-pass path (seven launches) vs lesson 09's GpuSampler (us per call, the same ids)\n",
               (long long)vocab);
-  std::printf("  %6s  %-22s %10s %11s %11s %11s %8s %8s\n", "batch", "knobs", "lesson 09", "multi-pass",
-              "cluster v2", "FastSampler", "cluster", "speed-up");
+  std::printf("  %6s  %-22s %10s %11s %9s %9s %9s %9s %11s %8s %8s\n", "batch", "knobs", "lesson 09",
+              "multi-pass", "v1", "v2", "v3", "v4", "FastSampler", "cluster", "speed-up");
   const std::vector<std::pair<std::string, SamplingParams>> knobs = {{"greedy", {0.0f, 0, 1.0f, 1}},
                                                                       {"temperature 1", {1.0f, 0, 1.0f, 5}},
                                                                       {"top-k 50", {0.7f, 50, 1.0f, 2}},
@@ -539,8 +540,9 @@ void bench_sampler(int64_t vocab) {
   for (int B : {1, 64})
     for (const auto& [name, p] : knobs) {
       const SamplerTiming t = bench_fast_sampler(B, vocab, p);
-      std::printf("  %6d  %-22s %10.1f %11.1f %11.1f %11.1f %8d %7.1fx\n", B, name.c_str(), t.lesson09_us,
-                  t.multipass_us, t.cluster_v2_us, t.fast_us, t.cluster, t.lesson09_us / t.fast_us);
+      std::printf("  %6d  %-22s %10.1f %11.1f %9.1f %9.1f %9.1f %9.1f %11.1f %8d %7.1fx\n", B, name.c_str(),
+                  t.lesson09_us, t.multipass_us, t.cluster_v1_us, t.cluster_v2_us, t.cluster_v3_us,
+                  t.cluster_v4_us, t.fast_us, t.cluster, t.lesson09_us / t.fast_us);
     }
 }
 
