@@ -10,7 +10,10 @@
 //              and each of the two bf16 roundings (and the fp32 rsqrt) grows an element by < 2^-7 relative
 //   ||Δw_n||_2 computed exactly on the host from the bf16 row and its E4M3 codes x scale (each |Δw| is at most
 //              2^-4 |w| for a normal code, 2^-10 of the row's scale for a subnormal one: quantize.h's bound)
-//   + each run's fp32 sum over K terms (K 2^-24 Σ|x||w|, Σ|x||w| <= ||x|| ||w||) and the scale's one rounding.
+//   + each run's fp32 sum over K terms (K 2^-24 Σ|x||w|, Σ|x||w| <= ||x|| ||w||) and the scale's one rounding;
+//   + 2^-7 ||x|| ||w'_n||: the fused kernels recompute rmsnorm's sum of squares per block, with a thread count that
+//     follows the weight's bytes (gemv_v3_shape), so the two runs may sum h^2 in different orders, get an inv that
+//     differs in its last bits, and round an element of x the other way: at most 2^-7 of |x_k| over both roundings.
 // No x-dependent quantity is needed, so the bound holds for every logit of every step. Argmaxes must agree where
 // the bf16-head run's top-1 margin exceeds twice the largest bound of the step's row; greedy ids up to the first
 // step whose margin does not.
@@ -94,7 +97,8 @@ std::vector<double> logit_bounds(const ModelWeights& w) {
       q2 += wq * wq;
     }
     const double sums = static_cast<double>(K) * 0x1p-24 * X * (std::sqrt(w2) + std::sqrt(q2));
-    bound[static_cast<size_t>(n)] = X * std::sqrt(d2) + sums + 0x1p-23 * X * std::sqrt(q2);
+    const double prologue = 0x1p-7 * X * std::sqrt(q2);
+    bound[static_cast<size_t>(n)] = X * std::sqrt(d2) + sums + 0x1p-23 * X * std::sqrt(q2) + prologue;
   }
   return bound;
 }
@@ -137,7 +141,9 @@ TEST(Fp8LmHead16Gpu, TheCopyIsTheActivationQuantizerOfTheBf16LmHeadAndTheRestIsU
                        TensorView::contiguous(head.data(), DType::BF16, Device::CPU, {V, K}));
   TVLLM_CUDA_CHECK(cudaMemcpy(got_codes.data(), w.lm_head_fp8.data, got_codes.size(), cudaMemcpyDeviceToHost));
   TVLLM_CUDA_CHECK(cudaMemcpy(got_scale.data(), w.lm_head_scale.data, V * sizeof(float), cudaMemcpyDeviceToHost));
-  EXPECT_EQ(want_codes, got_codes);
+  int64_t code_mismatches = 0;
+  for (size_t i = 0; i < want_codes.size(); ++i) code_mismatches += want_codes[i] != got_codes[i];
+  EXPECT_EQ(code_mismatches, 0);
   EXPECT_EQ(0, std::memcmp(want_scale.data(), got_scale.data(), want_scale.size() * sizeof(float)));
 }
 
