@@ -103,7 +103,8 @@ std::vector<double> logit_bounds(const ModelWeights& w) {
   return bound;
 }
 
-EngineLimits limits(const ModelWeights& w) { return Generator::limits_for(w.config, 64, 1, 64);  // SyntheticLlama: 64 positions }
+// SyntheticLlama has 64 positions.
+EngineLimits limits(const ModelWeights& w) { return Generator::limits_for(w.config, 64, 1, 64); }
 
 FastPathOptions fused_only() {
   FastPathOptions o;
