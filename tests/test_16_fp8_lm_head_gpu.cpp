@@ -21,7 +21,9 @@
 // The model: weights N(0, 0.002) with tied embeddings. At that size the layers add little to the residual stream
 // (o_proj's output ~ 320 x 0.002 relative to an embedding entry), so each step's logits peak at the current token's
 // own embedding row, far above the rest: most steps have margins far beyond the bound (~20x on paper), and the
-// checks below compare real argmaxes rather than passing on near-ties.
+// checks below compare real argmaxes rather than passing on near-ties. Probed on the CPU (the same model in bf16
+// through lesson 08's forward, 48 teacher-forced rows): every row's margin 0.23 or more against a largest bound of
+// 0.027, and greedy decoding repeats the last token (the peak is the current token's own row).
 #include <gtest/gtest.h>
 
 #include <algorithm>
