@@ -169,6 +169,29 @@ TEST(Cli16, Fp8GemmFlagParsingAndItsRefusals) {
   EXPECT_EQ(j["fp8_weights"], "dequantize") << r.output;
 }
 
+// --fp8-lm-head (lesson 16, README 7.4): an FP8 copy of the lm_head for the FP8 decode GEMVs, so only with resident
+// FP8 weights, which the CPU never has: every command that takes the flag refuses it (exit 2, naming it) before
+// loading anything, for an FP8 checkpoint (dequantized here) and for a bf16 one alike.
+TEST(Cli16, Fp8LmHeadNeedsResidentWeights) {
+  TempDir tmp;
+  const std::string out = (tmp / "fp8").string();
+  ASSERT_EQ(run_command(tiny_vllm() + " quantize --model " + model() + " --out " + q(out)).exit_code, 0);
+  for (const std::string dir : {q(out), model()}) {
+    for (const std::string cmd :
+         {" generate --prompt hi --max-tokens 2", " chat", " serve --port 0",
+          " bench latency --context 4 --output-len 2 --prefill-len 4 --iters 1",
+          " bench throughput --num-requests 2 --min-len 4 --max-len 12"}) {
+      SCOPED_TRACE(dir + cmd);
+      const auto r = run_command(tiny_vllm() + cmd + " --model " + dir + " --device cpu --fp8-lm-head");
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_TRUE(contains(r.output, "--fp8-lm-head: needs FP8 weights resident")) << r.output;
+    }
+  }
+  // Without the flag nothing changes: the same generate runs.
+  const auto r = run_command(tiny_vllm() + " generate --model " + q(out) + " --prompt hi --max-tokens 2 --device cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace tvllm
 

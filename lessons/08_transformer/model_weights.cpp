@@ -372,6 +372,17 @@ ModelWeights ModelWeights::bind(const ModelDir& model, Device device) {
   return w;
 }
 
+void ModelWeights::allocate_fp8_lm_head() {
+  TVLLM_REQUIRE(device == Device::CUDA && lm_head.rank() == 2,
+                kWhere + "an FP8 lm_head is kept on CUDA only (the fused decode GEMV reads it)");
+  const int64_t vocab = lm_head.shape[0], hidden = lm_head.shape[1];
+  const size_t codes = (static_cast<size_t>(vocab * hidden) + 255) / 256 * 256;  // the scales 256-byte aligned
+  lm_head_fp8_storage_ = DeviceBuffer(codes + static_cast<size_t>(vocab) * sizeof(float));
+  char* base = static_cast<char*>(lm_head_fp8_storage_.data());
+  lm_head_fp8 = TensorView::contiguous(base, DType::F8_E4M3, Device::CUDA, {vocab, hidden});
+  lm_head_scale = TensorView::contiguous(base + codes, DType::F32, Device::CUDA, {vocab});
+}
+
 namespace {
 std::atomic<Fp8WeightDequantizer> g_fp8_dequantizer{nullptr};  // published atomically, like the other seams
 }  // namespace

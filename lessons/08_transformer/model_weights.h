@@ -87,13 +87,23 @@ struct ModelWeights {
   bool tied = false;        // lm_head is embed_tokens
   size_t device_bytes = 0;  // CUDA: the size of the one allocation (0 on the CPU)
   bool fp8_resident = false;  // the decoder layers' Linear weights are F8_E4M3 + scales (LayerWeights::fp8)
+  // Opt-in FP8 copy of the lm_head (lesson 16, --fp8-lm-head; CUDA only): E4M3 codes [vocab, hidden] and F32
+  // [vocab] per-row scales, which lesson 14's fused decode GEMV reads instead of lm_head. lm_head itself stays
+  // (the embedding gather, the composed forward's logits and the megakernel read it). Empty views unless
+  // lesson 16's attach_fp8_lm_head filled them.
+  TensorView lm_head_fp8, lm_head_scale;
 
   // Checks the checkpoint against the config (check_llama_weights) and binds it for `device`.
   // CUDA: allocates and uploads (synchronously: this is load time, not a step). Throws InputError.
   static ModelWeights bind(const ModelDir& model, Device device);
 
+  // CUDA: allocates lm_head_fp8 and lm_head_scale (uninitialised, owned by these weights) for lm_head's shape;
+  // the caller fills them (lesson 16's attach_fp8_lm_head). InputError on the CPU.
+  void allocate_fp8_lm_head();
+
  private:
   DeviceBuffer storage_;  // CUDA: every tensor above, 256-byte aligned, packed ones included
+  DeviceBuffer lm_head_fp8_storage_;  // lm_head_fp8, then lm_head_scale (allocate_fp8_lm_head)
 };
 
 // ---- FP8-resident weights in the composed forward (lesson 16 installs the kernel) -------------------------

@@ -66,7 +66,8 @@ bool fast_forward_supported(const ModelWeights& w) {
     if (!L.packed() || !ok(L.wqkv, DType::BF16, L.wqkv_scale) || !ok(L.wo, DType::BF16, L.wo_scale) ||
         !ok(L.w_gate_up, DType::BF16, L.w_gate_up_scale) || !ok(L.w_down, DType::BF16, L.w_down_scale))
       return false;
-  return ok(w.lm_head, DType::F32);
+  // An FP8 copy of the lm_head (lesson 16, --fp8-lm-head), when attached, is what the decode steps read.
+  return ok(w.lm_head, DType::F32) && (!w.lm_head_fp8.data || ok(w.lm_head_fp8, DType::F32, w.lm_head_scale));
 }
 
 namespace {
@@ -165,14 +166,21 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   // Logits of the wanted rows: final norm + lm_head, fused when the rows are the tokens themselves.
   const TensorView logits = ws.logits.view().rows(0, R);  // [R, vocab] F32
   if (R == 0) return logits;
+  // The lm_head's FP8 copy (lesson 16, --fp8-lm-head) when the weights carry one: E4M3 codes + a scale per
+  // vocabulary entry, half the bytes of the bf16 matrix; else the bf16 lm_head (w.lm_head_scale is then empty).
+  const bool fp8_head = w.lm_head_fp8.data != nullptr;
+  const TensorView& head = fp8_head ? w.lm_head_fp8 : w.lm_head;
   if (rows_are_tokens(step)) {
-    rmsnorm_gemv(logits, h, w.final_norm, eps, w.lm_head, stream, pdl);
+    rmsnorm_gemv(logits, h, w.final_norm, eps, head, w.lm_head_scale, stream, pdl);
     mark("rmsnorm_gemv (lm_head)");
   } else {
     const TensorView out_h = ws.out_hidden.view().rows(0, R), out_n = ws.out_normed.view().rows(0, R);
     gather_rows(out_h, h, step.logits_rows(), stream);
     rmsnorm(out_n, out_h, w.final_norm, eps, {}, stream);
-    gemv(logits, out_n, w.lm_head, kDefaultGemvKernel, stream);
+    if (fp8_head)
+      gemv(logits, out_n, head, w.lm_head_scale, stream);
+    else
+      gemv(logits, out_n, head, kDefaultGemvKernel, stream);
   }
   return logits;
 }

@@ -9,6 +9,7 @@
 #include "generate.h"
 #include "graph_runner.h"
 #include "kv_cache.h"
+#include "megakernel.h"  // megakernel_declines: which lm_head a batch-1 step reads
 
 namespace tvllm {
 
@@ -59,11 +60,15 @@ double weight_bytes(const ModelWeights& w) {
 
 }  // namespace
 
-double decode_bytes_per_step(const ModelWeights& w, int64_t batch, double mean_context) {
-  // The lm_head is read whole; the embedding table only for the rows gathered, unless it IS the lm_head.
+double decode_bytes_per_step(const ModelWeights& w, int64_t batch, double mean_context, bool fp8_lm_head) {
+  // The lm_head is read whole: its FP8 copy (codes + per-row scales, lesson 16) where the step reads that, else
+  // the bf16 matrix; the embedding table only for the rows gathered, unless the step reads it whole as the
+  // (tied, bf16) lm_head.
+  const bool fp8_head = fp8_lm_head && w.lm_head_fp8.data != nullptr;
   const double row = static_cast<double>(w.embed.shape[1]) * static_cast<double>(dtype_size(w.embed.dtype));
-  double weights = weight_bytes(w) + static_cast<double>(w.lm_head.nbytes());
-  if (!w.tied) weights += static_cast<double>(batch) * row;
+  double weights = weight_bytes(w) + (fp8_head ? static_cast<double>(w.lm_head_fp8.nbytes() + w.lm_head_scale.nbytes())
+                                               : static_cast<double>(w.lm_head.nbytes()));
+  if (!w.tied || fp8_head) weights += static_cast<double>(batch) * row;
   const AttentionShape shape = AttentionShape::from_config(w.config);
   const double kv_per_token = static_cast<double>(KvCache::bytes_for(shape, w.config.num_hidden_layers, 1, 1, w.device));
   // A sliding window caps the keys a decode step reads at `window` (lesson 12, section 15).
@@ -105,7 +110,10 @@ DecodeLatency measure_decode_latency(const ModelWeights& w, const std::optional<
   d.ms_per_step = median(ms);
   d.tok_s = static_cast<double>(batch) * 1e3 / d.ms_per_step;
   // Decode step i (1-based) attends over context + i positions: on average context + output_len / 2.
-  d.bytes_per_step = decode_bytes_per_step(w, batch, static_cast<double>(context) + static_cast<double>(output_len) / 2);
+  // The megakernel (batch 1, --megakernel, where it does not decline) reads the bf16 lm_head, FP8 copy or not.
+  const bool megakernel = fast && fast->fused && fast->megakernel && batch == 1 && megakernel_declines(w).empty();
+  d.bytes_per_step = decode_bytes_per_step(w, batch, static_cast<double>(context) + static_cast<double>(output_len) / 2,
+                                           !megakernel);
   d.gbs = d.bytes_per_step / (d.ms_per_step * 1e-3) / 1e9;
   d.pct_copy = copy_gbs > 0 ? 100.0 * d.gbs / copy_gbs : 0.0;
   if (auto* runner = dynamic_cast<const GraphRunner*>(gen.context().launcher()))

@@ -21,8 +21,10 @@ namespace tvllm {
 
 // Bytes one decode step of `batch` sequences must read: every weight once (the embedding table only for the
 // rows it gathers, unless it is also the lm_head) plus each sequence's cached k and v over `mean_context`
-// positions.
-double decode_bytes_per_step(const ModelWeights& weights, int64_t batch, double mean_context);
+// positions. The lm_head counts as its FP8 copy (codes + scales) where the weights carry one (lesson 16's
+// --fp8-lm-head) and fp8_lm_head says the step reads it (false: the megakernel, which reads the bf16 lm_head).
+double decode_bytes_per_step(const ModelWeights& weights, int64_t batch, double mean_context,
+                             bool fp8_lm_head = true);
 
 struct DecodeLatency {
   int64_t batch = 0, context = 0, output_len = 0, steps = 0;

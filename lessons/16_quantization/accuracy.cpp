@@ -9,6 +9,7 @@
 #include "common/errors.h"
 #include "common/random.h"
 #include "engine_paged.h"  // load_kv_scales
+#include "fp8_gemm.h"      // fake_quantize_activations (the FP8 lm_head row)
 #include "generate.h"
 #include "model_weights.h"
 #include "paged_attention.h"
@@ -68,6 +69,15 @@ Tensor TeacherForcing::logits(const std::vector<int32_t>& ids) {
   if (paged_) return paged_->logits(*weights_, ids);
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 1), forced(ids.begin() + 1, ids.end());
   return generator_->forced_logits(prompt, forced);
+}
+
+void TeacherForcing::simulate_fp8_lm_head() {
+  TVLLM_REQUIRE(weights_->device == Device::CPU,
+                "TeacherForcing::simulate_fp8_lm_head: a CPU simulation (the GPU runs the real one: --fp8-lm-head)");
+  const TensorView head = weights_->lm_head;
+  lm_head_fp8_ = Tensor::empty(head.shape, DType::F32, Device::CPU);
+  fake_quantize_activations(lm_head_fp8_.view(), head);  // per row: a vocabulary entry's own scale
+  weights_->lm_head = lm_head_fp8_.view();  // the embedding (weights_->embed) is left as it is
 }
 
 namespace {

@@ -42,9 +42,15 @@ class TeacherForcing {
   // Logits F32 [ids.size() - 1, vocab] on the host: row i predicts ids[i + 1] from ids[0..i].
   // 2 <= ids.size() <= max_ids.
   Tensor logits(const std::vector<int32_t>& ids);
+  // CPU: from now on the logits come from the lm_head rounded through E4M3 with one scale per row (vocabulary
+  // entry), decoded back to F32 (fp8_gemm.h's fake_quantize_activations: amax / 448 per row, round to nearest
+  // even, saturating): what --fp8-lm-head's GEMV multiplies, up to the fp32 rounding of code x scale. The
+  // embedding gather keeps the bf16 table (tied or not), as in the engine. InputError on CUDA.
+  void simulate_fp8_lm_head();
 
  private:
   std::unique_ptr<ModelWeights> weights_;
+  Tensor lm_head_fp8_;  // simulate_fp8_lm_head: the dequantized values, F32 [vocab, hidden]
   std::unique_ptr<Generator> generator_;
   std::unique_ptr<PagedKvRun> paged_;  // kv FP8
   int64_t max_ids_;

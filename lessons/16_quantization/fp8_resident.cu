@@ -10,6 +10,7 @@
 #include "common/cuda_utils.cuh"
 #include "common/dtype.h"
 #include "common/errors.h"
+#include "fp8_gemm.h"  // quantize_activations: the per-row quantizer the lm_head reuses
 #include "fp8_resident.h"
 #include "model_weights.h"
 
@@ -107,6 +108,21 @@ std::string describe_fp8_weights(const ModelConfig& config, Fp8Load mode) {
   if (!config.quantization) return "";
   return mode == Fp8Load::Resident ? "FP8 weights resident (E4M3 decode GEMVs, per-row scales)"
                                    : "FP8 weights dequantized to bf16 at load";
+}
+
+void attach_fp8_lm_head(ModelWeights& w) {
+  TVLLM_REQUIRE(w.device == Device::CUDA && w.lm_head.dtype == DType::BF16 && w.lm_head.rank() == 2,
+                "--fp8-lm-head: the lm_head is quantized on the GPU from BF16, got " + w.lm_head.describe());
+  w.allocate_fp8_lm_head();
+  // A vocabulary entry is a row of lm_head as a token is a row of x: the same amax / 448 per row, the same codes.
+  quantize_activations(w.lm_head_fp8, w.lm_head_scale, w.lm_head);
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());  // load time: ready before the first step
+}
+
+void require_fp8_lm_head(bool wanted, bool weights_resident) {
+  if (wanted && !weights_resident)
+    throw InputError("--fp8-lm-head: needs FP8 weights resident on the GPU (an FP8 checkpoint with --fp8-weights "
+                     "resident, on CUDA, with the fused decode path): the FP8 lm_head is read by the FP8 decode GEMVs");
 }
 
 }  // namespace tvllm

@@ -26,6 +26,8 @@
 
 namespace tvllm {
 
+struct ModelWeights;  // lesson 08
+
 // dst[r, k] = round_bf16(fp8_e4m3(q[r, k]) * scale[r]): dst BF16 [R, K], q F8_E4M3 [R, K], scale F32 [R] (or
 // [R, 1]), all contiguous on one device. CPU: the loop lesson 01 runs at load; CUDA: a kernel on `stream`
 // (asynchronous, no allocation: it runs inside captured decode graphs too). The product of a code (4
@@ -46,5 +48,17 @@ Fp8Load fp8_weights_mode(const std::string& choice, const ModelConfig& config, b
 // For the startup notice: "FP8 weights resident (E4M3 GEMVs, per-row scales)", "FP8 weights dequantized to
 // bf16 at load", or "" for a checkpoint that is not FP8.
 std::string describe_fp8_weights(const ModelConfig& config, Fp8Load mode);
+
+// ---- an FP8 lm_head (opt-in: --fp8-lm-head, README 7.4) ---------------------------------------------------------
+// Published FP8 checkpoints keep the lm_head in bf16 (quantize.h's "ignore": ["lm_head"]); at batch 1 it is a
+// third of what a 1B model's decode step reads. attach_fp8_lm_head quantizes it at load, on the GPU, with the
+// activation quantizer of fp8_gemm.h (quantize_activations: per row, i.e. per vocabulary entry, scale = amax / 448,
+// 1 for an all-zero row; codes E4M3 round-to-nearest-even, saturating), into w.lm_head_fp8 / w.lm_head_scale
+// (ModelWeights::allocate_fp8_lm_head). Lesson 14's fused decode GEMV then reads the codes; w.lm_head stays bf16.
+// Synchronous (load time). InputError unless w is on CUDA with a BF16 lm_head.
+void attach_fp8_lm_head(ModelWeights& w);
+
+// --fp8-lm-head: valid only with FP8-resident weights (the decode path that reads codes). InputError otherwise.
+void require_fp8_lm_head(bool wanted, bool weights_resident);
 
 }  // namespace tvllm

@@ -218,16 +218,21 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
   const bool text = has_tokenizer(opt.model_dir);
   // README 7.3: the FP8 GEMM's per-token activation quantization, simulated on the CPU in every projection of
   // every step (the engine quantizes steps of 17+ tokens only: an upper bound). Small models only: the CPU runs it.
-  std::optional<LogitsComparison> act8;
+  // README 7.4: --fp8-lm-head, simulated the same way: the FP8 weights with the lm_head rounded through E4M3, one
+  // scale per vocabulary entry (TeacherForcing::simulate_fp8_lm_head).
+  std::optional<LogitsComparison> act8, head8;
   if (bf16.config.hidden_size * bf16.config.num_hidden_layers <= 8192) {
     act8.emplace();
-    TeacherForcing cpu_bf16(bf16, Device::CPU, 256), cpu_fp8(fp8, Device::CPU, 256);
+    head8.emplace();
+    TeacherForcing cpu_bf16(bf16, Device::CPU, 256), cpu_fp8(fp8, Device::CPU, 256), cpu_head8(fp8, Device::CPU, 256);
+    cpu_head8.simulate_fp8_lm_head();
     for (const std::vector<int32_t>& ids : corpus_windows(opt.model_dir, corpus, 256, 8)) {
       const Tensor ref = cpu_bf16.logits(ids);
       simulate_fp8_activations_on_cpu(true);
       const Tensor cand = cpu_fp8.logits(ids);
       simulate_fp8_activations_on_cpu(false);
       accumulate(*act8, compare_logits(cand.view(), ref.view(), ids));
+      accumulate(*head8, compare_logits(cpu_head8.logits(ids).view(), ref.view(), ids));
     }
   }
   std::printf("\nteacher-forced over %lld positions of %s (%s):\n", static_cast<long long>(total.positions),
@@ -274,6 +279,21 @@ void check_model(const LessonOptions& opt, const fs::path& corpus, Report& repor
       report.add_check("FP8 activations (simulated): top-1 >= 98%, perplexity within 1%",
                        act8->top1_agreement() >= kMinTop1Agreement && std::fabs(up) <= kMaxPerplexityIncrease,
                        std::to_string(100.0 * act8->top1_agreement()) + "%, " + std::to_string(100.0 * up) + "%");
+    }
+  }
+  if (head8) {
+    std::printf("  FP8 weights + FP8 lm_head (CPU simulation, --fp8-lm-head): perplexity %.5f vs %.5f bf16, top-1 "
+                "agreement %.2f%%, rms logit error %.4f (max %.4f)\n\n",
+                head8->candidate_perplexity, head8->reference_perplexity, 100.0 * head8->top1_agreement(),
+                head8->rms_error, head8->max_abs_error);
+    report.add_check("FP8 lm_head (simulated): rms logit error < 25% of rms logits",
+                     head8->rms_error < 0.25 * head8->reference_rms,
+                     std::to_string(head8->rms_error) + " vs " + std::to_string(head8->reference_rms));
+    if (text) {
+      const double up = head8->candidate_perplexity / head8->reference_perplexity - 1.0;
+      report.add_check("FP8 lm_head (simulated): top-1 >= 98%, perplexity within 1%",
+                       head8->top1_agreement() >= kMinTop1Agreement && std::fabs(up) <= kMaxPerplexityIncrease,
+                       std::to_string(100.0 * head8->top1_agreement()) + "%, " + std::to_string(100.0 * up) + "%");
     }
   }
   if (!text) return;  // the targets below are about text the model knows (a random model has none)

@@ -2,7 +2,7 @@
 //                         [--prefill-len 512 4096] [--iters 3] [--enforce-eager] [--no-fused] [--no-fast-sampler]
 //                         [--no-pdl] [--no-fast-attention] [--megakernel] [--no-hopper] [--compare]
 //                         [--device auto|cpu|cuda] [--output table|json] [--fp8-weights auto|resident|dequantize]
-//                         [--fp8-gemm auto|scale-vectors|epilogue|dequantize]
+//                         [--fp8-gemm auto|scale-vectors|epilogue|dequantize] [--fp8-lm-head]
 //
 // The latency a user of `tiny-vllm generate` sees (lesson 14, latency_bench.h): decode tok/s at each batch size
 // and context, with the bytes a step reads per second beside the measured copy bandwidth (the roofline of
@@ -43,6 +43,7 @@ struct BenchLatencyOptions {
   int iters = 3;
   std::string fp8_weights = "auto";  // lesson 16: how an FP8 checkpoint loads
   std::string fp8_gemm = "auto";     // lesson 16: the GEMM of steps of 17+ tokens on resident FP8 weights
+  bool fp8_lm_head = false;          // lesson 16: an FP8 copy of the lm_head for the decode GEMV
   std::string kv_cache_dtype = "auto";  // lesson 16: fp8 is the engine's (refused here, with the way out)
   int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   bool enforce_eager = false, no_fused = false, no_fast_sampler = false, no_pdl = false, no_fast_attention = false,
@@ -89,7 +90,9 @@ void run(const BenchLatencyOptions& o) {
   const ModelDir model =
       ModelDir::open(o.model, resolve_fp8_weights(o.fp8_weights, o.model, device, !o.no_fused, false, o.fp8_gemm));
   const ModelConfig& c = model.config;
-  const std::string fp8_note = describe_fp8_load(c, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
+  const std::string fp8_note = describe_fp8_load(c, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize) +
+                               describe_fp8_lm_head(o.fp8_lm_head);
+  require_fp8_lm_head(o.fp8_lm_head, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
   for (int64_t ctx : o.contexts)
     TVLLM_REQUIRE(ctx + o.output_len <= c.max_position_embeddings,
                   "--context " + std::to_string(ctx) + " + --output-len " + std::to_string(o.output_len) +
@@ -97,7 +100,8 @@ void run(const BenchLatencyOptions& o) {
   for (int64_t p : o.prefill_lens)
     TVLLM_REQUIRE(p + 1 <= c.max_position_embeddings,
                   "--prefill-len " + std::to_string(p) + " exceeds the model's max_position_embeddings");
-  const ModelWeights weights = ModelWeights::bind(model, device);
+  ModelWeights weights = ModelWeights::bind(model, device);
+  attach_fp8_lm_head_if(o.fp8_lm_head, weights);  // the bytes per step then count its codes and scales
   const double copy_gbs = device == Device::CUDA ? measure_ceilings(false).copy_gbs : 0.0;
 
   nlohmann::json out;
@@ -106,6 +110,7 @@ void run(const BenchLatencyOptions& o) {
   out["copy_gbs"] = copy_gbs;
   out["weight_bytes"] = decode_bytes_per_step(weights, 1, 0.0);
   out["fp8_weights"] = !c.quantization ? "none" : model.fp8_resident ? "resident" : "dequantize";
+  out["fp8_lm_head"] = o.fp8_lm_head;
   out["runs"] = nlohmann::json::array();
   if (o.output == "table") {
     std::printf("tiny-vllm bench latency: %s on %s%s%s; %d timed runs per row (median), %lld new tokens per decode "
@@ -193,6 +198,7 @@ void add_bench_latency_command(CLI::App& bench) {
 #endif
   add_fp8_weights_option(cmd, opt->fp8_weights);
   add_fp8_gemm_option(cmd, opt->fp8_gemm);
+  add_fp8_lm_head_option(cmd, opt->fp8_lm_head);
   add_kv_cache_dtype_option(cmd, opt->kv_cache_dtype);
   add_tensor_parallel_option(cmd, opt->tensor_parallel_size);
   cmd->add_flag("--compare", opt->compare, "CUDA: the lesson's progression, each step measured in this process");

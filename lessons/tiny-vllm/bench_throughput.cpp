@@ -56,7 +56,9 @@ void run(const BenchThroughputOptions& o) {
   TVLLM_REQUIRE(device == Device::CPU || cuda_available(), "--device cuda, but no CUDA GPU is available");
   const ModelDir model = ModelDir::open(o.model, o.fast.fp8_load(o.model, device));  // --fp8-weights (lesson 16)
   const ModelConfig& mc = model.config;
-  const std::string fp8_note = describe_fp8_load(mc, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
+  const std::string fp8_note = describe_fp8_load(mc, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize) +
+                               describe_fp8_lm_head(o.fast.fp8_lm_head);
+  require_fp8_lm_head(o.fast.fp8_lm_head, model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize);
   // Every request fits: prompt <= max_len, output <= max_len.
   TVLLM_REQUIRE(2 * o.max_len <= mc.max_position_embeddings,
                 "--max-len " + std::to_string(o.max_len) + ": a prompt and an output of that length need " +
@@ -65,7 +67,8 @@ void run(const BenchThroughputOptions& o) {
   const std::vector<ThroughputRequest> requests =
       make_throughput_workload(o.num_requests, o.min_len, o.max_len, workload_id_high(mc), o.seed);
 
-  const ModelWeights weights = ModelWeights::bind(model, device);
+  ModelWeights weights = ModelWeights::bind(model, device);
+  attach_fp8_lm_head_if(o.fast.fp8_lm_head, weights);  // --fp8-lm-head (lesson 16)
   EngineConfig config;
   config.max_sequences = o.max_sequences;
   config.max_tokens_per_step = o.max_tokens_per_step;

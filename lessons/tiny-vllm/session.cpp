@@ -90,6 +90,33 @@ nlohmann::json fp8_gemm_report() {
 #endif
 }
 
+void add_fp8_lm_head_option(CLI::App* cmd, bool& on) {
+  cmd->add_flag("--fp8-lm-head", on,
+                "with resident FP8 weights: an FP8 copy of the lm_head (E4M3, a scale per vocabulary entry, quantized "
+                "at load) for the decode GEMV; off by default (published FP8 checkpoints keep it bf16)");
+}
+
+void require_fp8_lm_head(bool on, Fp8Load weights) {
+#ifdef TVLLM_CLI_QUANTIZE
+  tvllm::require_fp8_lm_head(on, weights == Fp8Load::Resident);
+#else
+  (void)weights;
+  if (on) throw InputError("--fp8-lm-head: needs lesson 16 (FP8), not built here");
+#endif
+}
+
+void attach_fp8_lm_head_if(bool on, ModelWeights& weights) {
+  if (!on) return;
+#ifdef TVLLM_CLI_QUANTIZE
+  tvllm::attach_fp8_lm_head(weights);
+#else
+  (void)weights;
+  throw InputError("--fp8-lm-head: needs lesson 16 (FP8), not built here");
+#endif
+}
+
+std::string describe_fp8_lm_head(bool on) { return on ? ", FP8 lm_head (E4M3, per-row scales)" : ""; }
+
 std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode) {
 #ifdef TVLLM_CLI_QUANTIZE
   return describe_fp8_weights(config, mode);
@@ -180,6 +207,7 @@ void FastPathFlags::add_to(CLI::App* cmd) {
 #ifdef TVLLM_CLI_FAST
   add_fp8_weights_option(cmd, fp8_weights);
   add_fp8_gemm_option(cmd, fp8_gemm);
+  add_fp8_lm_head_option(cmd, fp8_lm_head);
   cmd->add_flag("--enforce-eager", enforce_eager, "CUDA: launch every step eagerly, no CUDA graphs (vLLM's flag)");
   cmd->add_flag("--no-fused", no_fused, "CUDA: lesson 08's composed forward instead of lesson 14's fused decode");
   cmd->add_flag("--no-fast-sampler", no_fast_sampler, "CUDA: lesson 09's sampler instead of lesson 14's");
@@ -308,7 +336,7 @@ std::string FastPathFlags::describe(Device device, const ModelConfig* config, Fp
   if (hopper_gemm_applies(hopper_gemm, device) && !batch_invariant)
     s += ", lesson 15 GEMM from " + std::to_string(kHopperGemmMinTokens) + " tokens";
 #endif
-  return weights.empty() ? s : s + ", " + weights;
+  return weights.empty() ? s : s + ", " + weights + describe_fp8_lm_head(fp8_lm_head && fp8 == Fp8Load::Resident);
 }
 
 std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std::string& device_text,
@@ -321,13 +349,17 @@ std::unique_ptr<LoadedModel> LoadedModel::open(const std::string& dir, const std
   m->dir = dir;
   m->device = device;
   m->fp8 = m->model.fp8_resident ? Fp8Load::Resident : Fp8Load::Dequantize;
+  m->fp8_lm_head = fast && fast->fp8_lm_head;
+  require_fp8_lm_head(m->fp8_lm_head, m->fp8);  // before anything is uploaded
   const fs::path tok = m->dir / "tokenizer.json";
   if (fs::exists(tok)) m->tokenizer.emplace(Tokenizer::from_file(tok));
   return m;
 }
 
 void LoadedModel::bind_weights() {
-  if (!weights) weights.emplace(ModelWeights::bind(model, device));
+  if (weights) return;
+  weights.emplace(ModelWeights::bind(model, device));
+  attach_fp8_lm_head_if(fp8_lm_head, *weights);
 }
 
 const Tokenizer& LoadedModel::require_tokenizer(const std::string& way_out) const {

@@ -60,6 +60,15 @@ Fp8Load resolve_fp8_weights(const std::string& choice, const std::filesystem::pa
 std::string describe_fp8_load(const ModelConfig& config, Fp8Load mode);
 void add_fp8_weights_option(CLI::App* cmd, std::string& choice);
 void add_fp8_gemm_option(CLI::App* cmd, std::string& choice);
+// --fp8-lm-head (lesson 16, README 7.4): an FP8 copy of the lm_head (E4M3, one scale per vocabulary entry,
+// quantized at load) for the fused decode GEMV; off by default (published FP8 checkpoints keep it bf16). Valid only
+// with FP8-resident weights: require_fp8_lm_head throws InputError otherwise (also without lesson 16). Then, after
+// binding, attach_fp8_lm_head_if quantizes it into the weights (nothing when off).
+void add_fp8_lm_head_option(CLI::App* cmd, bool& on);
+void require_fp8_lm_head(bool on, Fp8Load weights);
+void attach_fp8_lm_head_if(bool on, ModelWeights& weights);
+// For the banners: ", FP8 lm_head (E4M3, per-row scales)" when on, else "".
+std::string describe_fp8_lm_head(bool on);
 // For the bench JSON: {"path": the installed --fp8-gemm, "calls": {"scale_vectors": n, "epilogue": n,
 // "dequantize": n}} (projections of steps of 17+ tokens since the start; a CUDA graph counts once). Null without
 // lesson 16.
@@ -93,6 +102,7 @@ struct FastPathFlags {
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
   std::string fp8_weights = "auto";  // --fp8-weights (lesson 16)
   std::string fp8_gemm = "auto";     // --fp8-gemm (lesson 16)
+  bool fp8_lm_head = false;          // --fp8-lm-head (lesson 16)
   bool one_sequence = false;         // generate and chat: one sequence at a time (auto may keep FP8 resident)
   Fp8Load fp8_load(const std::filesystem::path& dir, Device device) const {
     return resolve_fp8_weights(fp8_weights, dir, device, !no_fused, one_sequence, fp8_gemm);
@@ -124,10 +134,12 @@ struct LoadedModel {
   std::optional<Tokenizer> tokenizer;
   std::optional<ModelWeights> weights;  // bind_weights()
   Fp8Load fp8 = Fp8Load::Dequantize;     // how an FP8 checkpoint was opened (--fp8-weights)
+  bool fp8_lm_head = false;              // --fp8-lm-head: bind_weights() attaches the FP8 copy
 
   // Opens DIR (config.json, weights, tokenizer.json if present) without touching the device yet, so that
   // the request can be validated first. device_text: auto|cpu|cuda (cuda without a GPU: InputError).
-  // fast: the command's fast-path flags, which decide how an FP8 checkpoint loads (nullptr: dequantized).
+  // fast: the command's fast-path flags, which decide how an FP8 checkpoint loads (nullptr: dequantized) and
+  // whether its lm_head gets an FP8 copy (--fp8-lm-head: InputError here unless the weights load resident).
   static std::unique_ptr<LoadedModel> open(const std::string& dir, const std::string& device_text,
                                            const FastPathFlags* fast = nullptr);
   void bind_weights();
