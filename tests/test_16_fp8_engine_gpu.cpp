@@ -39,6 +39,7 @@
 #include "testing/engine_fixture.h"
 #include "testing/gpu_reference.h"
 #include "testing/testing.h"
+#include "testing/fp8_testing.h"
 
 namespace tvllm {
 namespace {
@@ -165,17 +166,8 @@ TEST(Fp8Engine16Gpu, GreedyIdsEqualTheDequantizedEngineUpToANearTie) {
     const ForcedAgreement f = forced_agreement(logits.view(), want, e);
     ASSERT_TRUE(f.pass()) << g.name << ": " << f.summary();
     const int64_t V = logits.view().shape[1];
-    int64_t clear = static_cast<int64_t>(want.size());
-    const float* row = logits.view().ptr<const float>();
-    for (int64_t i = 0; i < static_cast<int64_t>(want.size()) && clear == static_cast<int64_t>(want.size()); ++i) {
-      float best = -1e30f, second = -1e30f;
-      for (int64_t v = 0; v < V; ++v) {
-        const float x = row[i * V + v];
-        if (x > best) second = best, best = x;
-        else if (x > second) second = x;
-      }
-      if (best - second <= 2 * e) clear = i;
-    }
+    const int64_t clear = testing::rows_before_near_tie(logits.view().ptr<const float>(),
+                                                        static_cast<int64_t>(want.size()), V, 2 * e);
     const std::vector<int32_t> a(got.begin(), got.begin() + clear), b(want.begin(), want.begin() + clear);
     EXPECT_EQ(a, b) << g.name << ": first difference at " << first_difference(got, want) << ", clear up to "
                     << clear;

@@ -49,6 +49,7 @@
 #include "quantize.h"
 #include "testing/safetensors_builder.h"
 #include "testing/testing.h"
+#include "testing/fp8_testing.h"
 
 namespace tvllm {
 namespace {
@@ -208,16 +209,8 @@ TEST(Fp8LmHead16Gpu, GreedyIdsAreEqualWhereTheMarginsAreClear) {
     const std::vector<int32_t> got = with.generate(prompt, opt).ids;
     const Tensor logits = probe.forced_logits(prompt, want);
     const float* row = logits.view().ptr<const float>();
-    auto clear = static_cast<int64_t>(want.size());
-    for (int64_t i = 0; i < static_cast<int64_t>(want.size()) && clear == static_cast<int64_t>(want.size()); ++i) {
-      float best = -1e30f, second = -1e30f;
-      for (int64_t v = 0; v < V; ++v) {
-        const float x = row[i * V + v];
-        if (x > best) second = best, best = x;
-        else if (x > second) second = x;
-      }
-      if (best - second <= 2 * bmax) clear = i;
-    }
+    const int64_t clear =
+        testing::rows_before_near_tie(row, static_cast<int64_t>(want.size()), V, 2 * bmax);
     const std::vector<int32_t> a(got.begin(), got.begin() + clear), b(want.begin(), want.begin() + clear);
     EXPECT_EQ(a, b) << "seed " << seed << ": clear up to step " << clear;
     compared += clear;

@@ -170,23 +170,28 @@ void expect_within_gpu_bound(const Tensor& got, const Tensor& reference, const c
   EXPECT_TRUE(a.pass()) << what << ": " << a.summary();
   EXPECT_GT(a.clear, 0) << what;
 }
+
+// The bundled model, its reference prompts and the fp32 logits every TP run is checked against.
+struct BundledCase {
+  ModelDir model = ModelDir::open(testing::tiny_model_dir());
+  std::vector<std::vector<int32_t>> prompts = reference_prompts();
+  EngineLimits limits = limits_for_prompts(model.config, prompts);
+  ModelWeights cpu = ModelWeights::bind(model, Device::CPU);
+  Tensor fp32 = unsharded_logits(cpu, limits, prompts, true);
+};
 #endif
 
 TEST(TpGpu17, OneRankOverNcclMatchesTheReferenceAndLesson08) {
   TVLLM_REQUIRE_GPU();
   TVLLM_REQUIRE_NCCL();
 #if TVLLM_HAVE_NCCL
-  const ModelDir model = ModelDir::open(testing::tiny_model_dir());
-  const std::vector<std::vector<int32_t>> prompts = reference_prompts();
-  const EngineLimits limits = limits_for_prompts(model.config, prompts);
-  const ModelWeights cpu = ModelWeights::bind(model, Device::CPU);
-  const Tensor fp32 = unsharded_logits(cpu, limits, prompts, true);
+  const BundledCase c;
   NcclComm comm({0});
-  TpModel tp(cpu, ShardPlan::make(model.config, 1), Device::CUDA, limits, comm);
-  const Tensor got = tp.forward_prompts(prompts, true);
-  expect_within_gpu_bound(got, fp32, "TP=1 over NCCL vs the fp32 reference");
-  const ModelWeights gpu = ModelWeights::bind(model, Device::CUDA);
-  expect_within_gpu_bound(got, unsharded_logits(gpu, limits, prompts, true), "TP=1 over NCCL vs lesson 08 (GPU)");
+  TpModel tp(c.cpu, ShardPlan::make(c.model.config, 1), Device::CUDA, c.limits, comm);
+  const Tensor got = tp.forward_prompts(c.prompts, true);
+  expect_within_gpu_bound(got, c.fp32, "TP=1 over NCCL vs the fp32 reference");
+  const ModelWeights gpu = ModelWeights::bind(c.model, Device::CUDA);
+  expect_within_gpu_bound(got, unsharded_logits(gpu, c.limits, c.prompts, true), "TP=1 over NCCL vs lesson 08 (GPU)");
 #endif
 }
 
@@ -195,23 +200,19 @@ TEST(TpGpu17, TwoRanksOnTwoGpusMatchOneRank) {
   TVLLM_REQUIRE_NCCL();
   TVLLM_REQUIRE_GPUS(2);
 #if TVLLM_HAVE_NCCL
-  const ModelDir model = ModelDir::open(testing::tiny_model_dir());
-  const std::vector<std::vector<int32_t>> prompts = reference_prompts();
-  const EngineLimits limits = limits_for_prompts(model.config, prompts);
-  const ModelWeights cpu = ModelWeights::bind(model, Device::CPU);
-  const Tensor fp32 = unsharded_logits(cpu, limits, prompts, true);
+  const BundledCase c;
   Tensor one, two;
   {
     NcclComm comm({0});
-    TpModel tp(cpu, ShardPlan::make(model.config, 1), Device::CUDA, limits, comm);
-    one = tp.forward_prompts(prompts, true);
+    TpModel tp(c.cpu, ShardPlan::make(c.model.config, 1), Device::CUDA, c.limits, comm);
+    one = tp.forward_prompts(c.prompts, true);
   }
   {
     NcclComm comm({0, 1});
-    TpModel tp(cpu, ShardPlan::make(model.config, 2), Device::CUDA, limits, comm);
-    two = tp.forward_prompts(prompts, true);
+    TpModel tp(c.cpu, ShardPlan::make(c.model.config, 2), Device::CUDA, c.limits, comm);
+    two = tp.forward_prompts(c.prompts, true);
   }
-  expect_within_gpu_bound(two, fp32, "TP=2 vs the fp32 reference");
+  expect_within_gpu_bound(two, c.fp32, "TP=2 vs the fp32 reference");
   expect_within_gpu_bound(two, one, "TP=2 vs TP=1");
 #endif
 }
