@@ -12,6 +12,8 @@
 #include "common/random.h"
 #include "gemv.h"
 #include "matmul.h"
+#include "model_config.h"
+#include "rope.h"
 #include "rmsnorm.h"
 #include "silu_mul.h"
 
@@ -173,6 +175,53 @@ TEST(Gemv14Cpu, NamesAndBytes) {
   EXPECT_THROW(parse_gemv_kernel("v5"), InputError);
   EXPECT_EQ(gemv_bytes_moved(1, 8192, 2048, DType::BF16), 2 * 8192 * 2048 + 2 * 2048 + 2 * 8192);
   EXPECT_EQ(gemv_bytes_moved(2, 10, 8, DType::F32), 2 * 10 * 8 + 2 * 2 * 8 + 4 * 2 * 10);
+}
+
+// rmsnorm_gemv_rope on the CPU: q and k heads rotated by each row's position, v's heads as rmsnorm_gemv leaves
+// them; at position 0 (cos 1, sin 0) every head is rmsnorm_gemv's bf16 output. Head_dim 4, one q, one k and one v
+// head (N = 12), K = 8.
+TEST(Gemv14Cpu, RmsNormGemvRopeRotatesQAndKOnly) {
+  const int64_t K = 8, N = 12, M = 2;
+  const std::vector<float> hv = bf16_exact(random_uniform(M * K, 5));
+  const std::vector<float> wv = bf16_exact(random_normal(N * K, 6, 0.5f));
+  Tensor h = host(hv, {M, K}, DType::BF16), w = host(wv, {N, K}, DType::BF16);
+  Tensor g = host(std::vector<float>(K, 1.f), {K}, DType::BF16);
+  ModelConfig config;
+  config.model_type = "llama";
+  config.head_dim = 4;
+  config.num_attention_heads = 1;
+  config.num_key_value_heads = 1;
+  config.rope_theta = 10000.0;
+  config.max_position_embeddings = 64;
+  const RopeTable table = RopeTable::build(config);
+  Tensor plain = Tensor::empty({M, N}, DType::BF16, Device::CPU);
+  rmsnorm_gemv(plain, h, g, 1e-5f, w);
+  const std::vector<float> y = to_f32_vector(plain);
+  Tensor positions = Tensor::from_i32({0, 7}, {M}, Device::CPU);
+  Tensor qkv = Tensor::empty({M, N}, DType::BF16, Device::CPU);
+  rmsnorm_gemv_rope(qkv, h, g, 1e-5f, w, {}, positions, table, 1, 1);
+  const std::vector<float> got = to_f32_vector(qkv);
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(got[n], y[n]) << "row 0 (position 0), column " << n;
+  for (int64_t n = 8; n < N; ++n) EXPECT_EQ(got[N + n], y[N + n]) << "row 1, v column " << n;
+  // Row 1, position 7: pair (j, j + 2) of the q head (columns 0..3) and of the k head (4..7), lesson 05's rule.
+  const std::vector<float> cos = to_f32_vector(table.cos(Device::CPU)), sin = to_f32_vector(table.sin(Device::CPU));
+  for (int64_t head = 0; head < 2; ++head)
+    for (int64_t j = 0; j < 2; ++j) {
+      const float a = y[N + head * 4 + j], b = y[N + head * 4 + j + 2];
+      const float c = cos[7 * 2 + j], s = sin[7 * 2 + j];
+      const float a_mul_c = a * c, b_mul_s = b * s, b_mul_c = b * c, a_mul_s = a * s;  // no FMA: separate roundings
+      EXPECT_EQ(got[N + head * 4 + j], bf16r(a_mul_c - b_mul_s)) << "head " << head << " j " << j;
+      EXPECT_EQ(got[N + head * 4 + j + 2], bf16r(b_mul_c + a_mul_s)) << "head " << head << " j " << j;
+    }
+  // Refused: heads that do not fit, an N that is not whole heads, positions of the wrong type or length.
+  EXPECT_THROW(rmsnorm_gemv_rope(qkv, h, g, 1e-5f, w, {}, positions, table, 2, 2), InputError);
+  EXPECT_THROW(rmsnorm_gemv_rope(qkv, h, g, 1e-5f, w, {}, positions, table, 1, 0), InputError);
+  Tensor w10 = host(std::vector<float>(10 * K, 1.f), {10, K}, DType::BF16);
+  Tensor qkv10 = Tensor::empty({M, 10}, DType::BF16, Device::CPU);
+  EXPECT_THROW(rmsnorm_gemv_rope(qkv10, h, g, 1e-5f, w10, {}, positions, table, 1, 1), InputError);
+  Tensor positions3 = Tensor::from_i32({0, 1, 2}, {3}, Device::CPU);
+  EXPECT_THROW(rmsnorm_gemv_rope(qkv, h, g, 1e-5f, w, {}, positions3, table, 1, 1), InputError);
+  EXPECT_THROW(rmsnorm_gemv_rope(qkv, h, g, 1e-5f, w, {}, host({0, 7}, {M}), table, 1, 1), InputError);
 }
 
 TEST(Gemv14Cpu, BadArgumentsThrowInputError) {

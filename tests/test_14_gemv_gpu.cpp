@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <string>
@@ -28,6 +29,8 @@
 #include "common/errors.h"
 #include "common/random.h"
 #include "gemv.h"
+#include "model_config.h"
+#include "rope.h"
 #include "silu_mul.h"
 #include "testing/gpu_buffers.h"
 #include "testing/testing.h"
@@ -323,6 +326,145 @@ TEST(Gemv14Gpu, RowsAreTheSameBitsWhateverTheBatch) {
       gemv_residual(h, x_rows(M, first), p.w_dev);
       return bytes_of(h);
     });
+  }
+}
+
+// Tile streaming (gemv.h) changes which block computes a tile and when its weights are loaded, never who adds
+// what in which order: every op gives the same bytes with it on (fewer blocks than tiles: the gate|up and
+// lm_head shapes have 4,096 and 32,064 tiles, several per resident block) and off (one block per tile), for
+// BF16 and for E4M3 weights (each decoding, so also the 8-row tiles), at M = 1 and at 5 rows.
+class TileStreaming {
+ public:
+  explicit TileStreaming(bool on) : before_(gemv_tile_streaming()) { set_gemv_tile_streaming(on); }
+  ~TileStreaming() { set_gemv_tile_streaming(before_); }
+
+ private:
+  bool before_;
+};
+
+TEST(Gemv14Gpu, StreamingTilesAreTheSameBitsAsOneBlockPerTile) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  // (K, N): gate|up of Llama 3.2 1B, its down projection (K = 8192: two groups of packs per tile), an lm_head
+  // of 32,064 rows, a shape whose last tile is part empty (4,002 rows: 1,000.5 tiles of 4; 2,001 gate|up outputs)
+  // and one with 1-row tiles (N < 4 x 264). N is even: gate|up needs 2I rows.
+  for (const auto& [K, N] :
+       {std::pair<int64_t, int64_t>{2048, 16384}, {8192, 2048}, {2048, 32064}, {640, 4002}, {640, 1000}}) {
+    const Problem p(5, K, N, 190 + K);
+    const std::vector<float> h0 = random_uniform(static_cast<size_t>(5 * N), 11);
+    // E4M3 weights: codes of both signs with exponents up to 14 (0xf7 masks out the NaN pattern s1111111) and a
+    // scale per row; what they round to does not matter here, only that both runs read the same.
+    std::vector<float> scales(static_cast<size_t>(N));
+    std::vector<uint8_t> codes(static_cast<size_t>(N * K));
+    for (int64_t n = 0; n < N; ++n) {
+      scales[n] = (1.0f + static_cast<float>(n % 7)) / 1024.f;
+      for (int64_t k = 0; k < K; ++k) codes[n * K + k] = static_cast<uint8_t>((n * 131 + k * 29 + (k >> 3)) & 0xf7);
+    }
+    Tensor w8 = Tensor::empty({N, K}, DType::F8_E4M3, Device::CUDA);
+    Tensor s8 = Tensor::from_f32(scales, {N}, DType::F32, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemcpy(w8.data(), codes.data(), codes.size(), cudaMemcpyHostToDevice));
+    for (int64_t M : {1, 5}) {
+      for (const bool fp8 : {false, true}) {
+        const TensorView w = fp8 ? w8.view() : p.w_dev.view();
+        const TensorView scale = fp8 ? s8.view() : TensorView{};
+        const auto variants = fp8 ? std::vector<Fp8GemvVariant>{Fp8GemvVariant::Cvt, Fp8GemvVariant::Bits,
+                                                                Fp8GemvVariant::BitsTile8}
+                                  : std::vector<Fp8GemvVariant>{Fp8GemvVariant::Auto};
+        for (const Fp8GemvVariant variant : variants) {
+          // Every op's output bytes, with streaming on or off.
+          const auto outputs = [&](bool on) {
+            const TileStreaming streaming(on);
+            std::vector<std::vector<unsigned char>> out;
+            Tensor y = poisoned({M, N}, DType::BF16);
+            gemv(y, p.xd(M), w, scale, nullptr, variant);
+            out.push_back(bytes_of(y));
+            Tensor logits = poisoned({M, N}, DType::F32);
+            rmsnorm_gemv(logits, p.xd(M), p.g_dev, eps, w, scale, nullptr, false, variant);
+            out.push_back(bytes_of(logits));
+            Tensor act = poisoned({M, N / 2}, DType::BF16);
+            rmsnorm_gemv_silu_mul(act, p.xd(M), p.g_dev, eps, w, scale, nullptr, false, variant);
+            out.push_back(bytes_of(act));
+            Tensor h = Tensor::from_f32(std::vector<float>(h0.begin(), h0.begin() + M * N), {M, N}, DType::BF16,
+                                        Device::CUDA);
+            gemv_residual(h, p.xd(M), w, scale, nullptr, false, variant);
+            out.push_back(bytes_of(h));
+            return out;
+          };
+          SCOPED_TRACE(p.describe() + " M=" + std::to_string(M) + (fp8 ? " fp8" : " bf16") + " variant " +
+                       std::to_string(static_cast<int>(variant)));
+          const auto on = outputs(true), off = outputs(false);
+          const char* names[] = {"gemv", "rmsnorm_gemv (F32)", "rmsnorm_gemv_silu_mul", "gemv_residual"};
+          for (size_t i = 0; i < on.size(); ++i) EXPECT_TRUE(on[i] == off[i]) << names[i];
+        }
+      }
+    }
+  }
+}
+
+// RoPE in the qkv GEMV's epilogue: the same bits as rmsnorm_gemv then apply_rope on the q and k views (the two
+// launches it replaces), for BF16 and E4M3 weights, with tile streaming on and off, at Llama 3.2 1B's qkv shape
+// (head_dim 64, 32 q heads, 8 k/v heads), at head_dim 128 and at head_dim 80 with 2-row tiles; positions 0, mid,
+// the table's last and one past it (clamped, as PositionCheck::Trusted does).
+TEST(Gemv14Gpu, RmsNormGemvRopeIsTheSameBitsAsTheTwoLaunches) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  struct Case {
+    int64_t K, head_dim, q_heads, kv_heads;
+  };
+  for (const Case& c : {Case{2048, 64, 32, 8}, Case{1024, 128, 16, 8}, Case{640, 80, 4, 2}}) {
+    const int64_t N = (c.q_heads + 2 * c.kv_heads) * c.head_dim;
+    const Problem p(kGemvMaxRows, c.K, N, 210 + c.K);
+    ModelConfig config;
+    config.model_type = "llama";
+    config.head_dim = c.head_dim;
+    config.num_attention_heads = c.q_heads;
+    config.num_key_value_heads = c.kv_heads;
+    config.rope_theta = 500000.0;
+    config.max_position_embeddings = 4096;
+    RopeTable table = RopeTable::build(config);
+    table.upload_to_device();
+    std::vector<int32_t> pos(kGemvMaxRows);
+    for (int64_t m = 0; m < kGemvMaxRows; ++m) pos[m] = static_cast<int32_t>((m * 977) % 4096);
+    pos[1] = 4095;
+    pos[2] = 5000;  // past the table: clamped to its last row
+    Tensor positions = Tensor::empty({kGemvMaxRows}, DType::I32, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemcpy(positions.data(), pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<float> scales(static_cast<size_t>(N));  // E4M3 weights, as in the streaming test above
+    std::vector<uint8_t> codes(static_cast<size_t>(N * c.K));
+    for (int64_t n = 0; n < N; ++n) {
+      scales[n] = (1.0f + static_cast<float>(n % 5)) / 2048.f;
+      for (int64_t k = 0; k < c.K; ++k) codes[n * c.K + k] = static_cast<uint8_t>((n * 37 + k * 11 + (k >> 4)) & 0xf7);
+    }
+    Tensor w8 = Tensor::empty({N, c.K}, DType::F8_E4M3, Device::CUDA);
+    Tensor s8 = Tensor::from_f32(scales, {N}, DType::F32, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaMemcpy(w8.data(), codes.data(), codes.size(), cudaMemcpyHostToDevice));
+    for (const bool fp8 : {false, true}) {
+      const TensorView w = fp8 ? w8.view() : p.w_dev.view();
+      const TensorView scale = fp8 ? s8.view() : TensorView{};
+      for (const bool streaming : {true, false}) {
+        const TileStreaming tiles(streaming);
+        for (int64_t M : std::vector<int64_t>{1, 3, kGemvMaxRows}) {
+          SCOPED_TRACE(p.describe() + " head_dim=" + std::to_string(c.head_dim) + " M=" + std::to_string(M) +
+                       (fp8 ? " fp8" : " bf16") + (streaming ? " streaming" : " one block per tile"));
+          const TensorView rows_pos = positions.view().rows(0, M);
+          Tensor two = poisoned({M, N}, DType::BF16);
+          rmsnorm_gemv(two, p.xd(M), p.g_dev, eps, w, scale);
+          apply_rope(two.view().columns(0, c.q_heads * c.head_dim),
+                     two.view().columns(c.q_heads * c.head_dim, c.kv_heads * c.head_dim), rows_pos, table,
+                     kDefaultRopeKernel, PositionCheck::Trusted);
+          Tensor one = poisoned({M, N}, DType::BF16);
+          rmsnorm_gemv_rope(one, p.xd(M), p.g_dev, eps, w, scale, rows_pos, table, c.q_heads, c.kv_heads);
+          TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::vector<unsigned char> a = bytes_of(one), b = bytes_of(two);
+          ASSERT_EQ(a.size(), b.size());
+          size_t first_diff = a.size();
+          for (size_t i = 0; i < a.size() && first_diff == a.size(); ++i)
+            if (a[i] != b[i]) first_diff = i;
+          EXPECT_EQ(first_diff, a.size()) << "first different element: " << first_diff / 2 << " (row "
+                                          << first_diff / 2 / N << ", column " << first_diff / 2 % N << ")";
+        }
+      }
+    }
   }
 }
 

@@ -51,6 +51,12 @@ bool fused_computes_every_layer(const ModelWeights& w) {
   return true;
 }
 
+// Whether RoPE runs in the qkv GEMV's epilogue (rmsnorm_gemv_rope): only when nothing comes between the
+// projection and RoPE, and the table-reading RoPE is the one the composed forward runs (the same bits).
+bool rope_in_gemv(const LayerWeights& L) {
+  return !L.has_qkv_bias() && !L.has_qk_norm() && kDefaultRopeKernel == RopeKernel::V2;
+}
+
 }  // namespace
 
 bool fast_forward_supported(const ModelWeights& w) {
@@ -123,8 +129,9 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph); the
   //   fused GEMVs get `pdl` (their launch, not their math: see pdl.h); after each op, mark(its name) with the
   //   names fast_forward.h lists for fast_forward_traced (optional: only the timeline reads them).
-  //   Qwen2's q/k/v biases and Qwen3's q/k norm: lesson 08's add_bias and head_rmsnorm, where decoder_layer
-  //   runs them (after the qkv projection, before RoPE), as plain launches.
+  //   RoPE: in the qkv GEMV's epilogue (rmsnorm_gemv_rope) where rope_in_gemv(L); else Qwen2's q/k/v biases
+  //   and Qwen3's q/k norm run as lesson 08's add_bias and head_rmsnorm, where decoder_layer runs them (after the
+  //   qkv projection, before RoPE), then apply_rope, all plain launches.
   // Tests: FastPath14Gpu.GreedyEqualsHuggingFaceWhereTheMarginsAreClear
   // Tests: FastPath14Gpu.TeacherForcedLogitsMatchTheComposedForward
   // Tests: FastPath14Gpu.QwenFamiliesTakeTheFusedPath
@@ -135,22 +142,29 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
     const int layer = static_cast<int>(&L - w.layers.data());
     // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
     // FP8-resident weights: the same calls with the scales (empty views for BF16 weights): gemv.h.
-    rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, L.wqkv_scale, stream, pdl);
-    mark("rmsnorm_gemv (qkv)");
-    // Qwen2: + the q/k/v biases on the bf16 product, rounded again, as lesson 08's project() adds them.
-    if (L.bqkv.data) {
-      add_bias(qkv, L.bqkv, stream);
-      mark("add_bias (qkv)");
-    }
     const QkvViews v = split_qkv(qkv, shape);
-    // Qwen3: each head of q and of k RMS-normalised over head_dim, before RoPE rotates them.
-    if (L.has_qk_norm()) {
-      head_rmsnorm(v.q, L.q_norm, eps, stream);
-      head_rmsnorm(v.k, L.k_norm, eps, stream);
-      mark("head_rmsnorm (q, k)");
+    // Nothing between the projection and RoPE (no Qwen2 bias, no Qwen3 q/k norm): RoPE in the GEMV's epilogue.
+    if (rope_in_gemv(L)) {
+      rmsnorm_gemv_rope(qkv, h, L.input_norm, eps, L.wqkv, L.wqkv_scale, step.positions(), ws.rope, shape.n_heads,
+                        shape.n_kv_heads, stream, pdl);
+      mark("rmsnorm_gemv_rope (qkv)");
+    } else {
+      rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, L.wqkv_scale, stream, pdl);
+      mark("rmsnorm_gemv (qkv)");
+      // Qwen2: + the q/k/v biases on the bf16 product, rounded again, as lesson 08's project() adds them.
+      if (L.bqkv.data) {
+        add_bias(qkv, L.bqkv, stream);
+        mark("add_bias (qkv)");
+      }
+      // Qwen3: each head of q and of k RMS-normalised over head_dim, before RoPE rotates them.
+      if (L.has_qk_norm()) {
+        head_rmsnorm(v.q, L.q_norm, eps, stream);
+        head_rmsnorm(v.k, L.k_norm, eps, stream);
+        mark("head_rmsnorm (q, k)");
+      }
+      apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
+      mark("rope");
     }
-    apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
-    mark("rope");
     backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
     mark("kv write + decode attention");
     gemv_residual(h, attn, L.wo, L.wo_scale, stream, pdl);

@@ -63,9 +63,11 @@ TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& weights, const
                             AttentionBackend& backend);
 
 // The timeline of a step (lesson14_performance --bench): fast_forward with plain launches, calling after_op(name)
-// on the host right after each op is queued, where the caller records a CUDA event. Per layer: "rmsnorm_gemv
-// (qkv)", "add_bias (qkv)" (Qwen2), "head_rmsnorm (q, k)" (Qwen3), "rope", "kv write + decode attention" (the backend's kernels), "gemv_residual (o)", "rmsnorm_gemv_silu_mul
-// (gate|up)", "gemv_residual (down)"; around them "embedding" and "rmsnorm_gemv (lm_head)". Eager steps only (an
+// on the host right after each op is queued, where the caller records a CUDA event. Per layer: "rmsnorm_gemv_rope
+// (qkv)" (RoPE in the GEMV's epilogue), or "rmsnorm_gemv (qkv)", "add_bias (qkv)" (Qwen2), "head_rmsnorm (q, k)"
+// (Qwen3) and "rope"; then "kv write + decode attention" (the backend's kernels), "gemv_residual (o)",
+// "rmsnorm_gemv_silu_mul (gate|up)", "gemv_residual (down)"; around them "embedding" and "rmsnorm_gemv (lm_head)".
+// Eager steps only (an
 // event between two kernels also stops them overlapping, so this is the step without PDL). A step the fused path
 // does not take runs forward_composed() and marks nothing.
 using OpMark = std::function<void(const char* op)>;

@@ -21,7 +21,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "common/cuda_utils.cuh"
@@ -30,6 +36,7 @@
 #include "common/exercise.h"
 #include "gemv.h"
 #include "pdl.cuh"
+#include "rope.h"
 #include "stream_load.cuh"
 
 namespace tvllm {
@@ -239,7 +246,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 }
 
 enum class Prologue { None, RmsNorm };
-enum class Tile { Rows, GateUp };  // GateUp: a tile of outputs j owns rows j and I + j
+// GateUp: a tile of outputs j owns rows j and I + j. Rope: a tile of pairs owns, for each pair (head, j), the
+// rows of element j and j + head_dim / 2 of that head: the two values RoPE rotates together.
+enum class Tile { Rows, GateUp, Rope };
 
 // ---- the block's reduction: V sums per thread, one total each ------------------------------------------
 // warp_sum on each of V values costs 5 V shuffles; with V = 4 rows x 16 inputs = 64 that is 320 per warp,
@@ -293,8 +302,28 @@ struct V3Args {
   float eps;
   int M;
   int64_t N, K;
-  int64_t outputs;    // columns of out: N, or I = N / 2 for GateUp
+  int64_t outputs;    // columns of out: N, or I = N / 2 for GateUp, or the N / 2 pairs for Rope
+  // Rope: row m's position, lesson 05's cos / sin table [max_positions, half], half = head_dim / 2, and how many
+  // heads of the row rotate (q's and k's; v's follow them unrotated).
+  const int32_t* positions;
+  const float* cos;
+  const float* sin;
+  int half, rotated_heads, max_positions;
 };
+
+// The weight row behind tile row `second ? kOuts + i : i` of output column col (GateUp: its up row; Rope: the
+// element half a head further on).
+template <Tile kTile>
+__device__ __forceinline__ int64_t weight_row(const V3Args& a, int64_t col, bool second) {
+  if constexpr (kTile == Tile::GateUp) {
+    return second ? a.outputs + col : col;
+  } else if constexpr (kTile == Tile::Rope) {
+    const int64_t head = col / a.half, j = col - head * a.half;
+    return head * 2 * a.half + j + (second ? a.half : 0);
+  } else {
+    return col;
+  }
+}
 
 // The epilogues of v3 and v4, one output element each (gemv.h, "Rounding").
 // Rows: out[o] = the sum, stored as a.store says.
@@ -320,6 +349,27 @@ __device__ __forceinline__ void store_silu_mul(const V3Args& a, int64_t o, float
   static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
 }
 
+// Rope: the pair (j, j + half) of head `head` of row m: each rounded to bf16 as linear() stores it, then rotated
+// by lesson 05's rotate_pair arithmetic (each operation rounded on its own, no FMA) with the table's cos / sin of
+// the row's position, and rounded again, as apply_rope() does in place: the same bits as the two launches.
+// Heads past rotated_heads (v) are stored as they are.
+__device__ __forceinline__ void store_rope(const V3Args& a, int m, int64_t col, float first_sum, float second_sum) {
+  const float x1 = bf16_bits_to_f32(f32_to_bf16_bits(first_sum));
+  const float x2 = bf16_bits_to_f32(f32_to_bf16_bits(second_sum));
+  const int64_t head = col / a.half, j = col - head * a.half;
+  bf16* row = static_cast<bf16*>(a.out) + m * a.N + head * 2 * a.half;
+  if (head < a.rotated_heads) {
+    const int pos = min(max(__ldg(a.positions + m), 0), a.max_positions - 1);  // PositionCheck::Trusted's clamp
+    const float c = __ldg(a.cos + static_cast<int64_t>(pos) * a.half + j);
+    const float s = __ldg(a.sin + static_cast<int64_t>(pos) * a.half + j);
+    row[j] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    row[j + a.half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+  } else {
+    row[j] = __float2bfloat16_rn(x1);
+    row[j + a.half] = __float2bfloat16_rn(x2);
+  }
+}
+
 // How E4M3 packs become floats (Fp8GemvVariant without the tile): BF16 weights ignore it.
 enum class Fp8Decode { Cvt, Bits };
 
@@ -327,27 +377,37 @@ template <int kM, int kTileRows, Prologue kPrologue, Tile kTile, WeightType kW, 
 __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
   constexpr int kCols = WeightPack<kW>::kCols;  // columns of K per 16-byte pack of W: 8 (BF16) or 16 (E4M3)
   // Tile r (0..kTileRows-1) -> a weight row. Rows: n0 + r. GateUp: kTileRows / 2 outputs j0 + i, whose
-  // gate rows are j0 + i and up rows I + j0 + i.
-  constexpr int kOuts = kTile == Tile::GateUp ? kTileRows / 2 : kTileRows;
+  // gate rows are j0 + i and up rows I + j0 + i. Rope: kTileRows / 2 pairs (weight_row).
+  constexpr int kOuts = kTile == Tile::Rows ? kTileRows : kTileRows / 2;
   // 8 loads of W in flight per thread whatever the tile (8-row tiles, Fp8GemvVariant::BitsTile8: one per row)
   constexpr int kUnroll = kTileRows >= 8 ? 1 : kTileRows >= 4 ? 2 : 8;
   // Bits: each 8 columns decoded where they are used (a quarter of Cvt's live floats with 8-row tiles).
   constexpr bool kLateDecode = WeightPack<kW>::kFp8 && kDecode == Fp8Decode::Bits;
   const int warps = blockDim.x / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kOuts;  // this block's first output column
   const int64_t packs = a.K / kCols;
+  const int64_t tiles = (a.outputs + kOuts - 1) / kOuts;
   __shared__ float partial[kMaxThreads / kWarp][kTileRows * kM];
   __shared__ float inv_rms[kM];
+  __shared__ float tile_scale[kTileRows];  // E4M3: row r's scale (the barrier after the sums publishes it)
+  __shared__ float total[kTileRows * kM];
 
+  // Tile streaming (gemv.h, set_gemv_tile_streaming): the grid may be smaller than the number of tiles; block b
+  // then computes tiles b, b + gridDim.x, ... and loads each next tile's weights BEFORE reducing the current
+  // one, so the reduction, the barriers and the epilogue of one tile run while the next tile's bytes are in
+  // flight. With one block per tile (the grid of v3's first version) the loop below runs once. Either way each
+  // output is summed by the same threads in the same order: the bits do not depend on the grid.
+  int64_t tile = blockIdx.x;
   const uint8_t* rows[kTileRows];  // byte addresses: a row is K * kBytes bytes
   bool valid[kTileRows];
-#pragma unroll
-  for (int r = 0; r < kTileRows; ++r) {
-    const int64_t col = first + r % kOuts;
-    valid[r] = col < a.outputs;
-    const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
-    rows[r] = static_cast<const uint8_t*>(a.w) + (valid[r] ? n : 0) * a.K * WeightPack<kW>::kBytes;
-  }
+  const auto locate = [&](int64_t t) {  // tile t's rows: tile row r is output column t * kOuts + r % kOuts's
+#pragma unroll                          // (its second row from r = kOuts on: weight_row)
+    for (int r = 0; r < kTileRows; ++r) {
+      const int64_t col = t * kOuts + r % kOuts;
+      valid[r] = col < a.outputs;
+      const int64_t n = valid[r] ? weight_row<kTile>(a, col, r >= kOuts) : 0;
+      rows[r] = static_cast<const uint8_t*>(a.w) + n * a.K * WeightPack<kW>::kBytes;
+    }
+  };
 
   // The first kUnroll packs of each tile row this thread will use (with 256 threads and K = 2048: the whole
   // tile), loaded BEFORE waiting for the previous kernel: the weights are never written during a step, so
@@ -365,31 +425,35 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
                                          : Pack<8>{};
     }
   };
-  load_tile(threadIdx.x);
-  // What the registers do not hold (K = 8192: the second half of each row) is asked into L2, one thread per row.
   const int64_t first_group = static_cast<int64_t>(kUnroll) * blockDim.x;  // packs held in registers
+  float row_scale = 1.f;  // E4M3: tile row threadIdx.x's scale, for thread r < kTileRows
+  // A tile's start: its rows located, its first group of packs loaded, the rest of its rows (K = 8192: the
+  // second half) asked into L2 by one thread per row, and (E4M3) its scales fetched beside the weights:
+  // scales are weights, never written during a step; fetched in the epilogue, their DRAM round trip would
+  // lengthen the kernel's tail (~1 us at batch 1, where the small GEMVs are all latency).
+  const auto start_tile = [&](int64_t t) {
+    locate(t);
+    load_tile(threadIdx.x);
 #pragma unroll
-  for (int r = 0; r < kTileRows; ++r)
-    if (WeightPack<kW>::kLoadBytes == 16 && threadIdx.x == r && valid[r] && packs > first_group)  // 16-byte units
-      prefetch_l2(rows[r] + first_group * WeightPack<kW>::kLoadBytes,
-                  static_cast<uint32_t>((packs - first_group) * WeightPack<kW>::kLoadBytes));
-  // E4M3: thread r < kTileRows fetches tile row r's scale now, beside the weights (scales are weights: never
-  // written during a step), not in the epilogue, where its DRAM round trip would lengthen the kernel's tail
-  // (~1 us at batch 1, where the small GEMVs are all latency). It reaches shared memory with the partial sums.
-  float row_scale = 1.f;
-  if constexpr (WeightPack<kW>::kFp8) {
-    const int r = static_cast<int>(threadIdx.x);
-    if (r < kTileRows) {
-      const int64_t col = first + r % kOuts;
-      const int64_t n = kTile == Tile::GateUp && r >= kOuts ? a.outputs + col : col;
-      if (col < a.outputs) row_scale = __ldg(a.w_scale + n);
+    for (int r = 0; r < kTileRows; ++r)
+      if (WeightPack<kW>::kLoadBytes == 16 && threadIdx.x == r && valid[r] && packs > first_group)  // 16-byte units
+        prefetch_l2(rows[r] + first_group * WeightPack<kW>::kLoadBytes,
+                    static_cast<uint32_t>((packs - first_group) * WeightPack<kW>::kLoadBytes));
+    if constexpr (WeightPack<kW>::kFp8) {
+      const int r = static_cast<int>(threadIdx.x);
+      if (r < kTileRows) {
+        const int64_t col = t * kOuts + r % kOuts;
+        row_scale = col < a.outputs ? __ldg(a.w_scale + weight_row<kTile>(a, col, r >= kOuts)) : 1.f;
+      }
     }
-  }
+  };
+  start_tile(tile);
   pdl_wait_for_previous_kernel();  // from here on: reads of x / h, and every write
   pdl_let_next_kernel_start();
 
   // The norm's prologue: each block sums the squares of its M rows of h itself (fixed order: thread t
-  // adds packs t, t + blockDim, ...; then warps, then the warps' sums in order), as lesson 04 does.
+  // adds packs t, t + blockDim, ...; then warps, then the warps' sums in order), as lesson 04 does. Once per
+  // block, whatever number of tiles it streams.
   if constexpr (kPrologue == Prologue::RmsNorm) {
     float sum_sq[kM];
 #pragma unroll
@@ -405,101 +469,116 @@ __global__ void __launch_bounds__(kMaxThreads) gemv_v3_kernel(V3Args a) {
     warp_sums_to<kM>(sum_sq, partial[warp], lane);
     __syncthreads();
     if (threadIdx.x < kM) {
-      float total = 0.f;
-      for (int i = 0; i < warps; ++i) total += partial[i][threadIdx.x];
-      inv_rms[threadIdx.x] = rsqrtf(total / static_cast<float>(a.K) + a.eps);
+      float total_sq = 0.f;
+      for (int i = 0; i < warps; ++i) total_sq += partial[i][threadIdx.x];
+      inv_rms[threadIdx.x] = rsqrtf(total_sq / static_cast<float>(a.K) + a.eps);
     }
     __syncthreads();  // inv_rms ready; partial free again
   }
 
-  // The main loop: thread t reads packs t, t + blockDim, ... of each of the tile's rows, and adds each
-  // W value times x into kTileRows x kM sums, in pack order (the unrolling only hoists the loads).
-  float acc[kTileRows][kM] = {};
-  for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kUnroll * blockDim.x) {
-    if (p0 != threadIdx.x) load_tile(p0);  // the first group was loaded before the wait
+  for (;;) {
+    const int64_t first = tile * kOuts;  // this tile's first output column
+    // The main loop: thread t reads packs t, t + blockDim, ... of each of the tile's rows, and adds each
+    // W value times x into kTileRows x kM sums, in pack order (the unrolling only hoists the loads).
+    float acc[kTileRows][kM] = {};
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kUnroll * blockDim.x) {
+      if (p0 != threadIdx.x) load_tile(p0);  // the first group was loaded when the tile started
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
-      if (p >= packs) break;
-      // The pack's weights widened once, used for every input row (E4M3: 8 cvt for 16 weights).
-      float wf[kTileRows][kCols];
-      if constexpr (!kLateDecode) {
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t p = p0 + static_cast<int64_t>(u) * blockDim.x;
+        if (p >= packs) break;
+        // The pack's weights widened once, used for every input row (E4M3: 8 cvt for 16 weights).
+        float wf[kTileRows][kCols];
+        if constexpr (!kLateDecode) {
 #pragma unroll
-        for (int r = 0; r < kTileRows; ++r) widen_weights<kW>(wv[u][r], wf[r]);
-      }
-      // x's columns p * kCols .. + kCols - 1: one or two 16-byte loads of 8 bf16 (h and g likewise).
-#pragma unroll
-      for (int half = 0; half < kCols / 8; ++half) {
-        const int64_t col = p * kCols + 8 * half;
-        if constexpr (kLateDecode) {  // this half's 8 codes of each row: words 2 half and 2 half + 1
-#pragma unroll
-          for (int r = 0; r < kTileRows; ++r) {
-            e4m3x4_bits_to_float(wv[u][r].word[2 * half], &wf[r][8 * half]);
-            e4m3x4_bits_to_float(wv[u][r].word[2 * half + 1], &wf[r][8 * half + 4]);
-          }
+          for (int r = 0; r < kTileRows; ++r) widen_weights<kW>(wv[u][r], wf[r]);
         }
-        Pack<8> gv{};
-        if constexpr (kPrologue == Prologue::RmsNorm) gv = load_pack<8>(a.g + col);
+        // x's columns p * kCols .. + kCols - 1: one or two 16-byte loads of 8 bf16 (h and g likewise).
 #pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          if (m >= a.M) break;
-          const Pack<8> raw = load_pack<8>(a.x + m * a.K + col);
-          float xv[8];
+        for (int half = 0; half < kCols / 8; ++half) {
+          const int64_t col = p * kCols + 8 * half;
+          if constexpr (kLateDecode) {  // this half's 8 codes of each row: words 2 half and 2 half + 1
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            if constexpr (kPrologue == Prologue::RmsNorm) {
-              // Lesson 04's rounding: bf16(h * inv_rms), times the weight, rounded to bf16 again.
-              const float normed = bf16_bits_to_f32(f32_to_bf16_bits(raw.get(i) * inv_rms[m]));
-              xv[i] = bf16_bits_to_f32(f32_to_bf16_bits(normed * gv.get(i)));
-            } else {
-              xv[i] = raw.get(i);
+            for (int r = 0; r < kTileRows; ++r) {
+              e4m3x4_bits_to_float(wv[u][r].word[2 * half], &wf[r][8 * half]);
+              e4m3x4_bits_to_float(wv[u][r].word[2 * half + 1], &wf[r][8 * half + 4]);
             }
           }
+          Pack<8> gv{};
+          if constexpr (kPrologue == Prologue::RmsNorm) gv = load_pack<8>(a.g + col);
 #pragma unroll
-          for (int r = 0; r < kTileRows; ++r)
+          for (int m = 0; m < kM; ++m) {
+            if (m >= a.M) break;
+            const Pack<8> raw = load_pack<8>(a.x + m * a.K + col);
+            float xv[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[r][m] = __fmaf_rn(xv[i], wf[r][8 * half + i], acc[r][m]);
+            for (int i = 0; i < 8; ++i) {
+              if constexpr (kPrologue == Prologue::RmsNorm) {
+                // Lesson 04's rounding: bf16(h * inv_rms), times the weight, rounded to bf16 again.
+                const float normed = bf16_bits_to_f32(f32_to_bf16_bits(raw.get(i) * inv_rms[m]));
+                xv[i] = bf16_bits_to_f32(f32_to_bf16_bits(normed * gv.get(i)));
+              } else {
+                xv[i] = raw.get(i);
+              }
+            }
+#pragma unroll
+            for (int r = 0; r < kTileRows; ++r)
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[r][m] = __fmaf_rn(xv[i], wf[r][8 * half + i], acc[r][m]);
+          }
         }
       }
     }
-  }
 
-  // The block's reduction: a butterfly per warp (reduce-scatter), then the warps' sums in warp order.
-  float flat[kTileRows * kM];
-#pragma unroll
-  for (int r = 0; r < kTileRows; ++r)
-#pragma unroll
-    for (int m = 0; m < kM; ++m) flat[r * kM + m] = acc[r][m];
-  warp_sums_to<kTileRows * kM>(flat, partial[warp], lane);
-  __shared__ float tile_scale[kTileRows];  // E4M3: row r's scale (the barrier below publishes it)
-  if (WeightPack<kW>::kFp8 && threadIdx.x < kTileRows) tile_scale[threadIdx.x] = row_scale;
-  __syncthreads();
-  __shared__ float total[kTileRows * kM];
-  for (int i = threadIdx.x; i < kTileRows * kM; i += blockDim.x) {
-    float s = 0.f;
-    for (int j = 0; j < warps; ++j) s += partial[j][i];
-    total[i] = s;
-  }
-  __syncthreads();
+    // Streaming: the next tile's weights are asked for now (wv is free: the loop above consumed it), and
+    // arrive while this tile reduces and stores. Its scale replaces row_scale, so keep this tile's.
+    const float this_scale = row_scale;
+    const int64_t next = tile + gridDim.x;
+    if (next < tiles) start_tile(next);
 
-  // The epilogue: one thread per output (m, column) of the tile. This block alone owns these outputs.
-  for (int i = threadIdx.x; i < kOuts * kM; i += blockDim.x) {
-    const int c = i / kM, m = i % kM;
-    const int64_t col = first + c;
-    if (m >= a.M || col >= a.outputs) continue;
-    const int64_t o = m * a.outputs + col;
-    // E4M3: each row's scale multiplies its finished sum (fp32), before the epilogue's roundings.
-    float gate_scale = 1.f, up_scale = 1.f;
-    if constexpr (WeightPack<kW>::kFp8) {
-      // Bits: the sums are 2^-8 of Cvt's; 256 x scale is exact, and so the product is Cvt's, bit for bit.
-      constexpr float kUnit = kDecode == Fp8Decode::Bits ? kBitsScale : 1.f;
-      gate_scale = tile_scale[c] * kUnit;  // tile row c: output column `col` (GateUp: its gate row)
-      if constexpr (kTile == Tile::GateUp) up_scale = tile_scale[kOuts + c] * kUnit;  // its up row
+    // The block's reduction: a butterfly per warp (reduce-scatter), then the warps' sums in warp order.
+    float flat[kTileRows * kM];
+#pragma unroll
+    for (int r = 0; r < kTileRows; ++r)
+#pragma unroll
+      for (int m = 0; m < kM; ++m) flat[r * kM + m] = acc[r][m];
+    warp_sums_to<kTileRows * kM>(flat, partial[warp], lane);
+    if (WeightPack<kW>::kFp8 && threadIdx.x < kTileRows) tile_scale[threadIdx.x] = this_scale;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTileRows * kM; i += blockDim.x) {
+      float s = 0.f;
+      for (int j = 0; j < warps; ++j) s += partial[j][i];
+      total[i] = s;
     }
-    if constexpr (kTile == Tile::GateUp)
-      store_silu_mul(a, o, total[c * kM + m] * gate_scale, total[(kOuts + c) * kM + m] * up_scale);
-    else
-      store_output(a, o, total[c * kM + m] * gate_scale);
+    __syncthreads();
+
+    // The epilogue: one thread per output (m, column) of the tile. This block alone owns these outputs.
+    for (int i = threadIdx.x; i < kOuts * kM; i += blockDim.x) {
+      const int c = i / kM, m = i % kM;
+      const int64_t col = first + c;
+      if (m >= a.M || col >= a.outputs) continue;
+      const int64_t o = m * a.outputs + col;
+      // E4M3: each row's scale multiplies its finished sum (fp32), before the epilogue's roundings.
+      float first_scale = 1.f, second_scale = 1.f;
+      if constexpr (WeightPack<kW>::kFp8) {
+        // Bits: the sums are 2^-8 of Cvt's; 256 x scale is exact, and so the product is Cvt's, bit for bit.
+        constexpr float kUnit = kDecode == Fp8Decode::Bits ? kBitsScale : 1.f;
+        first_scale = tile_scale[c] * kUnit;  // tile row c: output column `col` (GateUp: its gate row)
+        if constexpr (kTile != Tile::Rows) second_scale = tile_scale[kOuts + c] * kUnit;  // its up / second row
+      }
+      const float first_sum = total[c * kM + m] * first_scale;
+      if constexpr (kTile == Tile::GateUp)
+        store_silu_mul(a, o, first_sum, total[(kOuts + c) * kM + m] * second_scale);
+      else if constexpr (kTile == Tile::Rope)
+        store_rope(a, m, col, first_sum, total[(kOuts + c) * kM + m] * second_scale);
+      else
+        store_output(a, o, first_sum);
+    }
+    if (next >= tiles) break;
+    tile = next;
+    // The next tile writes tile_scale before its first barrier, and another thread may still read it above.
+    // (partial and total are safe: every thread has passed this tile's barriers before any writes them again.)
+    if constexpr (WeightPack<kW>::kFp8) __syncthreads();
   }
 }
 
@@ -520,6 +599,29 @@ void with_rows(int M, F&& f) {
     f(std::integral_constant<int, 16>{});
 }
 
+// How many blocks of `kernel` (with `threads` threads) the current GPU holds at once: its SMs times the blocks
+// per SM that registers, shared memory and threads allow. Asked of the runtime once per (kernel, threads,
+// device) and remembered: the launch path stays cheap, and the query is allowed during a stream capture.
+int64_t resident_blocks(const void* kernel, int threads) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int64_t> known;
+  int device = 0;
+  TVLLM_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace({kernel, threads, device}, 0);
+  if (fresh) {
+    int per_sm = 0, sms = 0;
+    TVLLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    it->second = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
+  }
+  return it->second;
+}
+template <class... Params>
+int64_t resident_blocks(void (*kernel)(Params...), int threads) {
+  return resident_blocks(reinterpret_cast<const void*>(kernel), threads);
+}
+
 // pdl: launch as a programmatic dependent of the stream's previous kernel (pdl.cuh); the kernel is the same.
 // Fp8GemvVariant::BitsTile8 takes 8-row tiles where that still leaves 2 blocks per SM of an H200.
 constexpr int64_t kTile8MinRows = 8 * 264;
@@ -536,24 +638,28 @@ void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl, bool eight = fals
   constexpr bool kEightCompiled = kW == WeightType::E4m3 && kDecode == Fp8Decode::Bits;
   eight = kEightCompiled && eight && four && a.N >= kTile8MinRows;
   const int tile_rows = eight ? 8 : s.rows_per_block;
-  const int64_t outs_per_block = kTile == Tile::GateUp ? std::max(1, tile_rows / 2) : tile_rows;
-  const int64_t blocks = ceil_div(a.outputs, outs_per_block);
-  TVLLM_REQUIRE(blocks < (int64_t{1} << 31), "gemv: too many rows for one launch");
-  const auto grid = static_cast<unsigned>(blocks);
+  const int64_t outs_per_block = kTile == Tile::Rows ? tile_rows : std::max(1, tile_rows / 2);
+  const int64_t tiles = ceil_div(a.outputs, outs_per_block);
+  TVLLM_REQUIRE(tiles < (int64_t{1} << 31), "gemv: too many rows for one launch");
+  // One block per tile, or (tile streaming, the default) no more blocks than the GPU holds at once.
+  const auto go = [&](auto kernel) {
+    const auto grid = static_cast<unsigned>(gemv_tile_streaming() ? std::min(tiles, resident_blocks(kernel, s.threads))
+                                                                  : tiles);
+    launch_kernel(kernel, grid, s.threads, stream, pdl, a);
+  };
   with_rows(a.M, [&](auto rows) {
     constexpr int kM = decltype(rows)::value;
-    constexpr int kSmallTile = kTile == Tile::GateUp ? 2 : 1;
+    constexpr int kSmallTile = kTile == Tile::Rows ? 1 : 2;  // GateUp, Rope: one pair of rows
     if constexpr (kEightCompiled) {
       if (eight) {
-        launch_kernel(gemv_v3_kernel<kM, 8, kPrologue, kTile, kW, kDecode>, grid, s.threads, stream, pdl, a);
+        go(gemv_v3_kernel<kM, 8, kPrologue, kTile, kW, kDecode>);
         return;
       }
     }
     if (four)
-      launch_kernel(gemv_v3_kernel<kM, 4, kPrologue, kTile, kW, kDecode>, grid, s.threads, stream, pdl, a);
+      go(gemv_v3_kernel<kM, 4, kPrologue, kTile, kW, kDecode>);
     else
-      launch_kernel(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile, kW, kDecode>, grid, s.threads, stream, pdl,
-                    a);
+      go(gemv_v3_kernel<kM, kSmallTile, kPrologue, kTile, kW, kDecode>);
   });
 }
 
@@ -597,6 +703,18 @@ void launch_v3_for(DType weight_dtype, Fp8GemvVariant fp8, const V3Args& a, cuda
 
 
 }  // namespace
+
+namespace {
+// TVLLM_GEMV_STREAM=0 starts the process with tile streaming off (one block per tile), for comparisons.
+bool streaming_from_env() {
+  const char* v = std::getenv("TVLLM_GEMV_STREAM");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+std::atomic<bool> g_tile_streaming{streaming_from_env()};
+}  // namespace
+
+void set_gemv_tile_streaming(bool on) { g_tile_streaming.store(on); }
+bool gemv_tile_streaming() { return g_tile_streaming.load(); }
 
 namespace detail {
 
@@ -650,6 +768,23 @@ void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, cons
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
   launch_v3_for<Prologue::RmsNorm, Tile::GateUp>(w_gate_up.dtype, fp8, a, stream, pdl);
+}
+
+void rmsnorm_gemv_rope_cuda(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
+                            const TensorView& w, const TensorView& w_scale, const TensorView& positions,
+                            const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream, bool pdl,
+                            Fp8GemvVariant fp8) {
+  V3Args a = v3_args(qkv, h, w, w_scale);
+  a.g = norm_weight.ptr<const bf16>();
+  a.eps = eps;
+  a.half = static_cast<int>(table.half());
+  a.outputs = a.N / 2;  // pairs
+  a.rotated_heads = static_cast<int>(q_heads + k_heads);
+  a.max_positions = static_cast<int>(table.max_positions());
+  a.positions = positions.ptr<const int32_t>();
+  a.cos = table.cos(Device::CUDA).ptr<const float>();
+  a.sin = table.sin(Device::CUDA).ptr<const float>();
+  launch_v3_for<Prologue::RmsNorm, Tile::Rope>(w.dtype, fp8, a, stream, pdl);
 }
 
 void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,

@@ -78,6 +78,10 @@
 #include "common/tensor.h"
 
 namespace tvllm {
+class RopeTable;  // lesson 05 (rope.h)
+}
+
+namespace tvllm {
 
 // The largest batch the GEMVs take: beyond ~16 rows a tiled GEMM (lesson 06) reuses W better.
 inline constexpr int kGemvMaxRows = 16;
@@ -157,6 +161,18 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
                            float eps, const TensorView& w_gate_up, const TensorView& w_scale,
                            cudaStream_t stream = nullptr, bool pdl = false, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
 
+// qkv[M, (Hq + 2 Hkv) d] = rmsnorm(h) * norm_weight · w_qkv^T with RoPE applied to its q and k heads (the first
+// q_heads + k_heads heads of d = table.head_dim() columns each), rotated by row m's position positions[m] as
+// apply_rope() does (the table's cos / sin, positions clamped to the table as PositionCheck::Trusted does); the
+// heads after them (v's) are stored as they are. The same bits as rmsnorm_gemv() then apply_rope() on the q and
+// k views (the two launches it replaces), in one kernel: each block owns pairs of rows (j, j + d/2) of a head, so
+// the pair RoPE rotates is finished in one epilogue. Also on the CPU (the two references in turn). qkv: BF16,
+// contiguous, a whole number of heads; positions I32 [M] on w's device.
+void rmsnorm_gemv_rope(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
+                       const TensorView& w, const TensorView& w_scale, const TensorView& positions,
+                       const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream = nullptr,
+                       bool pdl = false, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
+
 // h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
                    cudaStream_t stream = nullptr, bool pdl = false);
@@ -178,6 +194,14 @@ struct GemvV3Shape {
 };
 // weight_bytes: 2 (BF16) or 1 (F8_E4M3 with K % 16 == 0, 16 codes per load): one thread per load of a row.
 GemvV3Shape gemv_v3_shape(int64_t N, int64_t K, int weight_bytes = 2);
+
+// Tile streaming (chapter section 4, "Streaming tiles"): v3 and every fused op launch no more blocks than the GPU
+// holds at once (SMs x blocks per SM), each block computing tiles b, b + grid, ... and loading the next tile's
+// weights before it reduces and stores the current one; off, one block per tile (the grid above). The same
+// threads sum each output in the same order either way: the same bits. On by default; process-wide (the
+// benchmark and the tests switch it); TVLLM_GEMV_STREAM=0 in the environment starts a process with it off.
+void set_gemv_tile_streaming(bool on);
+bool gemv_tile_streaming();
 
 // The references on the host (what the functions above run for CPU views). w_scale: F8_E4M3 w only.
 void gemv_cpu(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale = {});
@@ -215,6 +239,10 @@ void rmsnorm_gemv_cuda(const TensorView& out, const TensorView& h, const TensorV
 void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, const TensorView& norm_weight,
                                 float eps, const TensorView& w_gate_up, const TensorView& w_scale,
                                 cudaStream_t stream, bool pdl, Fp8GemvVariant fp8);
+void rmsnorm_gemv_rope_cuda(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
+                            const TensorView& w, const TensorView& w_scale, const TensorView& positions,
+                            const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream, bool pdl,
+                            Fp8GemvVariant fp8);
 void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
                         cudaStream_t stream, bool pdl, Fp8GemvVariant fp8);
 void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,

@@ -3,13 +3,16 @@
 // The references sum in double and round once, so their own error is far below anything a kernel's fp32
 // sum can show; every bf16 rounding the GPU makes on purpose (the normalised x, gate and up, silu, the
 // residual's product) they make too, with the host's round-to-nearest-even (common/dtype.h).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "gemv.h"
+#include "rope.h"
 #include "silu_mul.h"  // silu_f32: lesson 08's reference silu
 
 namespace tvllm {
@@ -364,6 +367,51 @@ void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& 
 void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& norm_weight, float eps,
                   const TensorView& w, cudaStream_t stream, bool pdl) {
   rmsnorm_gemv(out, h, norm_weight, eps, w, TensorView{}, stream, pdl);
+}
+
+void rmsnorm_gemv_rope(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
+                       const TensorView& w, const TensorView& w_scale, const TensorView& positions,
+                       const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream, bool pdl,
+                       Fp8GemvVariant fp8) {
+  const GemvDims d = check_operands("rmsnorm_gemv_rope", qkv, h, w, false, false, w_scale);
+  check_norm_args("rmsnorm_gemv_rope", h, norm_weight, eps);
+  const int64_t head_dim = table.head_dim();
+  TVLLM_REQUIRE(head_dim >= 2 && head_dim % 2 == 0 && d.N % head_dim == 0,
+                "rmsnorm_gemv_rope: " + std::to_string(d.N) + " outputs are not whole heads of " +
+                    std::to_string(head_dim));
+  TVLLM_REQUIRE(q_heads >= 1 && k_heads >= 1 && (q_heads + k_heads) * head_dim <= d.N,
+                "rmsnorm_gemv_rope: " + std::to_string(q_heads) + " q heads and " + std::to_string(k_heads) +
+                    " k heads do not fit in " + std::to_string(d.N / head_dim) + " heads");
+  TVLLM_REQUIRE(positions.dtype == DType::I32 && positions.rank() == 1 && positions.shape[0] == d.M &&
+                    positions.device == w.device && positions.is_contiguous(),
+                "rmsnorm_gemv_rope: positions must be I32 [" + std::to_string(d.M) + "] on the weights' device");
+  TVLLM_REQUIRE(qkv.dtype == DType::BF16 && qkv.is_contiguous(), "rmsnorm_gemv_rope: qkv must be contiguous BF16");
+  if (d.M == 0) return;
+  if (w.device == Device::CPU) {  // the two references in turn: the norm and the GEMV, then RoPE on q and k
+    rmsnorm_gemv_cpu(qkv, h, norm_weight, eps, w, w_scale);  // rounded to bf16, as the GPU stores it
+    // Lesson 05's CPU reference works on F32 views: q and k widened (exactly), rotated, rounded back.
+    const int64_t q_cols = q_heads * head_dim, k_cols = k_heads * head_dim;
+    const std::vector<float> y = to_f32_vector(qkv);
+    std::vector<float> q(static_cast<size_t>(d.M * q_cols)), k(static_cast<size_t>(d.M * k_cols));
+    for (int64_t m = 0; m < d.M; ++m) {
+      std::copy_n(y.begin() + m * d.N, q_cols, q.begin() + m * q_cols);
+      std::copy_n(y.begin() + m * d.N + q_cols, k_cols, k.begin() + m * k_cols);
+    }
+    Tensor qt = Tensor::from_f32(q, {d.M, q_cols}, DType::F32, Device::CPU);
+    Tensor kt = Tensor::from_f32(k, {d.M, k_cols}, DType::F32, Device::CPU);
+    apply_rope(qt, kt, positions, table, kDefaultRopeKernel, PositionCheck::Trusted);
+    const std::vector<float> qr = to_f32_vector(qt), kr = to_f32_vector(kt);
+    for (int64_t m = 0; m < d.M; ++m) {
+      uint16_t* row = static_cast<uint16_t*>(qkv.data) + m * d.N;
+      for (int64_t i = 0; i < q_cols; ++i) row[i] = f32_to_bf16(qr[m * q_cols + i]);
+      for (int64_t i = 0; i < k_cols; ++i) row[q_cols + i] = f32_to_bf16(kr[m * k_cols + i]);
+    }
+    return;
+  }
+  require_vector_path("rmsnorm_gemv_rope", h, w, norm_weight);
+  TVLLM_REQUIRE(table.on_device(), "rmsnorm_gemv_rope: the RoPE table is not on the GPU (upload_to_device)");
+  detail::rmsnorm_gemv_rope_cuda(qkv, h, norm_weight, eps, w, w_scale, positions, table, q_heads, k_heads, stream,
+                                 pdl, fp8);
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,
