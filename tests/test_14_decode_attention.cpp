@@ -25,16 +25,19 @@ TEST(FastDecode14, SplitPolicyCoversTheSmsAndDropsTheCombineWhenTheBatchDoes) {
   EXPECT_EQ(fast_decode_splits(kLlama1B, 33, 4096, 132), 1);  // 264 blocks: exactly 2 per SM
   // 32 sequences: 256 blocks, under 2 per SM: enough splits for ~4 blocks per SM (528 / 256 -> 3).
   EXPECT_EQ(fast_decode_splits(kLlama1B, 32, 2048, 132), 3);
-  // One sequence: 8 blocks; 66 splits would fill the GPU, capped at kMaxDecodeSplits...
-  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 8192, 132), DecodeWorkspace::kMaxDecodeSplits);
-  // ...or at one split per kMinKeysPerFastSplit keys.
-  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 200, 132), 4);
-  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 64, 132), 1);
+  // One sequence: 8 blocks; 66 splits would fill the GPU, but a split gets at least kMinKeysPerFastSplit keys...
+  static_assert(kMinKeysPerFastSplit == 256, "the expectations below assume 256 keys per split");
+  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 8192, 132), 32);
+  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 4096, 132), 16);
+  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 1000, 132), 4);
+  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 256, 132), 1);
   EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 1, 132), 1);
+  // ...and there are at most kMaxDecodeSplits.
+  EXPECT_EQ(fast_decode_splits(kLlama1B, 1, 100000, 132), DecodeWorkspace::kMaxDecodeSplits);
   // A sliding window: only min(context, window) keys are read, so only those are split (as decode_splits does).
-  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 132), 4);
-  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 64}, 1, 8192, 132), 1);
-  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 100000}, 1, 200, 132), 4);
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 1000}, 1, 8192, 132), 4);
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 132), 1);
+  EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 100000}, 1, 1000, 132), 4);
   EXPECT_EQ(fast_decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 0),
             decode_splits(AttentionShape{32, 8, 64, 200}, 1, 8192, 0));
   // A group of 16 needs two blocks of 8 heads per kv head: twice the blocks.

@@ -5,8 +5,8 @@
 //   fast_decode_kernel     one block per (sequence, kv head, <= 8 query heads of its group, split of the keys);
 //                          its 4 warps work INDEPENDENTLY, each on its own tiles of keys, with its own running
 //                          max, sum and output in registers; ONE barrier at the end merges the 4 warps
-//   fast_combine_kernel    per (sequence, head): the splits' partials rescaled to one max and added (only when
-//                          the grid has more than one split)
+//   fast_combine_kernel    one block per (sequence, head): the splits' partials rescaled to one max and added
+//                          (only when the grid has more than one split), every load of it in flight at once
 //
 // Why not lesson 10's kernel (README "Decode attention at the memory roofline" has the long story): there, every
 // tile of keys goes load -> scores -> __syncthreads -> softmax by one warp per head -> __syncthreads -> P V ->
@@ -337,32 +337,70 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
   }
 }
 
-// grid: (ceil(n_heads / kWarps), B); kThreads threads: one warp per (sequence, head). The lanes take the splits'
-// maxima and sums 32 at a time (shuffle reductions), then the output dims 32 at a time.
-static __global__ void __launch_bounds__(kThreads) fast_combine_kernel(const Params p, int num_splits) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int h = static_cast<int>(blockIdx.x) * kWarps + warp, b = blockIdx.y;
+// The combine: one block of kCombineThreads per (sequence, head), grid (n_heads, B). It is pure latency (at
+// batch 1 and 64 splits it reads 17 KB per head, from L2), so it is written to have every load in flight at once
+// rather than one after another:
+//   1. thread s < num_splits reads split s's max m_s and sum l_s (two loads, together); the block's max M
+//      (shuffles, then the warps' maxima); w_s = 2^(m_s - M) into shared memory (0 for an empty split, m = -inf);
+//      L = sum of w_s l_s (shuffles, then the warps' sums in warp order).
+//   2. thread t takes dim d = t % D of the splits j, j + J, j + 2J, ... (j = t / D, J = kCombineThreads / D
+//      groups), 8 splits' loads issued before their 8 FMAs; the J groups' sums are then added in group order.
+// Every order is fixed by (D, num_splits): the same bits on every run and in a graph.
+constexpr int kCombineThreads = 256;
+static_assert(kMaxSplits <= kCombineThreads, "phase 1 gives every split a thread");
+static __global__ void __launch_bounds__(kCombineThreads) fast_combine_kernel(const Params p, int num_splits) {
+  constexpr int kCombineWarps = kCombineThreads / 32;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float warp_max_of[kCombineWarps], warp_sum_of[kCombineWarps];
+  __shared__ float group_sum[kCombineThreads];
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int h = blockIdx.x, b = blockIdx.y;
   const int q_row = p.cu_q[b];
-  if (h >= p.n_heads || p.cu_q[b + 1] - q_row != 1) return;  // whole warps leave: the shuffles stay full
+  if (p.cu_q[b + 1] - q_row != 1) return;  // the whole block leaves: no barrier is left waiting
   const int D = p.head_dim;
   const float* part = p.partials + (static_cast<int64_t>(b) * p.n_heads + h) * kMaxSplits * (D + 2);
-  float M = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) M = fmaxf(M, part[s * (D + 2) + D]);
-  M = warp_max(M);
-  float L = 0.f;
-  for (int s = lane; s < num_splits; s += 32) {
-    const float ms = part[s * (D + 2) + D];
-    if (ms != -INFINITY) L += exp2f(ms - M) * part[s * (D + 2) + D + 1];
-  }
-  L = warp_sum(L);
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-  for (int d = lane; d < D; d += 32) {
-    float o = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
-      const float ms = part[s * (D + 2) + D];
-      if (ms != -INFINITY) o = fmaf(exp2f(ms - M), part[s * (D + 2) + d], o);
+
+  const float ms = t < num_splits ? part[t * (D + 2) + D] : -INFINITY;
+  const float ls = t < num_splits ? part[t * (D + 2) + D + 1] : 0.f;
+  float M = warp_max(ms);
+  if (lane == 0) warp_max_of[warp] = M;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, warp_max_of[w]);
+  const float ws = ms == -INFINITY ? 0.f : exp2f(ms - M);
+  if (t < kMaxSplits) weight[t] = ws;
+  const float L_warp = warp_sum(ws * ls);
+  if (lane == 0) warp_sum_of[warp] = L_warp;
+
+  const int groups = kCombineThreads / D, j = t / D, d = t % D;
+  __syncthreads();  // weight[] and warp_sum_of[] written
+  float o = 0.f;
+  if (j < groups) {
+    constexpr int kInFlight = 8;
+    for (int s0 = j; s0 < num_splits; s0 += kInFlight * groups) {
+      float v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int s = s0 + u * groups;
+        v[u] = s < num_splits ? part[s * (D + 2) + d] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int s = s0 + u * groups;
+        if (s < num_splits) o = fmaf(weight[s], v[u], o);
+      }
     }
-    p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] = __float2bfloat16_rn(o * inv * p.v_scale);
+  }
+  group_sum[t] = o;
+  __syncthreads();
+  if (t < D) {
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) L += warp_sum_of[w];
+    float sum = 0.f;
+    for (int g = 0; g < groups; ++g) sum += group_sum[g * D + t];
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + t] = __float2bfloat16_rn(sum * inv * p.v_scale);
   }
 }
 
@@ -408,8 +446,8 @@ void launch(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, in
   else if (p.head_dim <= 128) launch_for_group<16>(pipeline, p, kv, n_kv_heads, B, S, stream);
   else launch_for_group<32>(pipeline, p, kv, n_kv_heads, B, S, stream);
   if (num_splits > 1) {
-    const dim3 grid(static_cast<unsigned>((p.n_heads + kWarps - 1) / kWarps), static_cast<unsigned>(batch_size));
-    fast_combine_kernel<<<grid, kThreads, 0, stream>>>(p, num_splits);
+    const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(batch_size));
+    fast_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p, num_splits);
     TVLLM_CHECK_LAUNCH();
   }
 }

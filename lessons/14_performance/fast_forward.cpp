@@ -1,6 +1,7 @@
 // Lesson 14: the fused decode forward pass (fast_forward.h).
 #include "fast_forward.h"
 
+#include <atomic>
 #include <string>
 
 #include "common/errors.h"
@@ -53,11 +54,16 @@ bool fused_computes_every_layer(const ModelWeights& w) {
 
 // Whether RoPE runs in the qkv GEMV's epilogue (rmsnorm_gemv_rope): only when nothing comes between the
 // projection and RoPE, and the table-reading RoPE is the one the composed forward runs (the same bits).
+std::atomic<bool> g_fused_rope{true};
+
 bool rope_in_gemv(const LayerWeights& L) {
-  return !L.has_qkv_bias() && !L.has_qk_norm() && kDefaultRopeKernel == RopeKernel::V2;
+  return g_fused_rope.load() && !L.has_qkv_bias() && !L.has_qk_norm() && kDefaultRopeKernel == RopeKernel::V2;
 }
 
 }  // namespace
+
+void set_fused_rope(bool on) { g_fused_rope.store(on); }
+bool fused_rope() { return g_fused_rope.load(); }
 
 bool fast_forward_supported(const ModelWeights& w) {
   if (w.device != Device::CUDA || w.layers.empty() || !fused_computes_every_layer(w)) return false;

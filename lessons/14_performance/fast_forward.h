@@ -8,8 +8,10 @@
 // activations are tiny (a few KiB); what costs is the weights (every byte read once per step) and the gaps.
 // fast_forward() keeps the math and the rounding of forward_composed() and fuses what the small batch allows:
 //
-//   rmsnorm_gemv(QKV) ─> RoPE ─> attention ─> gemv_residual(o) ─> rmsnorm_gemv_silu_mul(gate|up) ─> gemv_residual(down)
+//   rmsnorm_gemv_rope(QKV) ─> attention ─> gemv_residual(o) ─> rmsnorm_gemv_silu_mul(gate|up) ─> gemv_residual(down)
 //
+//   rmsnorm_gemv_rope       the QKV GEMV with RoPE in its epilogue: each block owns the pairs of rows RoPE
+//                           rotates together, so q and k leave the kernel rotated (no RoPE kernel)
 //   rmsnorm_gemv            the norm of the (few) input rows is recomputed by every block from h: it is 4 KiB
 //                           per row, read from L2, instead of a kernel and a round trip of `normed`
 //   gemv_residual           h += x W^T in the GEMV's epilogue: the residual add of add_rmsnorm, without `delta`
@@ -17,8 +19,9 @@
 //                           no `gate_up` buffer, no silu_mul kernel
 //
 // and the final norm is fused into the lm_head GEMV when the step wants every row's logits (a decode step).
-// Qwen2's q/k/v biases and Qwen3's q/k norm run between rmsnorm_gemv(QKV) and RoPE as lesson 08's own kernels
-// (add_bias, head_rmsnorm), exactly where decoder_layer runs them.
+// Qwen2's q/k/v biases and Qwen3's q/k norm come between the projection and RoPE: for them the layer runs
+// rmsnorm_gemv(QKV), lesson 08's own kernels (add_bias, head_rmsnorm) exactly where decoder_layer runs them, then
+// apply_rope.
 // Steps it does not handle (more tokens than fast_forward_max_tokens(), batch-invariant matmuls, the CPU, a
 // model with an o_proj or MLP bias: fast_forward_declines) go to forward_composed(): a prefill's GEMMs are
 // compute-bound, where cuBLAS is the right tool, and at a few rows the measurements say cuBLAS still wins
@@ -50,6 +53,11 @@ bool fast_forward_supported(const ModelWeights& weights);
 // MLP biases"; "" for Llama, Qwen2, Qwen3 and Mistral. fast_forward() then runs forward_composed() for every
 // step (CUDA graphs and the fast sampler still apply): slower decode, never a wrong answer.
 std::string fast_forward_declines(const ModelConfig& config);
+
+// RoPE in the QKV GEMV's epilogue (on by default; the chapter's progression measures the step without it). The
+// same bits either way. Process-wide: use_fast_path() sets it from FastPathOptions::rope_in_gemv.
+void set_fused_rope(bool on);
+bool fused_rope();
 
 // ForwardFn (lesson 08's seam): the fused path for small CUDA steps with lesson 06's default matmul, else
 // forward_composed(). Same contract as forward().

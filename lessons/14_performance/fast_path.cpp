@@ -9,6 +9,7 @@
 #include "fast_forward.h"
 #include "common/errors.h"
 #include "fast_sampler.h"
+#include "gemv.h"
 #include "graph_runner.h"
 #include "megakernel.h"
 #include "pdl.h"
@@ -24,6 +25,8 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max
              const std::function<void(std::unique_ptr<TokenSampler>)>& set_sampler,
              const std::function<DecodeAttention()>& use_fast_attention) {
   if (w.device != Device::CUDA) return;
+  set_gemv_tile_streaming(o.stream_tiles);
+  set_fused_rope(o.rope_in_gemv);
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   // Batch-1 decode steps as one kernel (megakernel.h); it reads lesson 10's contiguous cache and lesson 12's pool.

@@ -45,6 +45,12 @@ struct FastPathOptions {
   // model and the GPU (sm_90+); every other step keeps the fused path. Off by default: its first version was
   // measured slower than the fused path on the H200 (chapter, section 14).
   bool megakernel = false;
+  // The fused GEMVs' last two steps (chapter sections 4 and 5), on by default; the progression measures the step
+  // without them. Both give the same bits. stream_tiles: each block streams tiles, loading the next one's weights
+  // while it reduces the current one (gemv.h, set_gemv_tile_streaming); rope_in_gemv: RoPE in the QKV GEMV's
+  // epilogue (fast_forward.h, set_fused_rope). Process-wide settings: the last use_fast_path() sets them.
+  bool stream_tiles = true;
+  bool rope_in_gemv = true;
 };
 
 // The switches of the fast path as one value (each on or off), for the progression and the tests. The megakernel

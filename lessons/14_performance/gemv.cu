@@ -23,8 +23,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -705,12 +703,7 @@ void launch_v3_for(DType weight_dtype, Fp8GemvVariant fp8, const V3Args& a, cuda
 }  // namespace
 
 namespace {
-// TVLLM_GEMV_STREAM=0 starts the process with tile streaming off (one block per tile), for comparisons.
-bool streaming_from_env() {
-  const char* v = std::getenv("TVLLM_GEMV_STREAM");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-std::atomic<bool> g_tile_streaming{streaming_from_env()};
+std::atomic<bool> g_tile_streaming{true};
 }  // namespace
 
 void set_gemv_tile_streaming(bool on) { g_tile_streaming.store(on); }

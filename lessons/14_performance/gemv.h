@@ -198,8 +198,8 @@ GemvV3Shape gemv_v3_shape(int64_t N, int64_t K, int weight_bytes = 2);
 // Tile streaming (chapter section 4, "Streaming tiles"): v3 and every fused op launch no more blocks than the GPU
 // holds at once (SMs x blocks per SM), each block computing tiles b, b + grid, ... and loading the next tile's
 // weights before it reduces and stores the current one; off, one block per tile (the grid above). The same
-// threads sum each output in the same order either way: the same bits. On by default; process-wide (the
-// benchmark and the tests switch it); TVLLM_GEMV_STREAM=0 in the environment starts a process with it off.
+// threads sum each output in the same order either way: the same bits. On by default; process-wide
+// (use_fast_path sets it from FastPathOptions::stream_tiles; the tests switch it).
 void set_gemv_tile_streaming(bool on);
 bool gemv_tile_streaming();
 

@@ -43,9 +43,9 @@ struct PrefillLatency {
 
 // The chapter's progression, one technique at a time: lesson 10 as it is (nullopt), then + CUDA graphs, + the
 // fused GEMV decode, + the fast sampler, + programmatic dependent launch (on a GPU without it, that row runs the
-// same kernels as the one before), + the fast decode attention (the default fast path). Used by `bench latency
-// --compare` and the lesson
-// executable's --bench.
+// same kernels as the one before), + the fast decode attention, + streamed GEMV tiles and RoPE in the qkv GEMV
+// (the default fast path), + the opt-in megakernel. Used by `bench latency --compare` and the lesson executable's
+// --bench.
 struct LatencyVariant {
   std::string name;
   std::optional<FastPathOptions> fast;
