@@ -372,7 +372,7 @@ static __global__ void __launch_bounds__(kCombineThreads) fast_combine_kernel(co
   const float L_warp = warp_sum(ws * ls);
   if (lane == 0) warp_sum_of[warp] = L_warp;
 
-  const int groups = kCombineThreads / D, j = t / D, d = t % D;
+  const int groups = kCombineThreads / D, j = t / D, d = t % D;  // D <= 256 (the ops check it): groups >= 1
   __syncthreads();  // weight[] and warp_sum_of[] written
   float o = 0.f;
   if (j < groups) {
