@@ -63,7 +63,6 @@ bool rope_in_gemv(const LayerWeights& L) {
 }  // namespace
 
 void set_fused_rope(bool on) { g_fused_rope.store(on); }
-bool fused_rope() { return g_fused_rope.load(); }
 
 bool fast_forward_supported(const ModelWeights& w) {
   if (w.device != Device::CUDA || w.layers.empty() || !fused_computes_every_layer(w)) return false;

@@ -57,7 +57,6 @@ std::string fast_forward_declines(const ModelConfig& config);
 // RoPE in the QKV GEMV's epilogue (on by default; the chapter's progression measures the step without it). The
 // same bits either way. Process-wide: use_fast_path() sets it from FastPathOptions::rope_in_gemv.
 void set_fused_rope(bool on);
-bool fused_rope();
 
 // ForwardFn (lesson 08's seam): the fused path for small CUDA steps with lesson 06's default matmul, else
 // forward_composed(). Same contract as forward().
