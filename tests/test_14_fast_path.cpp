@@ -11,14 +11,18 @@
 #include <string>
 #include <vector>
 
+#include "cached_attention.h"
 #include "common/device.h"
+#include "common/random.h"
 #include "decode_attention_fast.h"
 #include "fast_forward.h"
 #include "fast_path.h"
+#include "gemv.h"
 #include "generate.h"
 #include "latency_bench.h"
 #include "logits_check.h"
 #include "model_dir.h"
+#include "paged_attention.h"
 #include "pdl.h"
 #include "testing/engine_fixture.h"
 #include "testing/family_models.h"
@@ -29,12 +33,13 @@ namespace {
 
 TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
   const std::vector<LatencyVariant> v = progression_variants();
-  ASSERT_EQ(v.size(), 8u);
+  ASSERT_EQ(v.size(), 10u);
   EXPECT_FALSE(v[0].fast.has_value());  // lesson 10 as it is
   // Each row turns exactly one switch on over the row before it, in the chapter's order (streamed tiles and RoPE
   // in the qkv GEMV are one row: the GEMV's last step).
   const auto on = [](const FastPathOptions& o) {
-    return std::vector<bool>{o.graphs,         o.fused, o.fast_sampler, o.pdl, o.fast_attention, o.stream_tiles,
+    return std::vector<bool>{o.graphs,       o.fused,        o.fast_sampler,     o.pdl,
+                             o.fast_attention, o.stream_tiles, o.kv_write_in_gemv, o.pdl_attention,
                              o.megakernel};
   };
   for (size_t i = 1; i < v.size(); ++i) {
@@ -46,6 +51,8 @@ TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
   EXPECT_NE(v[4].name.find("programmatic dependent launch"), std::string::npos);
   EXPECT_NE(v[5].name.find("fast decode attention"), std::string::npos);
   EXPECT_NE(v[6].name.find("streamed tiles"), std::string::npos);
+  EXPECT_NE(v[7].name.find("KV write"), std::string::npos);
+  EXPECT_NE(v[8].name.find("attention as a programmatic dependent"), std::string::npos);
   EXPECT_NE(v.back().name.find("megakernel"), std::string::npos);
   // The row before the last is what the product runs by default; the last adds the opt-in megakernel.
   const FastPathOptions defaults;
@@ -176,6 +183,98 @@ TEST(FastPath14, DroppingAQwenExtraMovesTheLogitsPastTheGpuBound) {
     const Top1Agreement t = top1_agreement(lb.view(), la.view(), 2 * eps);
     EXPECT_GT(t.max_abs_error, 3 * eps) << "eps " << eps << ": " << t.summary();
   }
+}
+
+// The KV store on the CPU, through both cache backends (kv_store.h): in a decode step of two sequences,
+// rmsnorm_gemv_rope storing k and v where kv_store() says, then attend_stored(), leaves the same cache and the same
+// attention output, bit for bit, as attend() with the same k and v (what the fused path did before the store).
+// kv_store() declines any step that is not a decode, and attend_stored() refuses one.
+TEST(FastPath14, TheBackendsKvStoreHoldsWhatTheirWriteWould) {
+  const ModelDir model = ModelDir::open(testing::tiny_model_dir());
+  const ModelConfig& c = model.config;
+  const AttentionShape shape = AttentionShape::from_config(c);
+  const int64_t T = 2, K = c.hidden_size, N = shape.qkv_dim(), q_cols = shape.n_heads * shape.head_dim;
+  const int64_t kv_dim = shape.kv_dim();
+  const EngineLimits limits{64, 2, 2, 128};
+  StepInputs step(c, limits, Device::CPU);
+  step.set({3, 4}, {1, 1}, {5, 20}, {0, 1});  // new tokens at positions 4 and 19
+  const Tensor x = Tensor::from_f32(random_uniform(static_cast<size_t>(T * K), 71), {T, K}, DType::BF16, Device::CPU);
+  const Tensor wqkv = Tensor::from_f32(random_normal(static_cast<size_t>(N * K), 72, 1.0f / std::sqrt(float(K))),
+                                       {N, K}, DType::BF16, Device::CPU);
+  const Tensor g = Tensor::from_f32(random_uniform(static_cast<size_t>(K), 73, 0.5f, 1.5f), {K}, DType::BF16,
+                                    Device::CPU);
+  const RopeTable rope = RopeTable::build(c);
+  // qkv as the fused path computes it (bf16), widened to the F32 the CPU backends take.
+  const auto project = [&](const KvStore* store) {
+    Tensor qkv = Tensor::empty({T, N}, DType::BF16, Device::CPU);
+    rmsnorm_gemv_rope(qkv, x, g, 1e-5f, wqkv, {}, step.positions(), rope, shape.n_heads, shape.n_kv_heads, nullptr,
+                      false, Fp8GemvVariant::Auto, store);
+    return Tensor::from_f32(to_f32_vector(qkv), {T, N}, DType::F32, Device::CPU);
+  };
+  // Every row of layer 0 filled alike first: the attention reads the earlier positions too.
+  const auto fill = [](const TensorView& t, uint64_t seed) {
+    const std::vector<float> v = random_uniform(static_cast<size_t>(t.numel()), seed);
+    std::copy(v.begin(), v.end(), t.ptr<float>());
+  };
+  const auto run = [&](AttentionBackend& written, AttentionBackend& stored, const TensorView& cache_written,
+                       const TensorView& cache_stored) {
+    const Tensor qkv = project(nullptr);
+    Tensor out_written = Tensor::empty({T, q_cols}, DType::F32, Device::CPU);
+    written.attend(0, qkv.view().columns(0, q_cols), qkv.view().columns(q_cols, kv_dim),
+                   qkv.view().columns(q_cols + kv_dim, kv_dim), out_written, step, nullptr);
+    KvStore store;
+    ASSERT_TRUE(stored.kv_store(0, step, &store));
+    EXPECT_EQ(store.dtype, DType::F32);
+    const Tensor qkv_stored = project(&store);
+    Tensor out_stored = Tensor::empty({T, q_cols}, DType::F32, Device::CPU);
+    stored.attend_stored(0, qkv_stored.view().columns(0, q_cols), out_stored, step, nullptr);
+    EXPECT_EQ(to_f32_vector(out_stored), to_f32_vector(out_written));
+    EXPECT_EQ(to_f32_vector(cache_stored), to_f32_vector(cache_written));
+  };
+
+  KvCache cache_a = KvCache::for_model(c, 2, 128, Device::CPU), cache_b = KvCache::for_model(c, 2, 128, Device::CPU);
+  for (KvCache* cache : {&cache_a, &cache_b}) {
+    fill(cache->k(0), 81);
+    fill(cache->v(0), 82);
+  }
+  CachedAttention cached_a(cache_a, limits), cached_b(cache_b, limits);
+  cached_a.set_slots({1, 0});
+  cached_b.set_slots({1, 0});
+  {
+    SCOPED_TRACE("lesson 10's cache");
+    run(cached_a, cached_b, cache_a.k(0), cache_b.k(0));
+    EXPECT_EQ(to_f32_vector(cache_b.v(0)), to_f32_vector(cache_a.v(0)));
+  }
+
+  PagedKvPool pool_a = PagedKvPool::for_model(c, 8, 16, Device::CPU), pool_b = PagedKvPool::for_model(c, 8, 16, Device::CPU);
+  for (PagedKvPool* pool : {&pool_a, &pool_b}) {
+    fill(pool->k(0), 83);
+    fill(pool->v(0), 84);
+  }
+  PagedAttention paged_a(pool_a, limits), paged_b(pool_b, limits);
+  const std::vector<std::vector<int32_t>> tables{{3}, {1, 6}};
+  const std::vector<int32_t> slot_mapping{3 * 16 + 4, 6 * 16 + 3};
+  paged_a.set_tables(slot_mapping, tables);
+  paged_b.set_tables(slot_mapping, tables);
+  {
+    SCOPED_TRACE("lesson 12's pool");
+    run(paged_a, paged_b, pool_a.k(0), pool_b.k(0));
+    EXPECT_EQ(to_f32_vector(pool_b.v(0)), to_f32_vector(pool_a.v(0)));
+  }
+
+  // Not a decode step: no store, and attend_stored() refuses it.
+  step.set({1, 2, 3}, {3}, {3}, {2});
+  cached_a.set_slots({0});
+  paged_a.set_tables({16, 17, 18}, {{1}});
+  KvStore store;
+  EXPECT_FALSE(cached_a.kv_store(0, step, &store));
+  EXPECT_FALSE(paged_a.kv_store(0, step, &store));
+  Tensor out = Tensor::empty({3, q_cols}, DType::F32, Device::CPU);
+  EXPECT_THROW(cached_a.attend_stored(0, out.view(), out.view(), step, nullptr), InputError);
+  EXPECT_THROW(paged_a.attend_stored(0, out.view(), out.view(), step, nullptr), InputError);
+  // Prefill-only backends store nothing.
+  PrefillAttention prefill(c, limits, Device::CPU);
+  EXPECT_FALSE(prefill.kv_store(0, step, &store));
 }
 
 }  // namespace

@@ -113,6 +113,51 @@ TEST(FastPath14Gpu, TheEngineWithTheFastPathAgreesWithEachRequestAlone) {
   }
 }
 
+// The QKV GEMV storing k and v itself (kv_store.h) and the attention launched as a programmatic dependent change
+// where the cache is written and how a kernel is launched, not one bit of what is computed: teacher-forced logits
+// through lesson 10's Generator are the same bytes with both off and on, and engines serving one request at a time
+// (so every decode step is batch 1, the fused path's) produce the same tokens through lesson 10's cache, lesson
+// 12's pool and lesson 16's FP8 pool. (A store into the wrong row, or a missed one, changes what later steps
+// attend over: the logits move at the next token.)
+TEST(FastPath14Gpu, TheKvWriteInTheQkvGemvChangesNoBit) {
+  TVLLM_REQUIRE_GPU();
+  FastPathOptions before;
+  before.kv_write_in_gemv = false;
+  before.pdl_attention = false;
+  const auto forced = [&](const FastPathOptions& o) {
+    Generator gen(bundled().w, limits());
+    use_fast_path(gen, o);
+    std::vector<std::vector<unsigned char>> out;
+    for (const ReferenceGeneration& g : refs().gens.sequences) {
+      const Tensor logits = gen.forced_logits(g.prompt_ids, g.output_ids);
+      const unsigned char* p = static_cast<const unsigned char*>(logits.data());
+      out.emplace_back(p, p + logits.view().nbytes());
+    }
+    return out;
+  };
+  const auto without = forced(before), with = forced(FastPathOptions{});
+  ASSERT_EQ(without.size(), with.size());
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(without[i] == with[i]) << refs().gens.sequences[i].name;
+
+  const auto requests = make_check_requests(6, 2, 60, 20, 40, workload_id_high(bundled().w.config), 23, 0, {13});
+  PagedKvOptions fp8;
+  fp8.kv_dtype = KvCacheDtype::FP8;
+  const std::vector<std::pair<std::string, KvFactory>> caches = {
+      {"contiguous", contiguous_kv()}, {"paged", paged_kv()}, {"paged FP8", paged_kv(fp8)}};
+  for (const auto& [name, kv] : caches) {
+    std::vector<std::vector<std::vector<int32_t>>> ids;
+    for (const FastPathOptions& o : {before, FastPathOptions{}}) {
+      Engine engine(bundled().w, testing::engine_config(64, 1, 256), kv);
+      use_fast_path(engine, o);
+      const EngineRunResult run = run_requests(engine, requests);
+      EXPECT_TRUE(run.events_ok) << name << ": " << run.events_error;
+      EXPECT_EQ(engine.stats().kv.used_blocks(), 0) << name;
+      ids.push_back(run.ids);
+    }
+    EXPECT_EQ(ids[0], ids[1]) << name;
+  }
+}
+
 // Batch-invariant mode with the whole fast path installed, as `bench throughput --batch-invariant` runs it: the
 // fused GEMV decode steps aside (fast_forward runs only with the default matmul kernel: a request alone at
 // T = 1 through the GEMV and in a batch through the GEMM would differ), decode steps replay CUDA graphs of

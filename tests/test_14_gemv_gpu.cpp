@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include <cuda_fp8.h>
 #include <utility>
 #include <string>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "common/dtype.h"
 #include "common/errors.h"
 #include "common/random.h"
+#include "kv_store.h"
 #include "gemv.h"
 #include "model_config.h"
 #include "rope.h"
@@ -462,6 +465,105 @@ TEST(Gemv14Gpu, RmsNormGemvRopeIsTheSameBitsAsTheTwoLaunches) {
             if (a[i] != b[i]) first_diff = i;
           EXPECT_EQ(first_diff, a.size()) << "first different element: " << first_diff / 2 << " (row "
                                           << first_diff / 2 / N << ", column " << first_diff / 2 % N << ")";
+        }
+      }
+    }
+  }
+}
+
+// The KV store of rmsnorm_gemv_rope (kv_store.h): each token's k heads (after RoPE) and v heads land in its row of a
+// cache, as lesson 10's and 12's write kernels would copy them out of qkv: the same bf16 bits, or for lesson 16's
+// FP8 pool the E4M3 code of x * inv_scale (cuda_fp8.h's conversion, as paged_kv_write_fp8 calls it); rows no token
+// names keep their poison, a padding token (-1) stores nothing. Both ways of naming a row: lesson 12's slot mapping
+// and lesson 10's slot + key length (a decode step). With qkv itself the same bits as without the store.
+TEST(Gemv14Gpu, RmsNormGemvRopeStoresKAndVWhereTheWriteKernelsWould) {
+  TVLLM_REQUIRE_GPU();
+  const float eps = 1e-5f;
+  struct Case {
+    int64_t K, head_dim, q_heads, kv_heads;
+  };
+  for (const Case& c : {Case{2048, 64, 32, 8}, Case{1024, 128, 16, 8}, Case{640, 80, 4, 2}}) {
+    const int64_t N = (c.q_heads + 2 * c.kv_heads) * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
+    const Problem p(kGemvMaxRows, c.K, N, 310 + c.K);
+    ModelConfig config;
+    config.model_type = "llama";
+    config.head_dim = c.head_dim;
+    config.num_attention_heads = c.q_heads;
+    config.num_key_value_heads = c.kv_heads;
+    config.rope_theta = 500000.0;
+    config.max_position_embeddings = 4096;
+    RopeTable table = RopeTable::build(config);
+    table.upload_to_device();
+    const int64_t cache_rows = 128, max_context = 8;  // lesson 10's view of it: 16 slots of 8 positions
+    for (const int64_t M : {int64_t{1}, int64_t{3}, int64_t{kGemvMaxRows}}) {
+      // Token m: position 100 + 37 m; pool row (slot mapping) 5 + 3 m, token 1 a padding token; cache slot
+      // 15 - m at its key length 1 + m % 8 (lesson 10: row slot * 8 + k_len - 1).
+      std::vector<int32_t> pos(M), rows(M), slots(M), cu_k(M + 1, 0);
+      for (int64_t m = 0; m < M; ++m) {
+        pos[m] = static_cast<int32_t>(100 + 37 * m);
+        rows[m] = m == 1 ? -1 : static_cast<int32_t>(5 + 3 * m);
+        slots[m] = static_cast<int32_t>(15 - m);
+        cu_k[m + 1] = cu_k[m] + static_cast<int32_t>(1 + m % 8);
+      }
+      const auto upload = [](const std::vector<int32_t>& v) {
+        Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32, Device::CUDA);
+        TVLLM_CUDA_CHECK(cudaMemcpy(t.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+        return t;
+      };
+      const Tensor positions = upload(pos), rows_dev = upload(rows), slots_dev = upload(slots), cu_k_dev = upload(cu_k);
+      Tensor plain = poisoned({M, N}, DType::BF16);
+      rmsnorm_gemv_rope(plain, p.xd(M), p.g_dev, eps, p.w_dev, {}, positions, table, c.q_heads, c.kv_heads);
+      const std::vector<unsigned char> qkv = bytes_of(plain);
+      const auto element = [&](int64_t m, int64_t col) {  // qkv[m, col]'s bf16 bits
+        uint16_t b;
+        std::memcpy(&b, qkv.data() + 2 * (m * N + col), 2);
+        return b;
+      };
+      for (const DType dtype : {DType::BF16, DType::F8_E4M3}) {
+        for (const bool paged : {true, false}) {
+          SCOPED_TRACE(p.describe() + " head_dim=" + std::to_string(c.head_dim) + " M=" + std::to_string(M) +
+                       (dtype == DType::BF16 ? " bf16" : " e4m3") + (paged ? " slot mapping" : " slots + k_len"));
+          Tensor k = poisoned({cache_rows, kv_dim}, dtype), v = poisoned({cache_rows, kv_dim}, dtype);
+          KvStore store;
+          store.k = k.data();
+          store.v = v.data();
+          store.dtype = dtype;
+          store.device = Device::CUDA;
+          store.kv_dim = kv_dim;
+          if (paged) {
+            store.rows = rows_dev.view().ptr<const int32_t>();
+          } else {
+            store.slots = slots_dev.view().ptr<const int32_t>();
+            store.cu_k = cu_k_dev.view().ptr<const int32_t>();
+            store.max_context = max_context;
+          }
+          store.k_inv_scale = 1.0f / 0.03f;
+          store.v_inv_scale = 1.0f / 0.02f;
+          Tensor out = poisoned({M, N}, DType::BF16);
+          rmsnorm_gemv_rope(out, p.xd(M), p.g_dev, eps, p.w_dev, {}, positions, table, c.q_heads, c.kv_heads,
+                            nullptr, false, Fp8GemvVariant::Auto, &store);
+          EXPECT_EQ(bytes_of(out), qkv) << "the store changed qkv";
+          // What the write kernels would leave: poison everywhere but each stored token's row.
+          const size_t elem = dtype_size(dtype);
+          std::vector<unsigned char> want_k(static_cast<size_t>(cache_rows * kv_dim) * elem, 0xFF), want_v = want_k;
+          for (int64_t m = 0; m < M; ++m) {
+            const int64_t row = paged ? rows[m] : int64_t{slots[m]} * max_context + (cu_k[m + 1] - cu_k[m] - 1);
+            if (row < 0) continue;
+            for (int64_t i = 0; i < kv_dim; ++i) {
+              const uint16_t kb = element(m, c.q_heads * c.head_dim + i);
+              const uint16_t vb = element(m, c.q_heads * c.head_dim + kv_dim + i);
+              const size_t at = static_cast<size_t>(row * kv_dim + i) * elem;
+              if (dtype == DType::BF16) {
+                std::memcpy(want_k.data() + at, &kb, 2);
+                std::memcpy(want_v.data() + at, &vb, 2);
+              } else {
+                want_k[at] = __nv_cvt_float_to_fp8(bf16_to_f32(kb) * store.k_inv_scale, __NV_SATFINITE, __NV_E4M3);
+                want_v[at] = __nv_cvt_float_to_fp8(bf16_to_f32(vb) * store.v_inv_scale, __NV_SATFINITE, __NV_E4M3);
+              }
+            }
+          }
+          EXPECT_EQ(bytes_of(k), want_k) << "k rows";
+          EXPECT_EQ(bytes_of(v), want_v) << "v rows";
         }
       }
     }

@@ -140,6 +140,12 @@ PrefillAttention::PrefillAttention(const ModelConfig& config, const EngineLimits
     workspace_.emplace(shape_, AttentionLimits{l.max_sequences, l.max_tokens, l.max_tokens}, kernel, cublas);
 }
 
+void AttentionBackend::attend_stored(int /*layer*/, const TensorView& /*q*/, const TensorView& /*out*/,
+                                     const StepInputs& /*step*/, cudaStream_t /*stream*/) {
+  TVLLM_REQUIRE(false, "attend_stored: this attention backend stores no keys itself (its kv_store() said false: "
+                       "call attend() with the step's k and v)");
+}
+
 void PrefillAttention::attend(int /*layer*/, const TensorView& q, const TensorView& k, const TensorView& v,
                               const TensorView& out, const StepInputs& step, cudaStream_t stream) {
   const AttentionBatch& batch = step.batch();

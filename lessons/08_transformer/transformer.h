@@ -35,6 +35,7 @@
 #include "common/cuda_stream.h"
 #include "common/tensor.h"
 #include "embedding.h"
+#include "kv_store.h"
 #include "matmul.h"
 #include "model_config.h"
 #include "model_weights.h"
@@ -263,6 +264,14 @@ class AttentionBackend {
   // captured with, so lesson 14's graph runner pins the split count for a graph's whole life. Backends
   // without a split decode kernel (prefill only) ignore it.
   virtual void pin_decode_splits(int /*num_splits*/) {}
+  // Decode steps whose new keys and values the kernel that computes them stores itself (lesson 14: the qkv GEMV's
+  // epilogue, kv_store.h). kv_store() says where this layer's rows go and runs the checks attend()'s write would
+  // run; false when this backend or this step has no such store (not a decode step, a backend without a cache):
+  // then call attend() as usual. After `true`, the caller stores k and v as described and calls attend_stored(),
+  // which is attend() without the write. Prefill-only backends keep the defaults.
+  virtual bool kv_store(int /*layer*/, const StepInputs& /*step*/, KvStore* /*store*/) { return false; }
+  virtual void attend_stored(int layer, const TensorView& q, const TensorView& out, const StepInputs& step,
+                             cudaStream_t stream);
   // Prefill steps with no cached prefix: ask the installed fresh-prefill kernel first (lesson 07's
   // try_fresh_prefill; lesson 15 installs one on Hopper). Off by default; the backend's own kernel runs when
   // it is off, when none is installed or when the kernel declines the step.

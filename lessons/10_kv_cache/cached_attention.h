@@ -39,11 +39,20 @@ class CachedAttention final : public AttentionBackend {
   void attend(int layer, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
               const StepInputs& step, cudaStream_t stream) override;
 
+  // Decode steps: where lesson 14's qkv GEMV stores the new k, v rows itself (kv_store.h), and the attention
+  // without the write. kv_store() is false for any other step, and checks what kv_cache_write would.
+  bool kv_store(int layer, const StepInputs& step, KvStore* store) override;
+  void attend_stored(int layer, const TensorView& q, const TensorView& out, const StepInputs& step,
+                     cudaStream_t stream) override;
   KvCache& cache() { return cache_; }
   const CacheSlots& slots() const { return slots_; }
   const DecodeWorkspace& decode_workspace() const { return decode_; }
 
  private:
+  void require_slots(const AttentionBatch& batch) const;
+  // Step 2 of attend(): every query over its sequence's cached row.
+  void attend_cache(int layer, const TensorView& q, const TensorView& out, const AttentionBatch& batch,
+                    cudaStream_t stream);
   KvCache& cache_;
   AttentionShape shape_;
   CacheSlots slots_;

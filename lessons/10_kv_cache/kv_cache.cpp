@@ -299,6 +299,13 @@ void require_cuda_head_dim(const AttentionShape& shape, const char* op) {
 
 // ---- the ops: check, then dispatch ------------------------------------------------------------------------
 
+void check_kv_cache_write(const TensorView& cache_k, const TensorView& cache_v, const AttentionBatch& batch,
+                          const CacheSlots& slots, const AttentionShape& shape) {
+  shape.validate();
+  check_cache(cache_k, cache_v, shape, cache_k.device, "kv_cache_write");
+  check_step(batch, slots, cache_k, cache_k.device, "kv_cache_write");
+}
+
 void kv_cache_write(const TensorView& cache_k, const TensorView& cache_v, const TensorView& k, const TensorView& v,
                     const AttentionBatch& batch, const CacheSlots& slots, const AttentionShape& shape,
                     cudaStream_t stream) {

@@ -134,6 +134,10 @@ class CacheSlots {
 void kv_cache_write(const TensorView& cache_k, const TensorView& cache_v, const TensorView& k, const TensorView& v,
                     const AttentionBatch& batch, const CacheSlots& slots, const AttentionShape& shape,
                     cudaStream_t stream = nullptr);
+// kv_cache_write's checks of the cache and the step (not of k and v), without the write: for a kernel that stores
+// the new rows itself (lesson 14's qkv GEMV, through CachedAttention::kv_store).
+void check_kv_cache_write(const TensorView& cache_k, const TensorView& cache_v, const AttentionBatch& batch,
+                          const CacheSlots& slots, const AttentionShape& shape);
 
 // The split-K scratch of decode attention, sized once: for up to max_sequences sequences of n_heads heads, up
 // to kMaxDecodeSplits partial results (max, sum, head_dim outputs) each, fp32. CPU: nothing. Move-only.

@@ -61,6 +61,46 @@ void PagedAttention::attend(int layer, const TensorView& q, const TensorView& k,
   }
   // 2. ...and every query attends over its sequence's blocks, the new tokens included (same stream: the write is
   //    ordered before the reads).
+  attend_pool(layer, q, out, batch, stream);
+}
+
+bool PagedAttention::kv_store(int layer, const StepInputs& step, KvStore* store) {
+  const AttentionBatch& batch = step.batch();
+  if (batch.max_q_len() != 1 || batch.total_q() != batch.batch_size()) return false;  // decode steps only
+  const KvQuant quant = pool_.quant(layer);
+  // On the CPU an FP8 pool holds the decoded values (fp32): not a store kv_store.h describes.
+  if (quant.fp8 && pool_.device() != Device::CUDA) return false;
+  check_paged_step(batch, tables_, "PagedAttention");
+  const TensorView pool_k = pool_.k(layer), pool_v = pool_.v(layer);
+  check_paged_kv_write(pool_k, pool_v, tables_, shape_, quant);  // what paged_kv_write would check
+  KvStore s;
+  s.k = pool_k.data;
+  s.v = pool_v.data;
+  s.dtype = pool_k.dtype;  // BF16 or F8_E4M3 on CUDA, F32 on the CPU
+  s.device = pool_.device();
+  s.kv_dim = shape_.kv_dim();
+  s.rows = pool_.device() == Device::CUDA ? tables_.device_slot_mapping() : tables_.host_slot_mapping();
+  if (quant.fp8) {
+    s.k_inv_scale = 1.0f / quant.k_scale;  // as paged_kv_write_cuda computes them
+    s.v_inv_scale = 1.0f / quant.v_scale;
+  }
+  *store = s;
+  return true;
+}
+
+void PagedAttention::attend_stored(int layer, const TensorView& q, const TensorView& out, const StepInputs& step,
+                                   cudaStream_t stream) {
+  const AttentionBatch& batch = step.batch();
+  TVLLM_REQUIRE(batch.max_q_len() <= 1, "PagedAttention::attend_stored: decode steps only (kv_store() declines "
+                                        "the others: call attend())");
+  check_paged_step(batch, tables_, "PagedAttention");
+  attend_pool(layer, q, out, batch, stream);
+}
+
+void PagedAttention::attend_pool(int layer, const TensorView& q, const TensorView& out, const AttentionBatch& batch,
+                                 cudaStream_t stream) {
+  const TensorView pool_k = pool_.k(layer), pool_v = pool_.v(layer);
+  const KvQuant quant = pool_.quant(layer);
   if (forced_splits_ > 0 && batch.max_q_len() <= 1 && decode_attention_ != DecodeAttention::Flash) {
     const DecodeAttention kind = decode_kind_for(decode_attention_, quant);
     paged_decode_attention(out, q, pool_k, pool_v, batch, tables_, shape_, forced_splits_, &decode_, stream, kind,

@@ -46,11 +46,20 @@ class PagedAttention final : public AttentionBackend {
   void attend(int layer, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
               const StepInputs& step, cudaStream_t stream) override;
 
+  // Decode steps: where lesson 14's qkv GEMV stores the new k, v rows itself (kv_store.h: the slot mapping; E4M3
+  // codes and the inverse scales for an FP8 pool), and the attention without the write. kv_store() is false for
+  // any other step (and for an FP8 pool on the CPU), and checks what attend()'s write would.
+  bool kv_store(int layer, const StepInputs& step, KvStore* store) override;
+  void attend_stored(int layer, const TensorView& q, const TensorView& out, const StepInputs& step,
+                     cudaStream_t stream) override;
   PagedKvPool& pool() { return pool_; }
   const PagedStepTables& tables() const { return tables_; }
   const DecodeWorkspace& decode_workspace() const { return decode_; }
 
  private:
+  // Step 2 of attend(): every query over its sequence's blocks.
+  void attend_pool(int layer, const TensorView& q, const TensorView& out, const AttentionBatch& batch,
+                   cudaStream_t stream);
   PagedKvPool& pool_;
   AttentionShape shape_;
   PagedStepTables tables_;

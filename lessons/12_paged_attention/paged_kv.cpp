@@ -454,6 +454,12 @@ void require_cuda_head_dim(const AttentionShape& shape, const char* op) {
 
 // ---- the ops: check, then dispatch ------------------------------------------------------------------------
 
+void check_paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const PagedStepTables& tables,
+                          const AttentionShape& shape, const KvQuant& quant) {
+  shape.validate();
+  check_pool(pool_k, pool_v, shape, tables, pool_k.device, "paged_kv_write", quant);
+}
+
 void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,
                     const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream,
                     const KvQuant& quant) {

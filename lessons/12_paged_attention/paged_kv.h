@@ -220,6 +220,10 @@ void check_paged_step(const AttentionBatch& batch, const PagedStepTables& tables
 void paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const TensorView& k, const TensorView& v,
                     const PagedStepTables& tables, const AttentionShape& shape, cudaStream_t stream = nullptr,
                     const KvQuant& quant = {});
+// paged_kv_write's checks of the pool and the quantization (not of k and v), without the write: for a kernel that
+// stores the new rows itself (lesson 14's qkv GEMV, through PagedAttention::kv_store).
+void check_paged_kv_write(const TensorView& pool_k, const TensorView& pool_v, const PagedStepTables& tables,
+                          const AttentionShape& shape, const KvQuant& quant = {});
 
 // Attention of the step's queries over the pool: sequence b's keys 0..k_len[b]-1 (already written, this step's
 // included) through its block table. q, out: [batch.total_q(), q_dim] (q may be a column view of the fused QKV

@@ -16,6 +16,7 @@ namespace tvllm {
 namespace {
 
 std::atomic<FastDecodePipeline> g_pipeline{FastDecodePipeline::Ring};
+std::atomic<bool> g_pdl{false};
 
 fast_decode::Pipeline pipeline() {
   return g_pipeline.load() == FastDecodePipeline::Ring ? fast_decode::Pipeline::Ring : fast_decode::Pipeline::Registers;
@@ -65,7 +66,7 @@ void fast_decode_attention_cuda(const TensorView& out, const TensorView& q, cons
                                 const DecodeWorkspace& workspace, cudaStream_t stream) {
   fast_decode::launch(pipeline(), fast_params(out, q, batch, shape, window, workspace),
                       cache_kv(cache_k, cache_v, slots, shape), static_cast<int>(shape.n_kv_heads), batch.batch_size(),
-                      num_splits, stream);
+                      num_splits, g_pdl.load(), stream);
 }
 
 void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q, const TensorView& pool_k,
@@ -74,7 +75,7 @@ void fast_paged_decode_attention_cuda(const TensorView& out, const TensorView& q
                                       int window, const DecodeWorkspace& workspace, cudaStream_t stream) {
   fast_decode::launch(pipeline(), fast_params(out, q, batch, shape, window, workspace),
                       paged_kv_policy(pool_k, pool_v, tables, shape), static_cast<int>(shape.n_kv_heads),
-                      batch.batch_size(), num_splits, stream);
+                      batch.batch_size(), num_splits, g_pdl.load(), stream);
 }
 
 // Lesson 16's FP8 pool: the scales folded in (k_scale into the score scale, v_scale into the output), the rows read
@@ -88,10 +89,11 @@ void fast_paged_decode_attention_fp8_cuda(const TensorView& out, const TensorVie
   p.scale_log2 *= quant.k_scale;
   p.v_scale = quant.v_scale;
   fast_decode::launch(pipeline(), p, paged_kv_policy<__nv_fp8_e4m3>(pool_k, pool_v, tables, shape),
-                      static_cast<int>(shape.n_kv_heads), batch.batch_size(), num_splits, stream);
+                      static_cast<int>(shape.n_kv_heads), batch.batch_size(), num_splits, g_pdl.load(), stream);
 }
 
 void set_fast_decode_pipeline(FastDecodePipeline pipeline) { g_pipeline.store(pipeline); }
+void set_fast_decode_pdl(bool on) { g_pdl.store(on); }
 FastDecodePipeline fast_decode_pipeline() { return g_pipeline.load(); }
 
 const char* fast_decode_pipeline_name(FastDecodePipeline pipeline) {

@@ -48,6 +48,7 @@
 #include "common/errors.h"
 #include "common/mma.cuh"  // cp.async (lesson 06)
 #include "kv_cache.h"
+#include "pdl.cuh"
 #include "stream_load.cuh"
 
 namespace tvllm {
@@ -114,6 +115,11 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
   constexpr int kKeysPerRound = 32 / TPK;        // keys a warp reads per load instruction
   constexpr int kTile = U * kKeysPerRound;       // keys per warp tile (one pipeline stage)
   extern __shared__ __align__(16) float fast_smem[];
+  // Launched as a programmatic dependent (pdl.cuh; launch's `pdl`): every input (q, and the k and v the qkv GEMV
+  // may have stored) comes from the kernels before, so the wait is the first thing, in every block; the trigger
+  // right after it lets the o GEMV behind us be scheduled and load its weights while we attend.
+  pdl_wait_for_previous_kernel();
+  pdl_let_next_kernel_start();
 
   const int b = blockIdx.z;
   const int q_row = p.cu_q[b];
@@ -353,6 +359,8 @@ static __global__ void __launch_bounds__(kCombineThreads) fast_combine_kernel(co
   __shared__ float weight[kMaxSplits];
   __shared__ float warp_max_of[kCombineWarps], warp_sum_of[kCombineWarps];
   __shared__ float group_sum[kCombineThreads];
+  pdl_wait_for_previous_kernel();  // as the decode kernel: the partials come from it
+  pdl_let_next_kernel_start();
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int h = blockIdx.x, b = blockIdx.y;
   const int q_row = p.cu_q[b];
@@ -406,7 +414,7 @@ static __global__ void __launch_bounds__(kCombineThreads) fast_combine_kernel(co
 
 template <int TPK, int G, class KV>
 void launch_for(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
-                cudaStream_t stream) {
+                bool pdl, cudaStream_t stream) {
   const int head_tiles = (p.group + G - 1) / G;
   const dim3 grid(static_cast<unsigned>(num_splits), static_cast<unsigned>(n_kv_heads * head_tiles),
                   static_cast<unsigned>(batch_size));
@@ -416,39 +424,36 @@ void launch_for(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads
   constexpr bool kBf16Rows = std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(kv.k)>>, bf16>;
   if constexpr (!kBf16Rows) pipeline = Pipeline::Registers;
   const size_t smem = smem_bytes<G>(pipeline, p.head_dim);
-  if constexpr (!kBf16Rows) {
-    fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV><<<grid, kThreads, smem, stream>>>(p, kv);
-  } else if (pipeline == Pipeline::Ring) {
-    fast_decode_kernel<TPK, G, U, Pipeline::Ring, KV><<<grid, kThreads, smem, stream>>>(p, kv);
-  } else {
-    fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV><<<grid, kThreads, smem, stream>>>(p, kv);
-  }
-  TVLLM_CHECK_LAUNCH();
+  if (kBf16Rows && pipeline == Pipeline::Ring)
+    launch_kernel_smem(fast_decode_kernel<TPK, G, U, Pipeline::Ring, KV>, grid, kThreads, smem, stream, pdl, p, kv);
+  else
+    launch_kernel_smem(fast_decode_kernel<TPK, G, U, Pipeline::Registers, KV>, grid, kThreads, smem, stream, pdl, p,
+                       kv);
 }
 
 // Query heads per block: the group rounded up to a power of two, at most 8 (as lesson 10's kernel).
 template <int TPK, class KV>
 void launch_for_group(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size,
-                      int num_splits, cudaStream_t stream) {
-  if (p.group >= 5) launch_for<TPK, 8>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else if (p.group >= 3) launch_for<TPK, 4>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else if (p.group == 2) launch_for<TPK, 2>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
-  else launch_for<TPK, 1>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, stream);
+                      int num_splits, bool pdl, cudaStream_t stream) {
+  if (p.group >= 5) launch_for<TPK, 8>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, pdl, stream);
+  else if (p.group >= 3) launch_for<TPK, 4>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, pdl, stream);
+  else if (p.group == 2) launch_for<TPK, 2>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, pdl, stream);
+  else launch_for<TPK, 1>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, pdl, stream);
 }
 
 // The decode kernel for p.head_dim (a multiple of 8 up to 256), then (num_splits > 1) the combine, on `stream`.
+// pdl: both launched as programmatic dependents of the kernel before each (pdl.cuh; only where pdl_supported()).
 template <class KV>
 void launch(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
-            cudaStream_t stream) {
+            bool pdl, cudaStream_t stream) {
   const int B = batch_size, S = num_splits;
-  if (p.head_dim <= 32) launch_for_group<4>(pipeline, p, kv, n_kv_heads, B, S, stream);
-  else if (p.head_dim <= 64) launch_for_group<8>(pipeline, p, kv, n_kv_heads, B, S, stream);
-  else if (p.head_dim <= 128) launch_for_group<16>(pipeline, p, kv, n_kv_heads, B, S, stream);
-  else launch_for_group<32>(pipeline, p, kv, n_kv_heads, B, S, stream);
+  if (p.head_dim <= 32) launch_for_group<4>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
+  else if (p.head_dim <= 64) launch_for_group<8>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
+  else if (p.head_dim <= 128) launch_for_group<16>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
+  else launch_for_group<32>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
   if (num_splits > 1) {
     const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(batch_size));
-    fast_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p, num_splits);
-    TVLLM_CHECK_LAUNCH();
+    launch_kernel(fast_combine_kernel, grid, kCombineThreads, stream, pdl, p, num_splits);
   }
 }
 

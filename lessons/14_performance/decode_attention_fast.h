@@ -41,6 +41,12 @@ void set_fast_decode_pipeline(FastDecodePipeline pipeline);
 FastDecodePipeline fast_decode_pipeline();
 const char* fast_decode_pipeline_name(FastDecodePipeline pipeline);
 
+// Whether the decode kernel and its combine are launched as programmatic dependents of the kernel before each
+// (pdl.h, chapter section 7): they wait for it in-kernel, and trigger at once, so the o GEMV after them loads its
+// weights while they run. Off by default; use_fast_path turns it on with FastPathOptions::pdl_attention where
+// pdl_supported(). The same bits either way (only the launch changes). Process-wide.
+void set_fast_decode_pdl(bool on);
+
 // Splits for a decode step of `batch_size` sequences whose longest context is max_k_len (of which a sliding window
 // reads at most shape.window keys: those are what is split). One block per (sequence, kv head, <= 8 query heads,
 // split): when the step alone gives at least 2 blocks per SM (B x kv heads >= 264 on an H200) there is no split

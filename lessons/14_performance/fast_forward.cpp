@@ -64,6 +64,12 @@ bool rope_in_gemv(const LayerWeights& L) {
 
 void set_fused_rope(bool on) { g_fused_rope.store(on); }
 
+namespace {
+std::atomic<bool> g_kv_in_gemv{true};
+}  // namespace
+
+void set_kv_write_in_gemv(bool on) { g_kv_in_gemv.store(on); }
+
 bool fast_forward_supported(const ModelWeights& w) {
   if (w.device != Device::CUDA || w.layers.empty() || !fused_computes_every_layer(w)) return false;
   // One token's views, for the shape checks: x [1, in] -> y [1, out] for every matrix.
@@ -134,6 +140,8 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
   //   forward_composed(); nothing allocated, nothing synchronised (the step is captured in a CUDA graph); the
   //   fused GEMVs get `pdl` (their launch, not their math: see pdl.h); after each op, mark(its name) with the
   //   names fast_forward.h lists for fast_forward_traced (optional: only the timeline reads them).
+  //   Where the backend gives a KvStore for the step (backend.kv_store, and the switch g_kv_in_gemv), the same
+  //   GEMV stores k and v into the cache too, and backend.attend_stored() replaces backend.attend().
   //   RoPE: in the qkv GEMV's epilogue (rmsnorm_gemv_rope) where rope_in_gemv(L); else Qwen2's q/k/v biases
   //   and Qwen3's q/k norm run as lesson 08's add_bias and head_rmsnorm, where decoder_layer runs them (after the
   //   qkv projection, before RoPE), then apply_rope, all plain launches.
@@ -148,11 +156,16 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
     // Attention: qkv = rmsnorm(h) Wqkv^T; RoPE; attention; h += attn Wo^T.
     // FP8-resident weights: the same calls with the scales (empty views for BF16 weights): gemv.h.
     const QkvViews v = split_qkv(qkv, shape);
+    // A decode step's k and v rows stored into the KV cache by the qkv GEMV's epilogue, where the backend says
+    // where (AttentionBackend::kv_store): then its attention runs without a write kernel of its own.
+    KvStore store;
+    bool stored = false;
     // Nothing between the projection and RoPE (no Qwen2 bias, no Qwen3 q/k norm): RoPE in the GEMV's epilogue.
     if (rope_in_gemv(L)) {
+      stored = g_kv_in_gemv.load() && backend.kv_store(layer, step, &store);
       rmsnorm_gemv_rope(qkv, h, L.input_norm, eps, L.wqkv, L.wqkv_scale, step.positions(), ws.rope, shape.n_heads,
-                        shape.n_kv_heads, stream, pdl);
-      mark("rmsnorm_gemv_rope (qkv)");
+                        shape.n_kv_heads, stream, pdl, Fp8GemvVariant::Auto, stored ? &store : nullptr);
+      mark(stored ? "rmsnorm_gemv_rope + kv write (qkv)" : "rmsnorm_gemv_rope (qkv)");
     } else {
       rmsnorm_gemv(qkv, h, L.input_norm, eps, L.wqkv, L.wqkv_scale, stream, pdl);
       mark("rmsnorm_gemv (qkv)");
@@ -170,8 +183,13 @@ TensorView fused_forward(ExecContext& ctx, const ModelWeights& w, const StepInpu
       apply_rope(v.q, v.k, step.positions(), ws.rope, kDefaultRopeKernel, PositionCheck::Trusted, stream);
       mark("rope");
     }
-    backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
-    mark("kv write + decode attention");
+    if (stored) {
+      backend.attend_stored(layer, v.q, attn, step, stream);
+      mark("decode attention");
+    } else {
+      backend.attend(layer, v.q, v.k, v.v, attn, step, stream);
+      mark("kv write + decode attention");
+    }
     gemv_residual(h, attn, L.wo, L.wo_scale, stream, pdl);
     mark("gemv_residual (o)");
     // MLP: act = silu(rmsnorm(h) Wg^T) * (rmsnorm(h) Wu^T); h += act Wd^T.

@@ -11,7 +11,8 @@
 //   rmsnorm_gemv_rope(QKV) ─> attention ─> gemv_residual(o) ─> rmsnorm_gemv_silu_mul(gate|up) ─> gemv_residual(down)
 //
 //   rmsnorm_gemv_rope       the QKV GEMV with RoPE in its epilogue: each block owns the pairs of rows RoPE
-//                           rotates together, so q and k leave the kernel rotated (no RoPE kernel)
+//                           rotates together, so q and k leave the kernel rotated (no RoPE kernel); in a decode
+//                           step it also stores k and v in the KV cache (no KV-write kernel: kv_store.h)
 //   rmsnorm_gemv            the norm of the (few) input rows is recomputed by every block from h: it is 4 KiB
 //                           per row, read from L2, instead of a kernel and a round trip of `normed`
 //   gemv_residual           h += x W^T in the GEMV's epilogue: the residual add of add_rmsnorm, without `delta`
@@ -57,6 +58,11 @@ std::string fast_forward_declines(const ModelConfig& config);
 // RoPE in the QKV GEMV's epilogue (on by default; the chapter's progression measures the step without it). The
 // same bits either way. Process-wide: use_fast_path() sets it from FastPathOptions::rope_in_gemv.
 void set_fused_rope(bool on);
+// With RoPE in the QKV GEMV: the GEMV also stores a decode step's k and v rows in the KV cache, where the attention
+// backend says (AttentionBackend::kv_store), and the backend attends without its write kernel (attend_stored). On
+// by default; the same bytes in the cache either way. Process-wide: use_fast_path() sets it from
+// FastPathOptions::kv_write_in_gemv.
+void set_kv_write_in_gemv(bool on);
 
 // ForwardFn (lesson 08's seam): the fused path for small CUDA steps with lesson 06's default matmul, else
 // forward_composed(). Same contract as forward().
@@ -72,7 +78,8 @@ TensorView fast_forward_pdl(ExecContext& ctx, const ModelWeights& weights, const
 // The timeline of a step (lesson14_performance --bench): fast_forward with plain launches, calling after_op(name)
 // on the host right after each op is queued, where the caller records a CUDA event. Per layer: "rmsnorm_gemv_rope
 // (qkv)" (RoPE in the GEMV's epilogue), or "rmsnorm_gemv (qkv)", "add_bias (qkv)" (Qwen2), "head_rmsnorm (q, k)"
-// (Qwen3) and "rope"; then "kv write + decode attention" (the backend's kernels), "gemv_residual (o)",
+// (Qwen3) and "rope"; then "kv write + decode attention" (the backend's kernels; "rmsnorm_gemv_rope + kv write
+// (qkv)" and "decode attention" where the GEMV stores k and v itself), "gemv_residual (o)",
 // "rmsnorm_gemv_silu_mul (gate|up)", "gemv_residual (down)"; around them "embedding" and "rmsnorm_gemv (lm_head)".
 // Eager steps only (an
 // event between two kernels also stops them overlapping, so this is the step without PDL). A step the fused path

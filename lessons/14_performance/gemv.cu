@@ -306,7 +306,9 @@ struct V3Args {
   const int32_t* positions;
   const float* cos;
   const float* sin;
-  int half, rotated_heads, max_positions;
+  int half, q_heads, rotated_heads, max_positions;
+  // Rope: where the k and v heads are also stored (kv_store.h); kv.k == nullptr: nowhere.
+  KvStore kv;
 };
 
 // The weight row behind tile row `second ? kOuts + i : i` of output column col (GateUp: its up row; Rope: the
@@ -347,6 +349,35 @@ __device__ __forceinline__ void store_silu_mul(const V3Args& a, int64_t o, float
   static_cast<bf16*>(a.out)[o] = __float2bfloat16_rn(act * up);
 }
 
+// The KV store (kv_store.h): elements j and j + half of head `head` of token m, a k head (q_heads <= head <
+// rotated_heads) or a v head (after them), as lesson 10's / 12's write would copy them from qkv: the bf16 values
+// as stored there, or (an FP8 pool) their E4M3 codes, code = e4m3(x * inv_scale) as paged_kv_write_fp8 rounds.
+__device__ __forceinline__ void store_kv_pair(const V3Args& a, int m, int64_t head, int64_t j, bf16 x1, bf16 x2) {
+  const KvStore& s = a.kv;
+  int64_t row;  // this token's row of the layer's cache
+  if (s.rows != nullptr) {
+    row = __ldg(s.rows + m);  // lesson 12's slot mapping; -1: a padding token, stored nowhere
+  } else {
+    const int32_t slot = __ldg(s.slots + m);  // lesson 10, a decode step: token m is sequence m, at its last key
+    row = slot < 0 ? -1 : static_cast<int64_t>(slot) * s.max_context + (__ldg(s.cu_k + m + 1) - __ldg(s.cu_k + m) - 1);
+  }
+  if (row < 0) return;
+  const bool is_v = head >= a.rotated_heads;
+  const int64_t kv_head = head - (is_v ? a.rotated_heads : a.q_heads);
+  const int64_t at = row * s.kv_dim + kv_head * 2 * a.half + j;
+  void* base = is_v ? s.v : s.k;
+  if (s.dtype == DType::F8_E4M3) {
+    const float inv = is_v ? s.v_inv_scale : s.k_inv_scale;
+    __nv_fp8_storage_t* dst = static_cast<__nv_fp8_storage_t*>(base) + at;
+    dst[0] = __nv_cvt_float_to_fp8(__bfloat162float(x1) * inv, __NV_SATFINITE, __NV_E4M3);
+    dst[a.half] = __nv_cvt_float_to_fp8(__bfloat162float(x2) * inv, __NV_SATFINITE, __NV_E4M3);
+  } else {
+    bf16* dst = static_cast<bf16*>(base) + at;
+    dst[0] = x1;
+    dst[a.half] = x2;
+  }
+}
+
 // Rope: the pair (j, j + half) of head `head` of row m: each rounded to bf16 as linear() stores it, then rotated
 // by lesson 05's rotate_pair arithmetic (each operation rounded on its own, no FMA) with the table's cos / sin of
 // the row's position, and rounded again, as apply_rope() does in place: the same bits as the two launches.
@@ -356,16 +387,20 @@ __device__ __forceinline__ void store_rope(const V3Args& a, int m, int64_t col, 
   const float x2 = bf16_bits_to_f32(f32_to_bf16_bits(second_sum));
   const int64_t head = col / a.half, j = col - head * a.half;
   bf16* row = static_cast<bf16*>(a.out) + m * a.N + head * 2 * a.half;
+  bf16 y1, y2;
   if (head < a.rotated_heads) {
     const int pos = min(max(__ldg(a.positions + m), 0), a.max_positions - 1);  // PositionCheck::Trusted's clamp
     const float c = __ldg(a.cos + static_cast<int64_t>(pos) * a.half + j);
     const float s = __ldg(a.sin + static_cast<int64_t>(pos) * a.half + j);
-    row[j] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-    row[j + a.half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+    y1 = __float2bfloat16_rn(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    y2 = __float2bfloat16_rn(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
   } else {
-    row[j] = __float2bfloat16_rn(x1);
-    row[j + a.half] = __float2bfloat16_rn(x2);
+    y1 = __float2bfloat16_rn(x1);
+    y2 = __float2bfloat16_rn(x2);
   }
+  row[j] = y1;
+  row[j + a.half] = y2;
+  if (a.kv.k != nullptr && head >= a.q_heads) store_kv_pair(a, m, head, j, y1, y2);
 }
 
 // How E4M3 packs become floats (Fp8GemvVariant without the tile): BF16 weights ignore it.
@@ -766,13 +801,15 @@ void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, cons
 void rmsnorm_gemv_rope_cuda(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
                             const TensorView& w, const TensorView& w_scale, const TensorView& positions,
                             const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream, bool pdl,
-                            Fp8GemvVariant fp8) {
+                            Fp8GemvVariant fp8, const KvStore* kv) {
   V3Args a = v3_args(qkv, h, w, w_scale);
   a.g = norm_weight.ptr<const bf16>();
   a.eps = eps;
   a.half = static_cast<int>(table.half());
   a.outputs = a.N / 2;  // pairs
+  a.q_heads = static_cast<int>(q_heads);
   a.rotated_heads = static_cast<int>(q_heads + k_heads);
+  if (kv != nullptr) a.kv = *kv;
   a.max_positions = static_cast<int>(table.max_positions());
   a.positions = positions.ptr<const int32_t>();
   a.cos = table.cos(Device::CUDA).ptr<const float>();

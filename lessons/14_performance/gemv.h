@@ -76,6 +76,7 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "kv_store.h"  // lesson 08: where rmsnorm_gemv_rope may also store k and v
 
 namespace tvllm {
 class RopeTable;  // lesson 05 (rope.h)
@@ -168,10 +169,15 @@ void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const Ten
 // k views (the two launches it replaces), in one kernel: each block owns pairs of rows (j, j + d/2) of a head, so
 // the pair RoPE rotates is finished in one epilogue. Also on the CPU (the two references in turn). qkv: BF16,
 // contiguous, a whole number of heads; positions I32 [M] on w's device.
+// kv (optional, chapter section 5): also store each row's k heads (after RoPE) and v heads in a KV cache, as
+// kv_store.h describes (AttentionBackend::kv_store fills it): the bytes lesson 10's kv_cache_write or lesson 12's
+// paged_kv_write would store from qkv, so the backend's attend_stored() can skip its write. kv->device must be
+// w's; kv_dim = (qkv's heads - q_heads - k_heads) * d = k_heads * d (as many v heads as k heads); dtype BF16 or
+// F8_E4M3 on CUDA, F32 or BF16 on the CPU.
 void rmsnorm_gemv_rope(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
                        const TensorView& w, const TensorView& w_scale, const TensorView& positions,
                        const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream = nullptr,
-                       bool pdl = false, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto);
+                       bool pdl = false, Fp8GemvVariant fp8 = Fp8GemvVariant::Auto, const KvStore* kv = nullptr);
 
 // h[M, N] += x[M, K] · w[N, K]^T in place. h must not overlap x or w.
 void gemv_residual(const TensorView& h, const TensorView& x, const TensorView& w,
@@ -242,7 +248,7 @@ void rmsnorm_gemv_silu_mul_cuda(const TensorView& act, const TensorView& h, cons
 void rmsnorm_gemv_rope_cuda(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
                             const TensorView& w, const TensorView& w_scale, const TensorView& positions,
                             const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream, bool pdl,
-                            Fp8GemvVariant fp8);
+                            Fp8GemvVariant fp8, const KvStore* kv);
 void gemv_residual_cuda(const TensorView& h, const TensorView& x, const TensorView& w, const TensorView& w_scale,
                         cudaStream_t stream, bool pdl, Fp8GemvVariant fp8);
 void gemv_fp8_cuda(const TensorView& out, const TensorView& x, const TensorView& w, const TensorView& w_scale,

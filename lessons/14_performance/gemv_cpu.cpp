@@ -369,10 +369,63 @@ void rmsnorm_gemv(const TensorView& out, const TensorView& h, const TensorView& 
   rmsnorm_gemv(out, h, norm_weight, eps, w, TensorView{}, stream, pdl);
 }
 
+namespace {
+
+// rmsnorm_gemv_rope's KV store (kv_store.h): what it may describe for these heads on this device.
+void check_kv_store(const KvStore& kv, int64_t n_heads, int64_t q_heads, int64_t k_heads, int64_t head_dim,
+                    Device device) {
+  const std::string what = "rmsnorm_gemv_rope: the KV store ";
+  TVLLM_REQUIRE(kv.v != nullptr, what + "has k rows but no v rows");
+  TVLLM_REQUIRE(kv.device == device, what + "is on " + std::string(device_name(kv.device)) + ", the weights on " +
+                                         std::string(device_name(device)));
+  TVLLM_REQUIRE(n_heads - q_heads - k_heads == k_heads && kv.kv_dim == k_heads * head_dim,
+                what + "needs as many v heads as k heads and rows of kv_dim = k_heads * head_dim = " +
+                    std::to_string(k_heads * head_dim) + ", got " + std::to_string(n_heads - q_heads - k_heads) +
+                    " v heads and kv_dim " + std::to_string(kv.kv_dim));
+  const bool dtype_ok = device == Device::CUDA ? (kv.dtype == DType::BF16 || kv.dtype == DType::F8_E4M3)
+                                               : (kv.dtype == DType::BF16 || kv.dtype == DType::F32);
+  TVLLM_REQUIRE(dtype_ok, what + "stores " + std::string(dtype_name(kv.dtype)) + " rows, which " +
+                              std::string(device_name(device)) + " does not take (CUDA: BF16, F8_E4M3; CPU: F32, BF16)");
+  TVLLM_REQUIRE(kv.rows != nullptr || (kv.slots != nullptr && kv.cu_k != nullptr && kv.max_context > 0),
+                what + "names neither a slot mapping (rows) nor slots, cu_k and max_context");
+  if (kv.dtype == DType::F8_E4M3)
+    TVLLM_REQUIRE(std::isfinite(kv.k_inv_scale) && kv.k_inv_scale > 0.f && std::isfinite(kv.v_inv_scale) &&
+                      kv.v_inv_scale > 0.f,
+                  what + "needs finite positive inverse scales for its E4M3 codes");
+}
+
+// The store on the host: token m's k and v heads (as qkv holds them, bf16) copied to its row, widened for F32.
+void store_kv_rows_cpu(const KvStore& kv, const TensorView& qkv, int64_t M, int64_t q_heads, int64_t head_dim) {
+  const int64_t N = qkv.shape[1], q_cols = q_heads * head_dim;
+  const uint16_t* y = static_cast<const uint16_t*>(qkv.data);
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t row = kv.rows != nullptr
+                            ? kv.rows[m]
+                            : (kv.slots[m] < 0 ? -1
+                                               : static_cast<int64_t>(kv.slots[m]) * kv.max_context +
+                                                     (kv.cu_k[m + 1] - kv.cu_k[m] - 1));
+    if (row < 0) continue;  // a padding token
+    const uint16_t* k_src = y + m * N + q_cols;
+    const uint16_t* v_src = k_src + kv.kv_dim;
+    for (int64_t c = 0; c < kv.kv_dim; ++c) {
+      const int64_t at = row * kv.kv_dim + c;
+      if (kv.dtype == DType::F32) {
+        static_cast<float*>(kv.k)[at] = bf16_to_f32(k_src[c]);
+        static_cast<float*>(kv.v)[at] = bf16_to_f32(v_src[c]);
+      } else {
+        static_cast<uint16_t*>(kv.k)[at] = k_src[c];
+        static_cast<uint16_t*>(kv.v)[at] = v_src[c];
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void rmsnorm_gemv_rope(const TensorView& qkv, const TensorView& h, const TensorView& norm_weight, float eps,
                        const TensorView& w, const TensorView& w_scale, const TensorView& positions,
                        const RopeTable& table, int64_t q_heads, int64_t k_heads, cudaStream_t stream, bool pdl,
-                       Fp8GemvVariant fp8) {
+                       Fp8GemvVariant fp8, const KvStore* kv) {
   const GemvDims d = check_operands("rmsnorm_gemv_rope", qkv, h, w, false, false, w_scale);
   check_norm_args("rmsnorm_gemv_rope", h, norm_weight, eps);
   const int64_t head_dim = table.head_dim();
@@ -386,6 +439,8 @@ void rmsnorm_gemv_rope(const TensorView& qkv, const TensorView& h, const TensorV
                     positions.device == w.device && positions.is_contiguous(),
                 "rmsnorm_gemv_rope: positions must be I32 [" + std::to_string(d.M) + "] on the weights' device");
   TVLLM_REQUIRE(qkv.dtype == DType::BF16 && qkv.is_contiguous(), "rmsnorm_gemv_rope: qkv must be contiguous BF16");
+  if (kv != nullptr && kv->empty()) kv = nullptr;
+  if (kv != nullptr) check_kv_store(*kv, d.N / head_dim, q_heads, k_heads, head_dim, w.device);
   if (d.M == 0) return;
   if (w.device == Device::CPU) {  // the two references in turn: the norm and the GEMV, then RoPE on q and k
     rmsnorm_gemv_cpu(qkv, h, norm_weight, eps, w, w_scale);  // rounded to bf16, as the GPU stores it
@@ -406,12 +461,13 @@ void rmsnorm_gemv_rope(const TensorView& qkv, const TensorView& h, const TensorV
       for (int64_t i = 0; i < q_cols; ++i) row[i] = f32_to_bf16(qr[m * q_cols + i]);
       for (int64_t i = 0; i < k_cols; ++i) row[q_cols + i] = f32_to_bf16(kr[m * k_cols + i]);
     }
+    if (kv != nullptr) store_kv_rows_cpu(*kv, qkv, d.M, q_heads, head_dim);
     return;
   }
   require_vector_path("rmsnorm_gemv_rope", h, w, norm_weight);
   TVLLM_REQUIRE(table.on_device(), "rmsnorm_gemv_rope: the RoPE table is not on the GPU (upload_to_device)");
   detail::rmsnorm_gemv_rope_cuda(qkv, h, norm_weight, eps, w, w_scale, positions, table, q_heads, k_heads, stream,
-                                 pdl, fp8);
+                                 pdl, fp8, kv);
 }
 
 void rmsnorm_gemv_silu_mul(const TensorView& act, const TensorView& h, const TensorView& norm_weight, float eps,

@@ -58,20 +58,27 @@ __device__ __forceinline__ void pdl_let_next_kernel_start() {
 // kernel when `pdl` is true (cudaLaunchKernelEx with cudaLaunchAttributeProgrammaticStreamSerialization). Inside
 // a stream capture the attribute becomes a programmatic edge of the graph (CUDA 12.3+), so replays overlap too.
 // Only kernels written as above may be launched with pdl = true.
+// launch_kernel_smem: the same with `smem` bytes of dynamic shared memory.
 template <class... Params, class... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
-                   Args&&... args) {
+void launch_kernel_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                        Args&&... args) {
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = pdl ? 1 : 0;
   TVLLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   Args&&... args) {
+  launch_kernel_smem(kernel, grid, block, 0, stream, pdl, std::forward<Args>(args)...);
 }
 
 }  // namespace tvllm
