@@ -222,8 +222,24 @@ std::vector<float> attend_v1(const Step& st, Layout layout, int splits) {
   }
 }
 
+// Where the splits are combined for as long as it lives (set_fast_decode_combine_in_kernel), then the default.
+class CombineScope {
+ public:
+  explicit CombineScope(bool in_kernel) : before_(fast_decode_combine_in_kernel()) {
+    set_fast_decode_combine_in_kernel(in_kernel);
+  }
+  ~CombineScope() { set_fast_decode_combine_in_kernel(before_); }
+  CombineScope(const CombineScope&) = delete;
+  CombineScope& operator=(const CombineScope&) = delete;
+
+ private:
+  bool before_;
+};
+
 // Everything a step is checked for: Fast over both layouts against the CPU and against lesson 10's kernel;
-// paged == contiguous bit for bit; a second run == the first; pipeline v1 == v2 bit for bit.
+// paged == contiguous bit for bit; a second run == the first; pipeline v1 == v2 bit for bit; the combine by the
+// last split block (opt-in) against the CPU and against the default combine kernel: two fp32 sums in different
+// orders, each rounded to bf16 once, may sit one bf16 step apart (kVsLesson10's reasoning).
 void check_step(const Step& st, int splits, const std::vector<float>& cpu) {
   const AttentionShape& s = st.shape();
   const size_t B = st.k_lens().size();
@@ -241,6 +257,12 @@ void check_step(const Step& st, int splits, const std::vector<float>& cpu) {
   expect_close(attend_v1(st, Layout::Paged, splits), fp, s, kSameBits, name_of(s, B, "v1 paged == v2 paged", splits));
   expect_close(attend_v1(st, Layout::Contiguous, splits), fc, s, kSameBits,
                name_of(s, B, "v1 contiguous == v2 contiguous", splits));
+  const CombineScope in_kernel(true);
+  const std::vector<float> kp = attend(st, Device::CUDA, Layout::Paged, DecodeAttention::Fast, splits);
+  expect_close(kp, cpu, s, kVsCpu, name_of(s, B, "fast paged, combine in the decode kernel, vs cpu", splits));
+  expect_close(kp, fp, s, kVsLesson10, name_of(s, B, "combine in the decode kernel vs combine kernel", splits));
+  const std::vector<float> kc = attend(st, Device::CUDA, Layout::Contiguous, DecodeAttention::Fast, splits);
+  expect_close(kc, kp, s, kSameBits, name_of(s, B, "combine in the decode kernel: paged == contiguous", splits));
 }
 
 TEST(FastDecode14Gpu, MatchesTheCpuAndLesson10AcrossHeadDimsGroupsAndBatches) {
@@ -287,6 +309,9 @@ TEST(FastDecode14Gpu, EveryPinnedSplitCountAgrees) {
     expect_close(fc, cpu, s, kVsCpu, name_of(s, 3, "fast contiguous vs cpu", splits));
     expect_close(fp, fc, s, kSameBits, name_of(s, 3, "fast paged == fast contiguous", splits));
     expect_close(attend_v1(st, Layout::Paged, splits), fp, s, kSameBits, name_of(s, 3, "v1 == v2", splits));
+    const CombineScope in_kernel(true);
+    expect_close(attend(st, Device::CUDA, Layout::Paged, DecodeAttention::Fast, splits), fp, s, kVsLesson10,
+                 name_of(s, 3, "combine in the decode kernel vs combine kernel", splits));
   }
 }
 
@@ -409,52 +434,62 @@ TEST(FastDecode14Gpu, TheOpsPassTheShapesSlidingWindowToTheKernel) {
 }
 
 TEST(FastDecode14Gpu, AGraphReplaysTheEagerBitsAtTheCapturedAndTheNextLength) {
-  // One Fast decode step over the pool (3 splits pinned: the kernel and its combine), captured once in global
-  // mode (an allocation or a synchronisation inside would fail the capture), replayed over a poisoned output:
-  // the eager bits. Then every context grows by one in the same device buffers (sequence 0 crosses into a new
-  // block) and the SAME graph replays it: the eager bits again, and the CPU's answer.
+  // One Fast decode step over the pool (3 splits pinned), captured once in global mode (an allocation or a
+  // synchronisation inside would fail the capture), replayed over a poisoned output: the eager bits. Then every
+  // context grows by one in the same device buffers (sequence 0 crosses into a new block) and the SAME graph
+  // replays it: the eager bits again, and the CPU's answer. Both combines: in the decode kernel (one node; its
+  // per-head counters must be back at zero after every launch, or a replay would find no last block and leave
+  // the poisoned output) and by a second kernel (two nodes).
   TVLLM_REQUIRE_GPU();
   install_fast_decode_attention();
-  const AttentionShape s{32, 8, 64};
-  const Step st(s, {1, 1, 1}, {48, 101, 8}, 21, 16, /*extra=*/1);
-  const auto B = static_cast<int64_t>(st.k_lens().size());
-  CudaStream stream;
-  AttentionBatch batch(B, Device::CUDA);
-  PagedStepTables t(B, B, st.longest_table(), st.pool(Device::CUDA).num_blocks(), 16, Device::CUDA);
-  DecodeWorkspace ws(s, B, Device::CUDA);
-  const Tensor q = Tensor::from_f32(st.q(), {st.tq(), s.q_dim()}, DType::BF16, Device::CUDA);
-  const Tensor out = Tensor::empty({st.tq(), s.q_dim()}, DType::BF16, Device::CUDA);
-  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto set_lengths = [&](const std::vector<int64_t>& lens) {
-    batch.set_lengths(st.q_lens(), lens, stream);
-    t.set(st.slot_mapping(lens), st.tables(), stream);
-  };
-  const auto run = [&] {
-    paged_decode_attention(out, q, st.pool(Device::CUDA).k(0), st.pool(Device::CUDA).v(0), batch, t, s, 3, &ws,
-                           stream, DecodeAttention::Fast);
-  };
-  const auto poisoned_run = [&](const std::function<void()>& launch) {
-    TVLLM_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xFF, out.view().nbytes(), stream));  // bf16 0xFFFF: NaN
-    launch();
-    stream.synchronize();
-    return to_f32_vector(out);
-  };
+  for (const bool in_kernel : {true, false}) {
+    SCOPED_TRACE(in_kernel ? "combine in the decode kernel" : "combine kernel");
+    const CombineScope combine(in_kernel);
+    const AttentionShape s{32, 8, 64};
+    const Step st(s, {1, 1, 1}, {48, 101, 8}, 21, 16, /*extra=*/1);
+    const auto B = static_cast<int64_t>(st.k_lens().size());
+    CudaStream stream;
+    AttentionBatch batch(B, Device::CUDA);
+    PagedStepTables t(B, B, st.longest_table(), st.pool(Device::CUDA).num_blocks(), 16, Device::CUDA);
+    DecodeWorkspace ws(s, B, Device::CUDA);
+    const Tensor q = Tensor::from_f32(st.q(), {st.tq(), s.q_dim()}, DType::BF16, Device::CUDA);
+    const Tensor out = Tensor::empty({st.tq(), s.q_dim()}, DType::BF16, Device::CUDA);
+    TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto set_lengths = [&](const std::vector<int64_t>& lens) {
+      batch.set_lengths(st.q_lens(), lens, stream);
+      t.set(st.slot_mapping(lens), st.tables(), stream);
+    };
+    const auto run = [&] {
+      paged_decode_attention(out, q, st.pool(Device::CUDA).k(0), st.pool(Device::CUDA).v(0), batch, t, s, 3, &ws,
+                             stream, DecodeAttention::Fast);
+    };
+    const auto poisoned_run = [&](const std::function<void()>& launch) {
+      TVLLM_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xFF, out.view().nbytes(), stream));  // bf16 0xFFFF: NaN
+      launch();
+      stream.synchronize();
+      return to_f32_vector(out);
+    };
 
-  std::vector<int64_t> lens = st.k_lens();
-  set_lengths(lens);
-  const std::vector<float> eager1 = poisoned_run(run);
-  expect_close(eager1, cpu_reference(st, &lens), s, kVsCpu, "step 1, eager vs cpu");
-  const CudaGraph graph = CudaGraph::capture(stream, run);
-  EXPECT_EQ(graph.num_nodes(), 2u);  // the kernel and the combine
-  expect_close(poisoned_run([&] { graph.launch(stream); }), eager1, s, kSameBits, "step 1, replay == eager");
+    std::vector<int64_t> lens = st.k_lens();
+    set_lengths(lens);
+    const std::vector<float> eager1 = poisoned_run(run);
+    expect_close(eager1, cpu_reference(st, &lens), s, kVsCpu, "step 1, eager vs cpu");
+    const CudaGraph graph = CudaGraph::capture(stream, run);
+    EXPECT_EQ(graph.num_nodes(), in_kernel ? 1u : 2u);  // the decode kernel (and the combine kernel)
+    expect_close(poisoned_run([&] { graph.launch(stream); }), eager1, s, kSameBits, "step 1, replay == eager");
 
-  for (int64_t& n : lens) ++n;  // 48 -> 49: sequence 0's 4th block
-  set_lengths(lens);
-  const std::vector<float> replay2 = poisoned_run([&] { graph.launch(stream); });
-  expect_close(replay2, poisoned_run(run), s, kSameBits, "step 2, replay == eager");
-  expect_close(replay2, cpu_reference(st, &lens), s, kVsCpu, "step 2, replay vs cpu");
-  EXPECT_FALSE(compare("step 2 != step 1", replay2, eager1, kSameBits).pass())
-      << "the replay did not see the new lengths";
+    for (int64_t& n : lens) ++n;  // 48 -> 49: sequence 0's 4th block
+    set_lengths(lens);
+    const std::vector<float> replay2 = poisoned_run([&] { graph.launch(stream); });
+    expect_close(replay2, poisoned_run(run), s, kSameBits, "step 2, replay == eager");
+    expect_close(replay2, cpu_reference(st, &lens), s, kVsCpu, "step 2, replay vs cpu");
+    EXPECT_FALSE(compare("step 2 != step 1", replay2, eager1, kSameBits).pass())
+        << "the replay did not see the new lengths";
+    std::vector<int> arrivals(static_cast<size_t>(B * s.n_heads), -1);
+    TVLLM_CUDA_CHECK(cudaMemcpy(arrivals.data(), ws.split_arrivals(), arrivals.size() * sizeof(int),
+                                cudaMemcpyDeviceToHost));
+    EXPECT_EQ(arrivals, std::vector<int>(arrivals.size(), 0)) << "a counter was left for the next launch";
+  }
 }
 
 TEST(FastDecode14Gpu, FastBeforeItIsInstalledIsAClearError) {

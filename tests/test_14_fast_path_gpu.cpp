@@ -135,7 +135,9 @@ TEST(FastPath14Gpu, TheKvWriteInTheQkvGemvChangesNoBit) {
     }
     return out;
   };
-  const auto without = forced(before), with = forced(FastPathOptions{});
+  FastPathOptions after;  // the KV write on (the default), and the attention as a programmatic dependent too
+  after.pdl_attention = true;
+  const auto without = forced(before), with = forced(after);
   ASSERT_EQ(without.size(), with.size());
   for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(without[i] == with[i]) << refs().gens.sequences[i].name;
 
@@ -146,7 +148,7 @@ TEST(FastPath14Gpu, TheKvWriteInTheQkvGemvChangesNoBit) {
       {"contiguous", contiguous_kv()}, {"paged", paged_kv()}, {"paged FP8", paged_kv(fp8)}};
   for (const auto& [name, kv] : caches) {
     std::vector<std::vector<std::vector<int32_t>>> ids;
-    for (const FastPathOptions& o : {before, FastPathOptions{}}) {
+    for (const FastPathOptions& o : {before, after}) {
       Engine engine(bundled().w, testing::engine_config(64, 1, 256), kv);
       use_fast_path(engine, o);
       const EngineRunResult run = run_requests(engine, requests);

@@ -170,11 +170,14 @@ TEST(Megakernel14Gpu, GreedyIdsEqualTheFusedPathExceptAtNearTies) {
   GenerateOptions opt;
   opt.max_new_tokens = 40;
   opt.ignore_eos = true;
+  ASSERT_EQ(mega.context().forward_fn(), &megakernel_forward);
+  // generate() runs through the graph runner: the first generation captures the megakernel's step (the counter
+  // counts launches from the host), the later ones replay that graph without a host launch to count.
+  const int64_t before = megakernel_steps_launched();
   int identical = 0;
   for (const ReferenceGeneration& g : refs().gens.sequences) {
-    const int64_t before = megakernel_steps_launched();
     const std::vector<int32_t> a = mega.generate(g.prompt_ids, opt).ids;
-    EXPECT_GT(megakernel_steps_launched(), before) << g.name;
+    EXPECT_GT(megakernel_steps_launched(), before) << g.name << ": the megakernel was never launched";
     const std::vector<int32_t> b = fused.generate(g.prompt_ids, opt).ids;
     ASSERT_EQ(a.size(), b.size());
     const auto diverge = std::mismatch(a.begin(), a.end(), b.begin());

@@ -179,6 +179,8 @@ DecodeWorkspace::DecodeWorkspace(const AttentionShape& shape, int64_t max_sequen
     partials_ = DeviceBuffer(static_cast<size_t>(max_sequences * shape.n_heads * kMaxDecodeSplits *
                                                  (shape.head_dim + 2)) *
                              sizeof(float));
+    arrivals_ = DeviceBuffer(static_cast<size_t>(max_sequences * shape.n_heads) * sizeof(int));
+    arrivals_.fill_zero();
   }
 }
 

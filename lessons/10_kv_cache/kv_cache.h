@@ -150,11 +150,15 @@ class DecodeWorkspace {
   size_t bytes() const { return partials_.bytes(); }
   int num_sms() const { return num_sms_; }
   float* partials() const { return partials_.as<float>(); }
+  // One counter per (sequence, head), zero between launches: lesson 14's decode kernel counts the splits of a
+  // head that have written their partials, and the last of them combines (and puts the counter back to zero).
+  int* split_arrivals() const { return arrivals_.as<int>(); }
 
  private:
   int64_t max_sequences_ = 0;
   int num_sms_ = 0;
   DeviceBuffer partials_;  // [max_sequences][n_heads][kMaxDecodeSplits][head_dim + 2]: o[head_dim], m, l
+  DeviceBuffer arrivals_;  // [max_sequences][n_heads] int32, zeroed once here
 };
 
 // How many splits decode attention cuts each sequence's keys into: 1 for short contexts, otherwise enough

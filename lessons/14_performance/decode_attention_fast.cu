@@ -17,6 +17,7 @@ namespace {
 
 std::atomic<FastDecodePipeline> g_pipeline{FastDecodePipeline::Ring};
 std::atomic<bool> g_pdl{false};
+std::atomic<bool> g_combine_in_kernel{false};
 
 fast_decode::Pipeline pipeline() {
   return g_pipeline.load() == FastDecodePipeline::Ring ? fast_decode::Pipeline::Ring : fast_decode::Pipeline::Registers;
@@ -39,6 +40,7 @@ fast_decode::Params fast_params(const TensorView& out, const TensorView& q, cons
   p.window = window;
   p.scale_log2 = static_cast<float>(shape.scale() * 1.4426950408889634);  // log2(e), as lessons 07 and 10
   p.partials = workspace.partials();
+  p.arrivals = g_combine_in_kernel.load() ? workspace.split_arrivals() : nullptr;
   return p;
 }
 
@@ -94,6 +96,8 @@ void fast_paged_decode_attention_fp8_cuda(const TensorView& out, const TensorVie
 
 void set_fast_decode_pipeline(FastDecodePipeline pipeline) { g_pipeline.store(pipeline); }
 void set_fast_decode_pdl(bool on) { g_pdl.store(on); }
+void set_fast_decode_combine_in_kernel(bool on) { g_combine_in_kernel.store(on); }
+bool fast_decode_combine_in_kernel() { return g_combine_in_kernel.load(); }
 FastDecodePipeline fast_decode_pipeline() { return g_pipeline.load(); }
 
 const char* fast_decode_pipeline_name(FastDecodePipeline pipeline) {

@@ -7,6 +7,9 @@
 //                          max, sum and output in registers; ONE barrier at the end merges the 4 warps
 //   fast_combine_kernel    one block per (sequence, head): the splits' partials rescaled to one max and added
 //                          (only when the grid has more than one split), every load of it in flight at once
+//   last_split_combine     (opt-in, measured slower: README section 8) the combine inside the decode kernel
+//                          instead: the last split block of each (sequence, head tile) to finish, found with one
+//                          atomic counter, combines; no second kernel
 //
 // Why not lesson 10's kernel (README "Decode attention at the memory roofline" has the long story): there, every
 // tile of keys goes load -> scores -> __syncthreads -> softmax by one warp per head -> __syncthreads -> P V ->
@@ -30,7 +33,8 @@
 // throughout, P never rounded; per split a max m, a sum l and an unnormalised output o relative to m; the
 // combine rescales by 2^(m_s - M). The order of the additions differs from lesson 10's kernel (per warp, then
 // the 4 warps in a fixed order), so the bits may differ from it by fp32 rounding; for a given split count the
-// result is the same on every run and in a CUDA graph (no atomics, fixed orders).
+// result is the same on every run and in a CUDA graph (fixed orders; the one atomic only elects the block that
+// combines, never an order of additions).
 //
 // Include it from a .cu file (C++17); decode_attention_fast.cu instantiates it and installs it into lessons 10
 // and 12 (decode_attention_fast.h).
@@ -79,6 +83,9 @@ struct Params {
   int window;             // 0: every key; W > 0: only keys [max(0, k_len - W), k_len) (a sliding window)
   float scale_log2;       // (1/sqrt(head_dim)) * log2(e): scores in base-2 units, exp becomes exp2
   float* partials;        // [B][n_heads][kMaxSplits][head_dim + 2]: unnormalised o, then m, then l (lesson 10's)
+  // The combine in the decode kernel (last_split_combine below): [B][n_heads] counters, zero between launches
+  // (DecodeWorkspace::split_arrivals). nullptr: the splits' partials are left to fast_combine_kernel.
+  int* arrivals = nullptr;
   // Lesson 16's FP8 KV pool: values read back as code * v_scale, applied once to the normalised output (1 for bf16:
   // the same bits); the launcher folds k_scale into scale_log2.
   float v_scale = 1.0f;
@@ -92,14 +99,16 @@ constexpr int rounds_per_stage() {
 }
 
 // Shared memory: the ring (Pipeline::Ring: [kWarps][kRingStages][U rounds][K, V][32 lanes] x 16 bytes), which the
-// final merge reuses for the 4 warps' outputs [kWarps][G][head_dim] and their m and l [kWarps][G]. At most 48 KiB
+// final merge reuses for the 4 warps' outputs [kWarps][G][head_dim] and their m and l [kWarps][G], and the last
+// block's combine after it for the splits' weights [2][G][kMaxSplits]. At most 48 KiB
 // (U 4; head_dim 256 with G 8: 33 KiB of merge), the most a block gets without opting in.
 template <int G>
 size_t smem_bytes(Pipeline pipeline, int head_dim) {
   const size_t merge = static_cast<size_t>(kWarps * G * (head_dim + 2)) * sizeof(float);
   const size_t ring_bytes = size_t{kWarps} * kRingStages * rounds_per_stage<G>() * 2 * 32 * 16;
   const size_t ring = pipeline == Pipeline::Ring ? ring_bytes : 0;
-  return std::max(merge, ring);
+  const size_t combine = static_cast<size_t>(2 * G * kMaxSplits) * sizeof(float);  // last_split_combine
+  return std::max({merge, ring, combine});
 }
 
 // One stage of a warp's pipeline: this lane's 16 bytes of U keys and of their U values.
@@ -107,6 +116,86 @@ template <int U>
 struct Stage {
   Pack<8> k[U], v[U];
 };
+
+// The combine without a kernel of its own ("the last block combines"): every split block of a (sequence, head
+// tile) has written its partials; it makes them visible to the whole GPU (__threadfence), then counts itself in
+// with one atomicAdd on the tile's counter. The block that counts last knows every partial is written: it
+// combines them, for its heads, and sets the counter back to zero for the next launch (a CUDA graph replays the
+// same counters). Which block is last changes from run to run; the arithmetic does not: every output adds the
+// splits in split order (s = 0, 1, ...), so the bits are the same on every run and in a graph. (They are not
+// fast_combine_kernel's bits, whose sums run in another order: the two agree within one bf16 rounding.)
+// One fewer kernel per decode step and layer: no launch, no drain-and-refill between two kernels, no second read
+// of q_row and cu_q. The price is one atomic per block and the fence.
+__device__ __forceinline__ void last_split_combine(const Params& p, int b, int q_row, int h0, int heads,
+                                                   float* smem) {
+  __threadfence();  // this thread's partials are visible device-wide before the block counts itself in
+  __syncthreads();  // ... every thread's, and the merge's shared memory is free again
+  int is_last = 0;
+  if (threadIdx.x == 0) {
+    int* counter = p.arrivals + static_cast<int64_t>(b) * p.n_heads + h0;
+    is_last = atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1;
+    if (is_last) *counter = 0;  // every split has counted: nobody else touches it in this launch
+  }
+  // A barrier that also tells every thread what thread 0 found (no __shared__ flag: the ring's 48 KiB of
+  // dynamic shared memory is already the most a block may have without opting in).
+  if (!__syncthreads_or(is_last)) return;
+  __threadfence();  // the other blocks' partials, fenced before their atomics, are read after ours
+  const int D = p.head_dim, S = static_cast<int>(gridDim.x);
+  // Phase 1: each (head, split)'s weight w_s = 2^(m_s - M) and weighted sum w_s l_s into shared memory (the
+  // merge's space, free now; smem_bytes makes room for [2][G][kMaxSplits]). Every m_s and l_s is loaded at
+  // once (one thread each), then each thread finds its head's max M among them in shared memory.
+  float* sW = smem;               // [heads][S]: m_s, then w_s
+  float* sWL = smem + heads * S;  // [heads][S]: l_s, then w_s * l_s
+  for (int i = threadIdx.x; i < heads * S; i += kThreads) {
+    const int g = i / S, s = i % S;
+    const float* part = p.partials + ((static_cast<int64_t>(b) * p.n_heads + h0 + g) * kMaxSplits + s) * (D + 2);
+    sW[i] = __ldcg(part + D);
+    sWL[i] = __ldcg(part + D + 1);
+  }
+  __syncthreads();
+  constexpr int kPerThread = (8 * kMaxSplits + kThreads - 1) / kThreads;  // heads * S <= 8 * kMaxSplits
+  float w[kPerThread], wl[kPerThread];
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const int i = threadIdx.x + r * kThreads;
+    if (i >= heads * S) break;
+    const int g = i / S;
+    float M = -INFINITY;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, sW[g * S + s]);
+    const float ms = sW[i];
+    w[r] = ms == -INFINITY ? 0.f : exp2f(ms - M);  // an empty split (m = -inf) weighs nothing
+    wl[r] = w[r] * sWL[i];
+  }
+  __syncthreads();  // every m_s and l_s read: overwrite them with the weights
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const int i = threadIdx.x + r * kThreads;
+    if (i >= heads * S) break;
+    sW[i] = w[r];
+    sWL[i] = wl[r];
+  }
+  __syncthreads();
+  // Phase 2: every output element adds its splits in split order, 8 loads in flight at a time.
+  for (int i = threadIdx.x; i < heads * D; i += kThreads) {
+    const int g = i / D, d = i % D, h = h0 + g;
+    const float* part = p.partials + (static_cast<int64_t>(b) * p.n_heads + h) * kMaxSplits * (D + 2) + d;
+    float o = 0.f, L = 0.f;
+    constexpr int kInFlight = 8;
+    for (int s0 = 0; s0 < S; s0 += kInFlight) {
+      float v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) v[u] = s0 + u < S ? __ldcg(part + (s0 + u) * (D + 2)) : 0.f;
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (s0 + u >= S) break;
+        o = fmaf(sW[g * S + s0 + u], v[u], o);
+        L += sWL[g * S + s0 + u];
+      }
+    }
+    p.out[static_cast<int64_t>(q_row) * p.out_stride + h * D + d] =
+        __float2bfloat16_rn(L > 0.f ? o / L * p.v_scale : 0.f);
+  }
+}
 
 // grid: (num_splits, n_kv_heads * ceil(group / G), B); kThreads threads. TPK: threads per key (head_dim / 8
 // rounded up to a power of two); G: query heads per block; U: rounds per stage; P: where the stages live.
@@ -341,6 +430,7 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
       }
     }
   }
+  if (!direct && p.arrivals) last_split_combine(p, b, q_row, h0, heads, fast_smem);
 }
 
 // The combine: one block of kCombineThreads per (sequence, head), grid (n_heads, B). It is pure latency (at
@@ -441,7 +531,8 @@ void launch_for_group(Pipeline pipeline, const Params& p, const KV& kv, int n_kv
   else launch_for<TPK, 1>(pipeline, p, kv, n_kv_heads, batch_size, num_splits, pdl, stream);
 }
 
-// The decode kernel for p.head_dim (a multiple of 8 up to 256), then (num_splits > 1) the combine, on `stream`.
+// The decode kernel for p.head_dim (a multiple of 8 up to 256), then (num_splits > 1, and no p.arrivals: the
+// combine is not in the decode kernel) the combine kernel, on `stream`.
 // pdl: both launched as programmatic dependents of the kernel before each (pdl.cuh; only where pdl_supported()).
 template <class KV>
 void launch(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, int batch_size, int num_splits,
@@ -451,7 +542,7 @@ void launch(Pipeline pipeline, const Params& p, const KV& kv, int n_kv_heads, in
   else if (p.head_dim <= 64) launch_for_group<8>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
   else if (p.head_dim <= 128) launch_for_group<16>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
   else launch_for_group<32>(pipeline, p, kv, n_kv_heads, B, S, pdl, stream);
-  if (num_splits > 1) {
+  if (num_splits > 1 && !p.arrivals) {
     const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(batch_size));
     launch_kernel(fast_combine_kernel, grid, kCombineThreads, stream, pdl, p, num_splits);
   }

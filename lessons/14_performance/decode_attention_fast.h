@@ -43,9 +43,18 @@ const char* fast_decode_pipeline_name(FastDecodePipeline pipeline);
 
 // Whether the decode kernel and its combine are launched as programmatic dependents of the kernel before each
 // (pdl.h, chapter section 7): they wait for it in-kernel, and trigger at once, so the o GEMV after them loads its
-// weights while they run. Off by default; use_fast_path turns it on with FastPathOptions::pdl_attention where
-// pdl_supported(). The same bits either way (only the launch changes). Process-wide.
+// weights while they run. Off by default; use_fast_path turns it on where FastPathOptions::pdl_attention asks
+// (off by default too: measured no faster, chapter section 11) and pdl_supported(). The same bits either way
+// (only the launch changes). Process-wide.
 void set_fast_decode_pdl(bool on);
+
+// Where a split decode step is combined: false (the default), by a second kernel (fast_combine_kernel); true, by
+// the last of each head's split blocks, in the decode kernel (decode_attention_fast.cuh: last_split_combine;
+// chapter section 8: measured no faster at context 128 and slower at 4,096, so not the default). The two add in
+// different orders: they agree within one bf16 rounding, and each gives the same bits on every run.
+// Process-wide; use_fast_path sets it (FastPathOptions::combine_in_decode).
+void set_fast_decode_combine_in_kernel(bool on);
+bool fast_decode_combine_in_kernel();
 
 // Splits for a decode step of `batch_size` sequences whose longest context is max_k_len (of which a sliding window
 // reads at most shape.window keys: those are what is split). One block per (sequence, kv head, <= 8 query heads,

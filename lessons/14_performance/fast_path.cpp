@@ -29,6 +29,7 @@ void install(ExecContext& ctx, const ModelWeights& w, int max_sequences, int max
   set_fused_rope(o.rope_in_gemv);
   set_kv_write_in_gemv(o.kv_write_in_gemv);
   set_fast_decode_pdl(o.pdl_attention && fast_path_uses_pdl(o, w.device));
+  set_fast_decode_combine_in_kernel(o.combine_in_decode);
   if (o.fused && fast_forward_supported(w))
     ctx.set_forward(fast_path_uses_pdl(o, w.device) ? fast_forward_pdl : fast_forward);
   // Batch-1 decode steps as one kernel (megakernel.h); it reads lesson 10's contiguous cache and lesson 12's pool.

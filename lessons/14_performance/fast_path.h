@@ -51,12 +51,17 @@ struct FastPathOptions {
   // epilogue (fast_forward.h, set_fused_rope). Process-wide settings: the last use_fast_path() sets them.
   bool stream_tiles = true;
   bool rope_in_gemv = true;
-  // The next two (chapter sections 5 and 7), on by default, the same bits either way. kv_write_in_gemv: with
-  // rope_in_gemv, a decode step's k and v are stored into the KV cache by the QKV GEMV (set_kv_write_in_gemv), and
-  // the backend attends without its write kernel. pdl_attention: with pdl, lesson 14's decode attention is launched
-  // as a programmatic dependent too (set_fast_decode_pdl), so no edge of a layer waits for a launch.
+  // kv_write_in_gemv (chapter section 5), on by default, the same bits: with rope_in_gemv, a decode step's k and
+  // v are stored into the KV cache by the QKV GEMV (set_kv_write_in_gemv), and the backend attends without its
+  // write kernel.
   bool kv_write_in_gemv = true;
-  bool pdl_attention = true;
+  // Two steps measured and not kept (chapter section 11's ledger), off by default, here to be measured again.
+  // pdl_attention (section 7): with pdl, lesson 14's decode attention is launched as a programmatic dependent too
+  // (set_fast_decode_pdl); the same bits. combine_in_decode (section 8): the last split block of each head
+  // combines the splits in the decode kernel instead of a second kernel (set_fast_decode_combine_in_kernel);
+  // within one bf16 rounding of the combine kernel, deterministic either way.
+  bool pdl_attention = false;
+  bool combine_in_decode = false;
 };
 
 // The switches of the fast path as one value (each on or off), for the progression and the tests. The megakernel
