@@ -33,7 +33,8 @@
 #   STAGES="build test tiny" bash tests/gpu_pass.sh
 #   (also, not in the default list: "student", `ctest -L student` with the GPU (quick: every lesson's stubs
 #   fail and solutions pass); "student-full", the three-phase check with --strict, lesson by lesson;
-#   "families", issue 18's model families, see above)
+#   "families", issue 18's model families, see above; "engine", bench throughput and bench serve with and
+#   without --async-scheduling: tests/engine_compare.sh)
 #   LESSONS="03 04" bash tests/gpu_pass.sh        # only these lesson executables in stages 3-7
 #   GPU_TEST_JOBS=1 bash tests/gpu_pass.sh         # stage 2 one test at a time (default 4, as it always was).
 #   With 4, the tests that size a KV pool from the free GPU memory hold the CTest resource lock gpu_memory (one
@@ -271,6 +272,14 @@ if has_stage bench; then
   done
 fi
 
+# Stage "engine" (not in the default list): the engine's product figures on the random 1B-shaped model, synchronous
+# vs async scheduling (lesson 14, section 3) in one call: tests/engine_compare.sh.
+if has_stage engine; then
+  engine_model=$RANDOM_MODEL
+  [ -f "$engine_model/config.json" ] || engine_model=$root/weights/tiny-llama3
+  run engine_compare 420 bash tests/engine_compare.sh "$engine_model" "$BUILD/bin/tiny-vllm"
+fi
+
 if has_stage baseline && [ -f weights/tools/torch_kernel_baseline.py ]; then
   run torch_baseline 300 python3 weights/tools/torch_kernel_baseline.py --tokens 16384
 fi
@@ -283,7 +292,7 @@ note "Whole pass: ${SECONDS} s of a ${BUDGET} s budget; ${skipped} step(s) skipp
   echo ""
   echo "## Lesson output (PASS/FAIL lines and benchmark tables)"
   for log in "$OUT"/tiny.*.log "$OUT"/f32.*.log "$OUT"/f16.*.log "$OUT"/hd*.*.log "$OUT"/1b.*.log \
-             "$OUT"/bench.*.log "$OUT"/torch_baseline.log "$OUT"/fam.*.lesson*.log; do
+             "$OUT"/bench.*.log "$OUT"/engine_compare.log "$OUT"/torch_baseline.log "$OUT"/fam.*.lesson*.log; do
     [ -f "$log" ] || continue
     echo ""
     echo "### $(basename "$log" .log)"

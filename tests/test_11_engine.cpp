@@ -137,28 +137,39 @@ TEST(Engine11, BatchInvariantModeEqualsAlone) {
 }
 
 TEST(Engine11, TokensStreamInOrderThenOneFinishedWithUsage) {
-  Engine engine(bundled().w, config(256, 4));
-  EventQueue queue;
-  const int64_t id = engine.submit({1, 2, 3, 4, 5}, greedy(6), queue.sink());
-  engine.run_until_idle();
-  std::vector<int32_t> tokens;
-  std::optional<EngineEvent> e;
-  while ((e = queue.try_pop())) {
-    EXPECT_EQ(e->request_id, id);
-    if (e->kind == EngineEvent::Kind::Token) {
-      tokens.push_back(e->token);
-      continue;
+  std::vector<int32_t> synchronous;
+  for (const bool async : {false, true}) {  // lesson 14's async scheduling: the same stream, one step later
+    SCOPED_TRACE(async ? "async scheduling" : "synchronous");
+    EngineConfig c = config(256, 4);
+    c.async_scheduling = async;
+    Engine engine(bundled().w, c);
+    EventQueue queue;
+    const int64_t id = engine.submit({1, 2, 3, 4, 5}, greedy(6), queue.sink());
+    engine.run_until_idle();
+    std::vector<int32_t> tokens;
+    std::optional<EngineEvent> e;
+    while ((e = queue.try_pop())) {
+      EXPECT_EQ(e->request_id, id);
+      if (e->kind == EngineEvent::Kind::Token) {
+        tokens.push_back(e->token);
+        continue;
+      }
+      EXPECT_EQ(e->reason, FinishReason::Length);
+      EXPECT_EQ(e->usage.prompt_tokens, 5);
+      EXPECT_EQ(e->usage.completion_tokens, 6);
+      EXPECT_EQ(e->usage.cached_tokens, 0);
+      EXPECT_TRUE(e->error.empty());
+      EXPECT_EQ(queue.size(), 0u) << "nothing after Finished";
     }
-    EXPECT_EQ(e->reason, FinishReason::Length);
-    EXPECT_EQ(e->usage.prompt_tokens, 5);
-    EXPECT_EQ(e->usage.completion_tokens, 6);
-    EXPECT_EQ(e->usage.cached_tokens, 0);
-    EXPECT_TRUE(e->error.empty());
-    EXPECT_EQ(queue.size(), 0u) << "nothing after Finished";
+    EXPECT_EQ(tokens.size(), 6u);
+    EXPECT_EQ(engine.stats().generated_tokens, 6);
+    expect_all_free(engine);
+    if (async) {
+      EXPECT_EQ(tokens, synchronous);
+    } else {
+      synchronous = tokens;
+    }
   }
-  EXPECT_EQ(tokens.size(), 6u);
-  EXPECT_EQ(engine.stats().generated_tokens, 6);
-  expect_all_free(engine);
 }
 
 TEST(Engine11, AbortFreesTheSlotAtOnce) {
@@ -320,18 +331,158 @@ TEST(Engine11, AStuckEngineFailsFastInsteadOfSpinning) {
 }
 
 TEST(Engine11, ASinkThatThrowsAbortsItsRequest) {
-  Engine engine(bundled().w, config(256, 4));
-  int calls = 0;
-  EventQueue other;
-  engine.submit({1, 2, 3}, greedy(20), [&](const EngineEvent& e) {
-    ++calls;
-    if (e.kind == EngineEvent::Kind::Token && calls == 3) throw std::runtime_error("client went away");
-  });
-  engine.submit({4, 5, 6}, greedy(10), other.sink());
+  for (const bool async : {false, true}) {  // and with lesson 14's async scheduling: ids delivered a step later
+    SCOPED_TRACE(async ? "async scheduling" : "synchronous");
+    EngineConfig c = config(256, 4);
+    c.async_scheduling = async;
+    Engine engine(bundled().w, c);
+    int calls = 0;
+    EventQueue other;
+    engine.submit({1, 2, 3}, greedy(20), [&](const EngineEvent& e) {
+      ++calls;
+      if (e.kind == EngineEvent::Kind::Token && calls == 3) throw std::runtime_error("client went away");
+    });
+    engine.submit({4, 5, 6}, greedy(10), other.sink());
+    engine.run_until_idle();
+    EXPECT_EQ(calls, 4);  // three tokens, then its Finished(Abort)
+    EXPECT_EQ(engine.stats().aborted, 1);
+    EXPECT_EQ(engine.stats().finished_length, 1);
+    expect_all_free(engine);
+  }
+}
+
+// ---- async scheduling (lesson 14): the next step launched before the last one's ids are back ----------------
+
+EngineConfig async_config(int64_t budget, int64_t max_sequences) {
+  EngineConfig c = config(budget, max_sequences);
+  c.async_scheduling = true;
+  return c;
+}
+
+TEST(EngineAsync11, ConcurrentEqualsAlone) {
+  // The same ids as alone, with slots refilled, under a small budget (chunks), and with requests that stop at a
+  // stop id the host learns one step late (their extra decode is dropped).
+  const auto requests = mixed_requests();
+  for (const auto& [budget, slots] : {std::pair<int64_t, int64_t>{512, 24}, {16, 8}}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    Engine engine(bundled().w, async_config(budget, slots), contiguous_kv(slots));
+    const EngineRunResult run = run_requests(engine, requests);
+    EXPECT_TRUE(run.events_ok) << run.events_error;
+    const AloneCheck check = check_alone(requests, run);
+    EXPECT_TRUE(check.pass()) << check.summary();
+    EXPECT_EQ(check.exact, 64);
+    const EngineStats s = engine.stats();
+    EXPECT_EQ(s.finished_stop + s.finished_length, 64);
+    EXPECT_GT(s.finished_stop, 0) << "the stop-id path must run";
+    int64_t delivered = 0;
+    for (const auto& ids : run.ids) delivered += static_cast<int64_t>(ids.size());
+    EXPECT_EQ(s.generated_tokens, delivered);
+    expect_all_free(engine);
+  }
+}
+
+TEST(EngineAsync11, AStepsIdsArriveWithTheNextStep) {
+  Engine engine(bundled().w, async_config(256, 4));
+  EventQueue queue;
+  engine.submit({1, 2, 3, 4, 5}, greedy(6), queue.sink());
+  engine.step();  // the prefill is launched; its id is not read yet
+  EXPECT_TRUE(engine.has_step_in_flight());
+  EXPECT_EQ(queue.size(), 0u);
+  EXPECT_TRUE(engine.has_work());
+  engine.step();  // the first decode is launched, then the prefill's id delivered
+  EXPECT_EQ(queue.size(), 1u);
   engine.run_until_idle();
-  EXPECT_EQ(calls, 4);  // three tokens, then its Finished(Abort)
-  EXPECT_EQ(engine.stats().aborted, 1);
-  EXPECT_EQ(engine.stats().finished_length, 1);
+  EXPECT_FALSE(engine.has_step_in_flight());
+  EXPECT_EQ(queue.size(), 7u);         // six tokens, one Finished (Engine11.TokensStreamInOrderThenOneFinishedWithUsage)
+  EXPECT_EQ(engine.stats().steps, 6);  // the prefill and five decodes: the last id is not fed again
+  expect_all_free(engine);
+}
+
+TEST(EngineAsync11, SeededSamplingGivesTheSameIds) {
+  // Each row's random stream is keyed by the request's seed and its step (the ids it has so far, a pending one
+  // included), so async scheduling draws exactly what the synchronous engine draws.
+  const auto run = [](bool async) {
+    EngineConfig c = config(64, 8);
+    c.async_scheduling = async;
+    Engine engine(bundled().w, c);
+    std::vector<EventQueue> queues(8);
+    for (int i = 0; i < 8; ++i) {
+      RequestParams p = greedy(12 + i);
+      p.sampling = SamplingParams{0.9f, 20, 0.95f, static_cast<uint64_t>(100 + i)};
+      engine.submit({3, static_cast<int32_t>(10 + i), 7}, p, queues[static_cast<size_t>(i)].sink());
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> out(8);
+    for (size_t i = 0; i < 8; ++i) {
+      std::optional<EngineEvent> e;
+      while ((e = queues[i].try_pop()))
+        if (e->kind == EngineEvent::Kind::Token) out[i].push_back(e->token);
+    }
+    return out;
+  };
+  const auto sync = run(false), async = run(true);
+  EXPECT_EQ(async, sync);
+  EXPECT_EQ(sync[0].size(), 12u);
+}
+
+TEST(EngineAsync11, AbortWithAStepInFlightFreesAtOnceAndCountsOnlyDeliveredIds) {
+  Engine engine(bundled().w, async_config(256, 2), contiguous_kv(2));
+  EventQueue a, b;
+  const int64_t ia = engine.submit({1, 2, 3}, greedy(50), a.sink());
+  engine.submit({4, 5, 6}, greedy(50), b.sink());
+  for (int i = 0; i < 3; ++i) engine.step();
+  ASSERT_TRUE(engine.has_step_in_flight());
+  engine.abort(ia);
+  engine.process_inbox();
+  EXPECT_EQ(engine.kv().usage().free_blocks, 1);  // at once, with its last step still in flight
+  int tokens_a = 0;
+  std::optional<EngineEvent> e;
+  RequestUsage usage;
+  while ((e = a.try_pop())) {
+    if (e->kind == EngineEvent::Kind::Token) {
+      ++tokens_a;
+    } else {
+      EXPECT_EQ(e->reason, FinishReason::Abort);
+      usage = e->usage;
+    }
+  }
+  EXPECT_EQ(tokens_a, 2);                   // three steps launched, two read back
+  EXPECT_EQ(usage.completion_tokens, 2);    // the id in flight is not counted
+  engine.run_until_idle();
+  int tokens_b = 0;
+  while ((e = b.try_pop())) tokens_b += e->kind == EngineEvent::Kind::Token;
+  EXPECT_EQ(tokens_b, 50);
+  expect_all_free(engine);
+}
+
+TEST(EngineAsync11, AnErrorInAStepFailsItsRequestsAndTheEngineGoesOn) {
+  std::atomic<bool> armed{false};
+  const KvFactory inner = contiguous_kv(4);
+  Engine engine(bundled().w, async_config(256, 4), [&](const ModelWeights& w, const EngineLimits& l) {
+    return std::make_unique<FailingKv>(inner(w, l), armed);
+  });
+  EventQueue q;
+  for (int i = 0; i < 3; ++i) engine.submit({1, 2, static_cast<int32_t>(3 + i)}, greedy(20), q.sink());
+  engine.step();  // the prefill, in flight
+  armed = true;
+  engine.step();  // the first decode fails in prepare: its three requests fail; the prefill's ids are dropped
+  armed = false;
+  EXPECT_EQ(engine.stats().failed, 3);
+  EXPECT_FALSE(engine.has_step_in_flight());
+  int finished = 0;
+  std::optional<EngineEvent> e;
+  while ((e = q.try_pop())) {
+    ASSERT_EQ(e->kind, EngineEvent::Kind::Finished) << "no id of a failed request is delivered after its Finished";
+    ++finished;
+    EXPECT_EQ(e->reason, FinishReason::Error);
+    EXPECT_NE(e->error.find("injected failure"), std::string::npos) << e->error;
+    EXPECT_EQ(e->usage.completion_tokens, 0);
+  }
+  EXPECT_EQ(finished, 3);
+  expect_all_free(engine);
+  const auto requests = mixed_requests(4, 13);
+  const EngineRunResult run = run_requests(engine, requests);
+  EXPECT_TRUE(check_alone(requests, run).pass());
   expect_all_free(engine);
 }
 

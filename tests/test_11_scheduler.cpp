@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -101,22 +102,46 @@ struct Driver {
   Scheduler& scheduler;
   FakeModel& model;
   int64_t steps = 0, chunks = 0, preempted = 0, max_tokens = 0;
+  int64_t pending = 0;  // async: tokens filled in from the step before
   std::function<void(int64_t step)> before_step;  // e.g. submit or abort
+  // Async scheduling (lesson 14), in the engine's order: advance(N); [before_step]; schedule N + 1 and run it;
+  // resolve(N). Every check below holds the same way.
+  bool async = false;
 
   void run(int64_t max_steps = 100000) {
+    std::optional<ScheduledBatch> in_flight;
+    std::vector<int32_t> in_flight_ids;
     for (;;) {
+      if (async && in_flight) scheduler.advance(*in_flight);
       if (before_step) before_step(steps);
-      if (!scheduler.has_work()) break;
+      if (!scheduler.has_work() && !in_flight) break;
       ASSERT_LT(steps, max_steps) << "the scheduler does not finish";
       std::set<int64_t> ready;
       for (const Sequence* s : scheduler.running())
         if (s->num_uncomputed() == 1) ready.insert(s->id);
-      const ScheduledBatch batch = scheduler.schedule();
-      ASSERT_FALSE(batch.empty()) << "work left but nothing scheduled at step " << steps;
-      check(batch, ready);
-      if (::testing::Test::HasFatalFailure()) return;
-      scheduler.postprocess(batch, model.step(batch, scheduler.allocator()));
-      ++steps;
+      ScheduledBatch batch = scheduler.schedule();
+      ASSERT_TRUE(!batch.empty() || in_flight) << "work left but nothing scheduled at step " << steps;
+      std::vector<int32_t> ids;
+      if (!batch.empty()) {
+        check(batch, ready);
+        if (::testing::Test::HasFatalFailure()) return;
+        pending += static_cast<int64_t>(batch.pending_tokens.size());
+        if (!async) {
+          ASSERT_TRUE(batch.pending_tokens.empty());
+          scheduler.postprocess(batch, model.step(batch, scheduler.allocator()));
+          ++steps;
+          continue;
+        }
+        batch.fill_pending(in_flight_ids);
+        ids = model.step(batch, scheduler.allocator());
+        ++steps;
+      }
+      if (in_flight) scheduler.resolve(*in_flight, in_flight_ids);
+      in_flight.reset();
+      if (!batch.empty()) {
+        in_flight = std::move(batch);
+        in_flight_ids = std::move(ids);
+      }
     }
   }
 
@@ -523,31 +548,37 @@ TEST(SchedulerSim11, SmallPoolPreemptsAndOutputsStayEqual) {
 }
 
 TEST(SchedulerSim11, StaggeredArrivalsAndAbortsMidRun) {
-  TokenPool pool(800, 256);
-  Scheduler s(config_for(48, 12, 256), pool);
-  FakeModel model(pool.num_kv_slots(), kVocab);
-  Workload w{make_workload(64, 1, 120, 1, 100, kVocab, 3), {}};
-  std::set<int64_t> aborted;
-  Driver d{s, model};
-  size_t next = 0;
-  d.before_step = [&](int64_t step) {
-    for (int k = 0; k < 3 && next < w.requests.size(); ++k, ++next)  // three new requests per step
-      w.ids.push_back(s.add(w.requests[next].prompt, w.requests[next].params));
-    if (step % 9 == 5 && !s.running().empty()) {  // abort the oldest running request now and then
-      Sequence* victim = s.running().front();
-      const int64_t before = pool.free_tokens();
-      const auto held = static_cast<int64_t>(victim->kv_blocks.size());
-      ASSERT_TRUE(s.abort(victim->id));
-      EXPECT_EQ(pool.free_tokens(), before + held) << "abort must free at once";
-      aborted.insert(victim->id);
-    }
-  };
-  d.run();
-  ASSERT_FALSE(HasFatalFailure());
-  ASSERT_EQ(next, w.requests.size());
-  EXPECT_GT(aborted.size(), 2u);
-  expect_outputs_equal_alone(s, w, 256, aborted);
-  EXPECT_EQ(pool.free_tokens(), 800);
+  for (const bool async : {false, true}) {  // async (lesson 14): the aborts land while a step is in flight
+    SCOPED_TRACE(async ? "async scheduling" : "synchronous");
+    TokenPool pool(800, 256);
+    Scheduler s(config_for(48, 12, 256), pool);
+    FakeModel model(pool.num_kv_slots(), kVocab);
+    Workload w{make_workload(64, 1, 120, 1, 100, kVocab, 3), {}};
+    std::set<int64_t> aborted;
+    Driver d{s, model};
+    d.async = async;
+    size_t next = 0;
+    d.before_step = [&](int64_t step) {
+      for (int k = 0; k < 3 && next < w.requests.size(); ++k, ++next)  // three new requests per step
+        w.ids.push_back(s.add(w.requests[next].prompt, w.requests[next].params));
+      if (step % 9 == 5 && !s.running().empty()) {  // abort the oldest running request now and then
+        Sequence* victim = s.running().front();
+        const int64_t before = pool.free_tokens();
+        const auto held = static_cast<int64_t>(victim->kv_blocks.size());
+        ASSERT_TRUE(s.abort(victim->id));
+        EXPECT_EQ(pool.free_tokens(), before + held) << "abort must free at once";
+        aborted.insert(victim->id);
+      }
+    };
+    d.run();
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(next, w.requests.size());
+    EXPECT_GT(aborted.size(), 2u);
+    expect_outputs_equal_alone(s, w, 256, aborted);
+    for (const int64_t id : aborted)
+      for (const int32_t t : s.find(id)->output) EXPECT_NE(t, kPendingToken) << "sequence " << id;
+    EXPECT_EQ(pool.free_tokens(), 800);
+  }
 }
 
 TEST(SchedulerSim11, WithoutChunkedPrefillOutputsStayEqual) {
@@ -587,6 +618,176 @@ TEST(SchedulerSim11, RunUntilIdleAndTheFakeModelCatchAWrongCache) {
   b.k_lens = {4};
   b.logits_rows = {0};
   EXPECT_THROW(model.step(b, slots), std::logic_error);
+}
+
+
+// ---- async scheduling (lesson 14): advance the step in flight, schedule the next, then resolve ---------------
+
+TEST(AsyncScheduling11, TheNextDecodeIsScheduledBeforeItsTokenIsKnown) {
+  SlotAllocator slots(2, 32);
+  Scheduler s(config_for(64, 2, 32), slots);
+  const int64_t a = s.add({1, 2, 3}, greedy(5));
+  const int64_t b = s.add({4, 5}, greedy(5));
+  const ScheduledBatch prefill = s.schedule();
+  s.advance(prefill);  // the GPU runs the prefill; its ids are not back
+  const Sequence* as = s.find(a);
+  EXPECT_EQ(as->num_computed, 3);
+  EXPECT_EQ(as->output, (std::vector<int32_t>{kPendingToken}));
+  EXPECT_EQ(as->pending_row, 0);
+  EXPECT_EQ(s.find(b)->pending_row, 1);
+  ScheduledBatch decode = s.schedule();  // both decode the ids they do not know yet
+  ASSERT_EQ(decode.num_sequences(), 2);
+  EXPECT_EQ(decode.num_decodes(), 2);
+  EXPECT_EQ(decode.token_ids, (std::vector<int32_t>{kPendingToken, kPendingToken}));
+  EXPECT_EQ(decode.positions, (std::vector<int32_t>{3, 2}));
+  ASSERT_EQ(decode.pending_tokens.size(), 2u);
+  EXPECT_EQ(decode.pending_tokens[0].token_row, 0);
+  EXPECT_EQ(decode.pending_tokens[0].source_row, 0);
+  EXPECT_EQ(decode.pending_tokens[1].token_row, 1);
+  EXPECT_EQ(decode.pending_tokens[1].source_row, 1);
+  // The prefill's ids arrive: written over the placeholders, one event each.
+  const std::vector<TokenEvent> ev = s.resolve(prefill, {7, 8});
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].id, a);
+  EXPECT_EQ(ev[0].token, 7);
+  EXPECT_FALSE(ev[0].finished);
+  EXPECT_EQ(ev[1].token, 8);
+  EXPECT_EQ(as->output, (std::vector<int32_t>{7}));
+  EXPECT_EQ(as->pending_row, -1);
+  decode.fill_pending({7, 8});  // what the engine does on the device
+  EXPECT_EQ(decode.token_ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_THROW(decode.fill_pending({7}), std::logic_error);  // a row the step before did not have
+}
+
+TEST(AsyncScheduling11, ALastIdStillInFlightIsNotScheduledAgain) {
+  SlotAllocator slots(2, 32);
+  Scheduler s(config_for(64, 2, 32), slots);
+  const int64_t a = s.add({1, 2, 3}, greedy(2));  // two ids: the second is certainly the last
+  const ScheduledBatch prefill = s.schedule();
+  s.advance(prefill);
+  const ScheduledBatch decode = s.schedule();
+  ASSERT_EQ(decode.num_sequences(), 1);
+  EXPECT_THROW(s.advance(decode), std::logic_error) << "the prefill's id is not resolved yet";
+  s.resolve(prefill, {9});
+  s.advance(decode);
+  // No placeholder for the last id: nothing would feed it, so nothing is left to schedule.
+  EXPECT_EQ(s.find(a)->output, (std::vector<int32_t>{9}));
+  EXPECT_EQ(s.find(a)->pending_row, 0);
+  EXPECT_EQ(s.find(a)->num_uncomputed(), 0);
+  EXPECT_TRUE(s.schedule().empty());
+  EXPECT_TRUE(s.has_work());  // it waits for its last id
+  const std::vector<TokenEvent> ev = s.resolve(decode, {4});
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_TRUE(ev[0].finished);
+  EXPECT_EQ(ev[0].reason, FinishReason::Length);
+  EXPECT_EQ(s.find(a)->output, (std::vector<int32_t>{9, 4}));
+  EXPECT_EQ(slots.free_slots(), 2);
+  EXPECT_FALSE(s.has_work());
+}
+
+TEST(AsyncScheduling11, AnEosSeenOneStepLateDropsTheExtraRow) {
+  SlotAllocator slots(2, 32);
+  Scheduler s(config_for(64, 2, 32), slots);  // EOS id 0
+  const int64_t a = s.add({1, 2, 3}, greedy(5, /*ignore_eos=*/false));
+  const ScheduledBatch prefill = s.schedule();
+  s.advance(prefill);
+  const ScheduledBatch decode = s.schedule();  // runs on the GPU while the host learns the prefill's id is EOS
+  ASSERT_EQ(decode.num_sequences(), 1);
+  const std::vector<TokenEvent> ev = s.resolve(prefill, {0});
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].reason, FinishReason::Stop);
+  EXPECT_EQ(slots.free_slots(), 2);  // freed at once; the step in flight writes only its own old slot
+  s.advance(decode);                 // nothing: finished
+  EXPECT_TRUE(s.resolve(decode, {6}).empty());
+  EXPECT_EQ(s.find(a)->output, (std::vector<int32_t>{0}));
+  EXPECT_EQ(s.find(a)->num_computed, 3);
+}
+
+TEST(AsyncScheduling11, AbortAndPreemptionWithAnIdInFlight) {
+  TokenPool pool(9, 64);
+  Scheduler s(config_for(64, 4, 64), pool);
+  const int64_t a = s.add({1, 2, 3, 4}, greedy(5));
+  const int64_t b = s.add({5, 6, 7, 8}, greedy(5));
+  const int64_t c = s.add({9, 9}, greedy(5));
+  const ScheduledBatch prefill = s.schedule();  // a and b: 8 of 9 tokens; c does not fit
+  ASSERT_EQ(prefill.num_sequences(), 2);
+  s.advance(prefill);
+  const ScheduledBatch decode = s.schedule();  // a takes the last token; b, the newest, preempts itself
+  EXPECT_EQ(decode.preempted, (std::vector<int64_t>{b}));
+  const Sequence* bs = s.find(b);
+  EXPECT_EQ(bs->state, SequenceState::Preempted);
+  EXPECT_EQ(bs->output, (std::vector<int32_t>{kPendingToken}));  // its id is still to come
+  EXPECT_TRUE(s.abort(a));  // with two steps in flight
+  EXPECT_TRUE(s.find(a)->output.empty()) << "the placeholder is not an id";
+  EXPECT_EQ(pool.free_tokens(), 9);
+  const std::vector<TokenEvent> ev = s.resolve(prefill, {3, 4});
+  ASSERT_EQ(ev.size(), 1u);  // a's id is dropped; b keeps its id for the rerun
+  EXPECT_EQ(ev[0].id, b);
+  EXPECT_EQ(bs->output, (std::vector<int32_t>{4}));
+  EXPECT_EQ(bs->num_computed, 0);
+  s.advance(decode);
+  EXPECT_TRUE(s.resolve(decode, {5}).empty());
+  // b is re-admitted (prompt and its id recomputed), then c.
+  const ScheduledBatch rerun = s.schedule();
+  ASSERT_GE(rerun.num_sequences(), 1);
+  EXPECT_EQ(rerun.seqs[0].seq->id, b);
+  EXPECT_EQ(rerun.seqs[0].q_len, 5);
+  EXPECT_TRUE(rerun.pending_tokens.empty());
+  (void)c;
+}
+
+// One workload through a scheduler over `alloc`, with the async Driver; every request must equal alone.
+template <class Allocator>
+Driver run_async(Allocator& alloc, const SchedulerConfig& c, Workload& w, FakeModel& model) {
+  Scheduler s(c, alloc);
+  for (const SimRequest& r : w.requests) w.ids.push_back(s.add(r.prompt, r.params));
+  Driver d{s, model};
+  d.async = true;
+  d.run();
+  expect_outputs_equal_alone(s, w, c.max_context);
+  return d;
+}
+
+TEST(AsyncScheduling11, EveryWorkloadEqualsAlone) {
+  // The simulation's workloads with async scheduling: the same ids as alone, every step checked as before.
+  {
+    SCOPED_TRACE("slots, chunked prefill");
+    SlotAllocator slots(8, 512);
+    FakeModel model(slots.num_kv_slots(), kVocab);
+    Workload w{make_workload(64, 1, 300, 1, 80, kVocab, 7), {}};
+    const Driver d = run_async(slots, config_for(64, 8, 512), w, model);
+    EXPECT_GT(d.pending, 1000) << "decodes should feed ids that were still in flight";
+    EXPECT_EQ(slots.free_slots(), 8);
+  }
+  {
+    SCOPED_TRACE("a small pool: preemption");
+    TokenPool pool(600, 512);
+    FakeModel model(pool.num_kv_slots(), kVocab);
+    Workload w{make_workload(64, 1, 200, 1, 150, kVocab, 11), {}};
+    EXPECT_GT(run_async(pool, config_for(96, 16, 512), w, model).preempted, 0) << "the pool was meant to run out";
+    EXPECT_EQ(pool.free_tokens(), 600);
+  }
+  {
+    SCOPED_TRACE("without chunked prefill");
+    SlotAllocator slots(6, 128);
+    SchedulerConfig c = config_for(160, 6, 128);
+    c.chunked_prefill = false;
+    FakeModel model(slots.num_kv_slots(), kVocab);
+    Workload w{make_workload(40, 1, 100, 1, 60, kVocab, 5), {}};
+    EXPECT_EQ(run_async(slots, c, w, model).chunks, 0);
+    EXPECT_EQ(slots.free_slots(), 6);
+  }
+  {
+    SCOPED_TRACE("run_until_idle_async");
+    SlotAllocator slots(8, 256);
+    Scheduler s(config_for(64, 8, 256), slots);
+    FakeModel model(slots.num_kv_slots(), kVocab);
+    Workload w{make_workload(32, 1, 100, 1, 60, kVocab, 9), {}};
+    for (const SimRequest& r : w.requests) w.ids.push_back(s.add(r.prompt, r.params));
+    EXPECT_GT(run_until_idle_async(s, model), 0);
+    expect_outputs_equal_alone(s, w, 256);
+    EXPECT_EQ(slots.free_slots(), 8);
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -462,18 +463,28 @@ SchedulerConfig sched(int64_t budget, int64_t max_sequences, int64_t max_context
 }
 
 // Runs to the end; every step checks the budget, that decodes are never stalled, and that no new token is
-// written into a block that is shared or published. Returns the preemptions seen.
-int64_t drive(Scheduler& s, BlockManager& bm, FakeModel& model, const std::function<void(int64_t)>& before = {}) {
+// written into a block that is shared or published. Returns the preemptions seen. async: lesson 14's async
+// scheduling (advance the step in flight, schedule and run the next, then resolve the one in flight).
+int64_t drive(Scheduler& s, BlockManager& bm, FakeModel& model, const std::function<void(int64_t)>& before = {},
+              bool async = false) {
   int64_t steps = 0, preempted = 0;
+  std::optional<ScheduledBatch> in_flight;
+  std::vector<int32_t> in_flight_ids;
   for (;;) {
+    if (in_flight) s.advance(*in_flight);
     if (before) before(steps);
-    if (!s.has_work()) break;
+    if (!s.has_work() && !in_flight) break;
     EXPECT_LT(steps, 100000);
     if (steps >= 100000) break;
     std::set<int64_t> ready;
     for (const Sequence* q : s.running())
       if (q->num_uncomputed() == 1) ready.insert(q->id);
-    const ScheduledBatch batch = s.schedule();
+    ScheduledBatch batch = s.schedule();
+    if (batch.empty() && in_flight) {  // only the step in flight is left: its ids
+      s.resolve(*in_flight, in_flight_ids);
+      in_flight.reset();
+      continue;
+    }
     EXPECT_FALSE(batch.empty());
     if (batch.empty()) break;
     EXPECT_LE(batch.num_tokens(), s.config().max_tokens_per_step);
@@ -486,8 +497,16 @@ int64_t drive(Scheduler& s, BlockManager& bm, FakeModel& model, const std::funct
       EXPECT_FALSE(bm.is_published(block)) << "a KV write into a published block";
     }
     preempted += static_cast<int64_t>(batch.preempted.size());
-    s.postprocess(batch, model.step(batch, bm));
     ++steps;
+    if (!async) {
+      s.postprocess(batch, model.step(batch, bm));
+      continue;
+    }
+    batch.fill_pending(in_flight_ids);
+    std::vector<int32_t> ids = model.step(batch, bm);
+    if (in_flight) s.resolve(*in_flight, in_flight_ids);
+    in_flight = std::move(batch);
+    in_flight_ids = std::move(ids);
   }
   return preempted;
 }
@@ -523,9 +542,11 @@ TEST(PagedSim12, SixtyFourRequestsEqualAloneWithAndWithoutPrefixCaching) {
 }
 
 TEST(PagedSim12, SmallPoolPreemptsAndOutputsStayEqual) {
+  // Also with lesson 14's async scheduling: blocks published by advance() before the step's ids are back,
+  // preemptions of sequences whose id is in flight, prefix hits on blocks the step in flight fills.
   const std::vector<SimRequest> requests = make_workload(64, 1, 200, 1, 150, kVocab, 22);
-  for (const bool caching : {false, true}) {
-    SCOPED_TRACE(caching ? "prefix caching on" : "prefix caching off");
+  for (const auto& [caching, async] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    SCOPED_TRACE(std::string(caching ? "prefix caching on" : "prefix caching off") + (async ? ", async" : ""));
     BlockManagerConfig c = pool(30, 16, caching);
     c.max_context = 384;
     BlockManager bm(c);
@@ -533,7 +554,7 @@ TEST(PagedSim12, SmallPoolPreemptsAndOutputsStayEqual) {
     FakeModel model(bm.num_kv_slots(), kVocab);
     std::vector<int64_t> ids;
     for (const SimRequest& r : requests) ids.push_back(s.add(r.prompt, r.params));
-    const int64_t preempted = drive(s, bm, model);
+    const int64_t preempted = drive(s, bm, model, {}, async);
     EXPECT_GT(preempted, 0) << "the pool was meant to run out";
     EXPECT_EQ(s.stats().preemptions, preempted);
     expect_equal_alone(s, requests, ids, 384);

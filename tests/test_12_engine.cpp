@@ -156,6 +156,22 @@ TEST(Engine12, BatchInvariantModeWithPreemptionEqualsAlone) {
   EXPECT_GT(o.stats.preemptions, 0);
 }
 
+TEST(Engine12, AsyncSchedulingWithPrefixCachingAndPreemptionEqualsAlone) {
+  // Lesson 14's async scheduling over the paged pool: blocks published before the step's ids are back, preempted
+  // sequences whose id is in flight, prefix hits. The same ids as alone, every block back in the pool.
+  for (const bool caching : {false, true}) {
+    EngineConfig c = config(256, 16);
+    c.async_scheduling = true;
+    const Outcome o = run_and_check(mixed(), c, paged(20, caching, 8), mixed_alone());
+    EXPECT_GT(o.stats.preemptions, 0) << "caching " << caching;
+    EXPECT_EQ(o.check.exact, 64);
+  }
+  EngineConfig c = config(512, 16);
+  c.async_scheduling = true;
+  const Outcome shared_prefix = run_and_check(shared(), c, paged(16 * 8, true), shared_alone());
+  EXPECT_GT(shared_prefix.stats.kv.prefix_hit_tokens, 0);
+}
+
 TEST(Engine12, AbortReturnsTheBlocksAtOnce) {
   Engine engine(bundled().w, config(256, 4), paged(40, false));
   EventQueue a, b;

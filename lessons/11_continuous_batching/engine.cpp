@@ -123,7 +123,7 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
       step_(weights.config, limits_, weights.device),
       // The activation buffers first, the KV side last: a pool sized from the free memory sees them allocated.
       ids_device_(Tensor::empty({limits_.max_logits_rows}, DType::I32, weights.device)),
-      ids_host_(static_cast<size_t>(limits_.max_logits_rows) * sizeof(int32_t),
+      ids_host_(static_cast<size_t>(2 * limits_.max_logits_rows) * sizeof(int32_t),
                 weights.device == Device::CUDA ? HostBuffer::Kind::Pinned : HostBuffer::Kind::Pageable),
       rows_host_(static_cast<size_t>(limits_.max_logits_rows), make_sampling_row(SamplingParams{}, 0)),
       kv_(make_kv(weights, limits_)),
@@ -133,6 +133,13 @@ Engine::Engine(const ModelWeights& weights, const EngineConfig& config, const Kv
     rows_device_ = DeviceBuffer(rows_host_.size() * sizeof(SamplingRow));
     rows_staging_ = HostBuffer(rows_host_.size() * sizeof(SamplingRow), HostBuffer::Kind::Pinned);
     TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&rows_copied_, cudaEventDisableTiming));
+    if (config.async_scheduling) {  // lesson 14: the ids' copies and the pending-token pairs
+      for (cudaEvent_t& e : ids_copied_) TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      const size_t pairs = static_cast<size_t>(limits_.max_sequences) * sizeof(PendingToken);
+      pending_device_ = DeviceBuffer(pairs);
+      pending_staging_ = HostBuffer(pairs, HostBuffer::Kind::Pinned);
+      TVLLM_CUDA_CHECK(cudaEventCreateWithFlags(&pending_copied_, cudaEventDisableTiming));
+    }
   }
   if (config.batch_invariant) {
     ctx_.set_matmul_kernel(kBatchInvariantMatmulKernel);  // lesson 06: v8 (v7 where unpinned)
@@ -149,6 +156,9 @@ void Engine::set_sampler(std::unique_ptr<TokenSampler> sampler) {
 Engine::~Engine() {
   if (weights_.device == Device::CUDA) cudaStreamSynchronize(ctx_.stream());  // nothing in flight reads our buffers
   if (rows_copied_) cudaEventDestroy(rows_copied_);
+  for (cudaEvent_t e : ids_copied_)
+    if (e) cudaEventDestroy(e);
+  if (pending_copied_) cudaEventDestroy(pending_copied_);
 }
 
 // ---- any thread -------------------------------------------------------------------------------------------
@@ -248,6 +258,23 @@ void Engine::finish_request(int64_t request_id, const std::string& error) {
   deliver(request, e);  // the last event: a throwing sink changes nothing now
 }
 
+void Engine::deliver_tokens(const std::vector<TokenEvent>& events) {
+  for (const TokenEvent& t : events) {
+    const int64_t request_id = by_seq_.at(t.id);  // the sequence's request
+    EngineEvent e;
+    e.kind = EngineEvent::Kind::Token;
+    e.request_id = request_id;
+    e.token = t.token;
+    ++generated_;
+    if (!deliver(requests_.at(request_id), e)) {
+      scheduler_.abort(t.id, FinishReason::Abort);  // the sink threw; a no-op if the step finished it already
+      finish_request(request_id);
+    } else if (t.finished) {
+      finish_request(request_id);  // its Finished event (reason, usage); the sequence is released
+    }
+  }
+}
+
 void Engine::process_inbox() {
   std::vector<InboxItem> items;
   {
@@ -321,15 +348,19 @@ int64_t Engine::prepare_step(const ScheduledBatch& batch) {
     if (s.wants_logits)  // the request's step = ids it has so far: a recomputed sequence draws the same ids
       rows.push_back(make_sampling_row(s.seq->params.sampling, s.seq->output.size()));
   const auto real_rows = static_cast<int64_t>(rows.size());
+  // Async scheduling (lesson 14): ids the step in flight samples are filled in (on the device, after the copies).
+  std::vector<int32_t> filled;
+  if (!batch.pending_tokens.empty()) filled = token_ids_for(batch);
+  const std::vector<int32_t>& token_ids = batch.pending_tokens.empty() ? batch.token_ids : filled;
   if (pad == 0) {
-    step_.set(batch.token_ids, batch.q_lens, batch.k_lens, batch.logits_rows, stream);
+    step_.set(token_ids, batch.q_lens, batch.k_lens, batch.logits_rows, stream);
     kv_->prepare(batch, stream);
   } else {
     // Padding rows (lesson 14's graph buckets) after the real ones: token 0 at position 0 (k_len 1), a logits row
     // each (the graph's shape has B rows for B sequences), sampled greedily (the cheapest row) and never fetched:
     // fetch_ids reads the first real_rows ids only. Each real row's attention reads its own KV only, and each
     // GEMM row its own input, so the real rows do not see the padding.
-    std::vector<int32_t> ids = batch.token_ids, logits_rows = batch.logits_rows;
+    std::vector<int32_t> ids = token_ids, logits_rows = batch.logits_rows;
     std::vector<int64_t> q_lens = batch.q_lens, k_lens = batch.k_lens;
     const SamplingRow greedy = make_sampling_row(SamplingParams{0.0f, 0, 1.0f, 0}, 0);
     for (int64_t i = 0; i < pad; ++i) {
@@ -343,6 +374,7 @@ int64_t Engine::prepare_step(const ScheduledBatch& batch) {
     kv_->prepare_padded(batch, pad, stream);
   }
   if (!rows.empty()) set_sampling(rows);
+  if (!batch.pending_tokens.empty()) fill_pending_on_device(batch);
   return real_rows;
 }
 
@@ -392,6 +424,7 @@ std::vector<int32_t> Engine::run_batch(const ScheduledBatch& batch) {
 }
 
 void Engine::step() {
+  if (config_.async_scheduling) return step_async();  // lesson 14: engine_async.cpp
   // --- exercise 11.3: the engine step -----------------------------------------------------------------------
   // Task: one step of the engine loop.
   //   1. process_inbox(): new requests join the scheduler, aborted ones leave it (their KV freed).
@@ -400,11 +433,9 @@ void Engine::step() {
   //      batch that is not finished yet is aborted with FinishReason::Error (scheduler_.abort(seq id,
   //      FinishReason::Error): its KV returns to the pool) and its request finished with the error's message
   //      (finish_request(request id, e.what())); then update_stats() and return: the engine goes on.
-  //   4. scheduler_.postprocess(batch, ids) gives one TokenEvent per new id. For each: the request (by_seq_
-  //      maps a sequence id to its request id) gets an EngineEvent of kind Token with the id (deliver(); count
-  //      it in generated_). If deliver() returns false (the sink threw), abort the sequence
-  //      (FinishReason::Abort) and finish the request; else if the event says finished, finish the request
-  //      (finish_request: the Finished event with the reason and usage, and the sequence is released).
+  //   4. scheduler_.postprocess(batch, ids) gives one TokenEvent per new id; deliver_tokens() sends them (read
+  //      it: each becomes a Token event for its request; a sink that throws aborts its request; a finished
+  //      sequence's request gets its Finished event and is released).
   //   5. update_stats().
   // Hint: a sequence finished by postprocess has already given its KV back; finish_request only reports it.
   // Tests: Engine11.ConcurrentEqualsAloneWithContiguousSlots Engine11.ChunkedPrefillUnderASmallBudgetEqualsAlone
@@ -434,20 +465,7 @@ void Engine::step() {
     update_stats();
     return;
   }
-  for (const TokenEvent& t : scheduler_.postprocess(batch, ids)) {
-    const int64_t request_id = by_seq_.at(t.id);
-    EngineEvent e;
-    e.kind = EngineEvent::Kind::Token;
-    e.request_id = request_id;
-    e.token = t.token;
-    ++generated_;
-    if (!deliver(requests_.at(request_id), e)) {
-      scheduler_.abort(t.id, FinishReason::Abort);  // no-op if postprocess finished it already
-      finish_request(request_id);
-    } else if (t.finished) {
-      finish_request(request_id);
-    }
-  }
+  deliver_tokens(scheduler_.postprocess(batch, ids));
   update_stats();
   // --- end of exercise 11.3 ---
 }
@@ -572,7 +590,7 @@ void Engine::update_stats() {
   stats_.finished_length = finished_length_;
   stats_.aborted = aborted_;
   stats_.failed = failed_;
-  live_ = scheduler_.num_waiting() + scheduler_.num_running();
+  live_ = scheduler_.num_waiting() + scheduler_.num_running() + (in_flight_ ? 1 : 0);
 }
 
 }  // namespace tvllm

@@ -60,6 +60,11 @@ struct EngineConfig {
   // (lesson 10's DecodeAttention::Flash), so that a request's tokens are the same bits whatever else the
   // engine is running (README "Batch invariance"). Off: cuBLAS and the split decode kernel, faster.
   bool batch_invariant = false;
+  // Async scheduling (lesson 14, vLLM's --async-scheduling): the host schedules, prepares and launches step N + 1
+  // while the GPU still runs step N, and reads step N's ids afterwards, so the GPU does not idle while the host
+  // works between steps. The tokens are the same (a step's pending ids are filled in on the device); a request
+  // that stops at EOS runs one decode more, whose row is dropped; finished sequences free their KV one step later.
+  bool async_scheduling = false;
   std::vector<int32_t> eos_ids;  // empty: the model config's eos_token_ids
 
   // The forward step's limits: max_tokens_per_step tokens, max_sequences sequences and logits rows.
@@ -221,8 +226,14 @@ class Engine {
   // ---- the engine thread ----
   // One step: the inbox, schedule, forward, sample, postprocess, events. An error inside the step (a CUDA
   // failure, a bad input the checks missed) fails the requests of that step with Finished(Error); their KV
-  // cache returns to the pool and the engine goes on.
+  // cache returns to the pool and the engine goes on. With async_scheduling, step_async().
   void step();
+  // Async scheduling (lesson 14; engine_async.cpp): advance the step in flight, the inbox, schedule and launch
+  // the next step, THEN wait for the one in flight's ids, resolve them and send their events. A failure fails
+  // the requests of the step it belongs to (both steps for a failure while waiting: the stream is shared).
+  void step_async();
+  // Whether a step launched by step_async() has ids still to read (has_work() is true meanwhile).
+  bool has_step_in_flight() const { return in_flight_.has_value(); }
   // The inbox part of step() alone (tests: an abort's effect without running a step).
   void process_inbox();
   // step() until has_work() is false; returns the steps run. std::logic_error after max_steps, or at once
@@ -287,9 +298,31 @@ class Engine {
   void set_sampling(const std::vector<SamplingRow>& rows);
   // Sends an event to a request's sink; false if the sink threw (the caller aborts the request).
   bool deliver(Request& request, const EngineEvent& event);
+  // A Token event per new id (the scheduler's TokenEvents, in order); a sink that throws aborts its request; a
+  // finished sequence's request gets its Finished event (finish_request).
+  void deliver_tokens(const std::vector<TokenEvent>& events);
   // The request's sequence is finished: its Finished event, then it is forgotten.
   void finish_request(int64_t request_id, const std::string& error = {});
   void update_stats();
+
+  // ---- async scheduling (engine_async.cpp) ----
+  struct InFlight {
+    ScheduledBatch batch;
+    int64_t rows = 0;  // its logits rows: the ids to read back
+    int half = 0;      // which half of ids_host_ (and ids_copied_) its ids go to
+  };
+  // prepare_step + launch_step + the ids' copy to the host, queued behind the step (nothing waits). Takes the
+  // batch (moves it into the InFlight) only when everything is queued; on a throw it is left as it was.
+  InFlight launch_async(ScheduledBatch& batch, int half);
+  // The step's ids on the host: waits for their copy only (CUDA: an event), or for the whole stream and checks the
+  // embedding's bad-token flag when nothing was launched after it.
+  std::vector<int32_t> wait_ids(const InFlight& step, bool last);
+  // Token rows of `batch` that the step before samples: host ids before StepInputs::set (CPU: the real ids, already
+  // in ids_device_; CUDA: 0), then the fill kernel on the device after it (CUDA).
+  std::vector<int32_t> token_ids_for(const ScheduledBatch& batch) const;
+  void fill_pending_on_device(const ScheduledBatch& batch);
+  // Fails every sequence of `batch` still alive: Finished(Error) with `error`, its KV back in the pool.
+  void fail_batch(const ScheduledBatch& batch, const std::string& error);
 
   const ModelWeights& weights_;
   EngineConfig config_;
@@ -298,7 +331,7 @@ class Engine {
   StepInputs step_;
   // The sampler: per-row parameters in, ids out, at fixed addresses.
   Tensor ids_device_;                   // I32 [max_logits_rows]
-  HostBuffer ids_host_;                 // pinned on CUDA
+  HostBuffer ids_host_;                 // pinned on CUDA; two halves of max_logits_rows (async scheduling)
   std::unique_ptr<TokenSampler> sampler_;  // CUDA
   std::vector<SamplingRow> rows_host_;  // [max_logits_rows]: the CPU path reads these
   DeviceBuffer rows_device_;            // CUDA: SamplingRow [max_logits_rows]
@@ -307,6 +340,14 @@ class Engine {
   bool rows_pending_ = false;
   std::unique_ptr<EngineKv> kv_;
   Scheduler scheduler_;
+  // Async scheduling: the step whose ids are not read yet; two halves of ids_host_ (one per step in turn) and
+  // the event after each half's copy; the pending-token pairs (PendingToken) and their async copy.
+  std::optional<InFlight> in_flight_;
+  cudaEvent_t ids_copied_[2] = {nullptr, nullptr};
+  DeviceBuffer pending_device_;
+  HostBuffer pending_staging_;
+  cudaEvent_t pending_copied_ = nullptr;
+  bool pending_copy_queued_ = false;
 
   // Engine thread only.
   std::unordered_map<int64_t, Request> requests_;  // by request id
@@ -323,7 +364,8 @@ class Engine {
   mutable std::condition_variable work_cv_;
   std::vector<InboxItem> inbox_;
   int64_t next_request_id_ = 0;
-  int64_t live_ = 0;  // requests in the scheduler (engine thread writes, under the lock)
+  int64_t live_ = 0;  // requests in the scheduler, + 1 while a step's ids are in flight (engine thread writes,
+                      // under the lock)
   EngineStats stats_;
 };
 

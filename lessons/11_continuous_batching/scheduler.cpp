@@ -44,6 +44,15 @@ int ScheduledBatch::num_decodes() const {
   return static_cast<int>(std::count_if(seqs.begin(), seqs.end(), [](const auto& s) { return s.is_decode; }));
 }
 
+void ScheduledBatch::fill_pending(const std::vector<int32_t>& previous_ids) {
+  for (const PendingToken& p : pending_tokens) {
+    if (p.source_row < 0 || static_cast<size_t>(p.source_row) >= previous_ids.size())
+      throw std::logic_error("scheduler: a pending token reads row " + std::to_string(p.source_row) + " of " +
+                             std::to_string(previous_ids.size()) + " ids");
+    token_ids.at(static_cast<size_t>(p.token_row)) = previous_ids[static_cast<size_t>(p.source_row)];
+  }
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, KvAllocator& allocator) : config_(config), allocator_(allocator) {
   TVLLM_REQUIRE(config.max_sequences >= 1,
                 "scheduler: max_sequences must be >= 1, got " + std::to_string(config.max_sequences));
@@ -116,7 +125,11 @@ void Scheduler::add_to_batch(Sequence* seq, int64_t q_len, ScheduledBatch& batch
   s.k_len = s.start + q_len;
   s.wants_logits = s.k_len == seq->num_tokens();
   s.is_decode = q_len == 1 && s.wants_logits && seq->num_computed >= seq->prompt_len();
+  s.seq_id = seq->id;
   for (int64_t p = s.start; p < s.k_len; ++p) {
+    // Async scheduling: the id the step in flight samples for it (only ever its last token, fed by a decode).
+    if (seq->token(p) == kPendingToken)
+      batch.pending_tokens.push_back({static_cast<int32_t>(batch.token_ids.size()), seq->pending_row});
     batch.token_ids.push_back(seq->token(p));
     batch.positions.push_back(static_cast<int32_t>(p));
     batch.slot_mapping.push_back(allocator_.kv_slot(*seq, p));
@@ -254,8 +267,18 @@ bool Scheduler::is_eos(const Sequence& seq, int32_t token) const {
   return std::find(config_.eos_ids.begin(), config_.eos_ids.end(), token) != config_.eos_ids.end();
 }
 
+FinishReason Scheduler::stop_reason(const Sequence& seq, int32_t token) const {
+  if (is_eos(seq, token)) return FinishReason::Stop;
+  if (static_cast<int64_t>(seq.output.size()) >= seq.params.max_tokens || seq.num_tokens() >= config_.max_context)
+    return FinishReason::Length;
+  return FinishReason::None;
+}
+
 void Scheduler::finish(Sequence* seq, FinishReason reason) {
   allocator_.free(*seq);
+  // Async scheduling: an id still in flight is never delivered now; it is not part of the output.
+  if (!seq->output.empty() && seq->output.back() == kPendingToken) seq->output.pop_back();
+  seq->pending_row = -1;
   if (seq->state == SequenceState::Running) {
     running_.erase(std::find(running_.begin(), running_.end(), seq));
   } else {
@@ -311,6 +334,58 @@ std::vector<TokenEvent> Scheduler::postprocess(const ScheduledBatch& batch, cons
   }
   return events;
   // --- end of exercise 11.2 ---
+}
+
+void Scheduler::advance(const ScheduledBatch& batch) {
+  int32_t row = 0;
+  for (const ScheduledSequence& s : batch.seqs) {
+    const int32_t my_row = row;
+    if (s.wants_logits) ++row;
+    Sequence* seq = find(s.seq_id);
+    if (seq == nullptr || seq->state != SequenceState::Running) continue;  // aborted since schedule()
+    // One step in flight at a time: the caller resolves a step before it advances the next.
+    if (seq->pending_row >= 0)
+      throw std::logic_error("scheduler: advance() of a step while sequence " + std::to_string(seq->id) +
+                             " still waits for the ids of the step before (resolve() it first)");
+    seq->num_computed = s.k_len;
+    allocator_.computed(*seq);
+    if (!s.wants_logits) continue;
+    seq->pending_row = my_row;
+    // The id to come is certainly the last (stop_reason's Length rule holds whatever it is): nothing will feed
+    // it, so no placeholder: the sequence has no uncomputed token and schedule() leaves it alone.
+    const bool last = static_cast<int64_t>(seq->output.size()) + 1 >= seq->params.max_tokens ||
+                      seq->num_tokens() + 1 >= config_.max_context;
+    if (!last) seq->output.push_back(kPendingToken);
+  }
+}
+
+std::vector<TokenEvent> Scheduler::resolve(const ScheduledBatch& batch, const std::vector<int32_t>& tokens) {
+  if (tokens.size() != batch.logits_rows.size())
+    throw std::logic_error("scheduler: resolve got " + std::to_string(tokens.size()) + " ids for " +
+                           std::to_string(batch.logits_rows.size()) + " logits rows");
+  std::vector<TokenEvent> events;
+  int32_t row = 0;
+  for (const ScheduledSequence& s : batch.seqs) {
+    if (!s.wants_logits) continue;
+    const int32_t my_row = row++;
+    Sequence* seq = find(s.seq_id);
+    // Released or finished since (an abort, an EOS seen one step late), or never advanced: nothing to write.
+    if (seq == nullptr || seq->is_finished() || seq->pending_row != my_row) continue;
+    const int32_t token = tokens[static_cast<size_t>(my_row)];
+    // Running, or preempted by the schedule() in between (then it is waiting, and keeps the id for its rerun).
+    if (!seq->output.empty() && seq->output.back() == kPendingToken)
+      seq->output.back() = token;
+    else
+      seq->output.push_back(token);
+    seq->pending_row = -1;
+    TokenEvent event{seq->id, token, false, stop_reason(*seq, token)};
+    if (event.reason != FinishReason::None) {
+      event.finished = true;
+      finish(seq, event.reason);
+    }
+    events.push_back(event);
+  }
+  return events;
 }
 
 bool Scheduler::abort(int64_t id, FinishReason reason) {

@@ -42,12 +42,20 @@ struct SchedulerConfig {
 
 // One sequence's part of a step: tokens [start, start + q_len) of it are fed.
 struct ScheduledSequence {
-  Sequence* seq = nullptr;
+  Sequence* seq = nullptr;    // valid until the sequence is released (Scheduler::release)
   int64_t start = 0;          // == seq->num_computed when scheduled: tokens before it are in the cache
   int64_t q_len = 0;          // new tokens this step
   int64_t k_len = 0;          // start + q_len: the context its queries attend over (cached + new)
   bool wants_logits = false;  // it feeds its last token: the step samples its next id
   bool is_decode = false;     // a decode (one token, everything before it cached), not a prefill chunk
+  int64_t seq_id = -1;        // seq->id, for code that runs after the sequence may have been released
+};
+
+// Async scheduling (lesson 14): token row `token_row` of a step feeds the id that logits row `source_row` of the
+// step before samples, not known when this step was scheduled (token_ids holds kPendingToken there).
+struct PendingToken {
+  int32_t token_row = 0;
+  int32_t source_row = 0;
 };
 
 // What one forward step runs, in the layout lesson 08's StepInputs::set takes (sequences packed one after
@@ -61,7 +69,11 @@ struct ScheduledBatch {
   std::vector<int64_t> k_lens;        // [B]
   std::vector<int32_t> logits_rows;   // [R] rows of [0, T) whose logits are sampled, one per wants_logits
   std::vector<int64_t> preempted;     // ids preempted while building this step
+  std::vector<PendingToken> pending_tokens;  // async scheduling only: rows the previous step's ids fill
 
+  // Writes the previous step's sampled ids (one per logits row of that step) into the pending rows, on the host.
+  // The engine does the same on the device (fill_pending_tokens); the CPU paths and the simulation call this.
+  void fill_pending(const std::vector<int32_t>& previous_ids);
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int num_sequences() const { return static_cast<int>(seqs.size()); }
   bool empty() const { return seqs.empty(); }
@@ -106,6 +118,20 @@ class Scheduler {
   // aborted since schedule() are skipped. Returns one event per id appended, in batch order.
   std::vector<TokenEvent> postprocess(const ScheduledBatch& batch, const std::vector<int32_t>& tokens);
 
+  // ---- async scheduling (lesson 14): postprocess() in two halves, so that the next step can be scheduled
+  // while this one still runs on the GPU ----
+  //   advance(batch)           what the step computes, known without its ids: num_computed, the allocator's
+  //                            computed(); each sequence that samples gets pending_row and (unless this id is
+  //                            certainly its last) a kPendingToken at the end of its output, so that schedule()
+  //                            lets it decode in the next step, the token filled in from this step's ids.
+  //   resolve(batch, tokens)   the ids, when they arrive: written over the placeholders, the stop conditions
+  //                            applied, finished sequences freed. Returns the TokenEvents postprocess() would.
+  // advance(b) then resolve(b, t) is postprocess(b, t). In between, schedule() may run (and the caller may
+  // abort or release sequences: both look sequences up by id). A sequence whose last id is pending is not
+  // scheduled again; one that stops at an EOS it has not seen yet decodes once more, and that row is dropped.
+  void advance(const ScheduledBatch& batch);
+  std::vector<TokenEvent> resolve(const ScheduledBatch& batch, const std::vector<int32_t>& tokens);
+
   // Stops a request now (waiting or running): its KV cache is freed at once, its state Finished with
   // `reason` (Abort, or Error for a failure the engine reports). False if it is unknown or already finished.
   bool abort(int64_t id, FinishReason reason = FinishReason::Abort);
@@ -132,6 +158,8 @@ class Scheduler {
   void insert_running(Sequence* seq);
   void insert_waiting(Sequence* seq);
   bool is_eos(const Sequence& seq, int32_t token) const;
+  // Why a sequence that has just appended `token` stops (None: it goes on): the rule postprocess() applies.
+  FinishReason stop_reason(const Sequence& seq, int32_t token) const;
   void finish(Sequence* seq, FinishReason reason);
 
   SchedulerConfig config_;

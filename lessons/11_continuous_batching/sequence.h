@@ -30,6 +30,12 @@ enum class SequenceState { Waiting, Running, Preempted, Finished };
 // aborted by the caller, or an error the engine reported.
 enum class FinishReason { None, Stop, Length, Abort, Error };
 
+// Async scheduling (lesson 14): the host schedules step N + 1 while the GPU still runs step N, so the id step N
+// samples for a sequence is not known yet when step N + 1 must feed it. The sequence's output then ends with
+// this placeholder; the engine fills the token on the device from step N's ids (ScheduledBatch::pending_tokens)
+// and Scheduler::resolve() writes the real id over it when step N's ids reach the host.
+inline constexpr int32_t kPendingToken = -1;
+
 std::string_view sequence_state_name(SequenceState state);  // "waiting", "running", "preempted", "finished"
 std::string_view finish_reason_name(FinishReason reason);   // "", "stop", "length", "abort", "error"
 
@@ -56,6 +62,10 @@ class Sequence {
   // Where its KV cache lives, as the allocator gave it: {slot} for a contiguous cache (lesson 11), the block
   // table for a paged one (lesson 12). Empty while it holds nothing.
   std::vector<int32_t> kv_blocks;
+  // Async scheduling (lesson 14): the logits row of the step in flight that samples this sequence's next id, or
+  // -1. Set by Scheduler::advance(), cleared by resolve(). While it is set, output ends with kPendingToken,
+  // unless that id is certainly the last (max_tokens or the context reached): nothing will feed it.
+  int32_t pending_row = -1;
   // For statistics and tests.
   int64_t num_preemptions = 0;    // times its KV cache was taken away
   int64_t num_cached_tokens = 0;  // tokens its last admission found in the prefix cache

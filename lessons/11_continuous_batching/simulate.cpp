@@ -2,6 +2,7 @@
 #include "simulate.h"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -46,17 +47,21 @@ std::vector<int32_t> FakeModel::step(const ScheduledBatch& batch, const KvAlloca
       if (slot < 0 || slot >= static_cast<int64_t>(cache_.size()))
         throw std::logic_error("fake model: KV slot " + std::to_string(slot) + " out of range at " + where(seq, p));
       const uint64_t prev = p == 0 ? kStartState : cache_[static_cast<size_t>(allocator.kv_slot(seq, p - 1))].state;
+      // The token at p. A new token the host does not know yet (async scheduling: kPendingToken) is the one the
+      // batch brings, filled in from the step before; the step after reads it back against the real id.
+      int32_t token = seq.token(p);
       if (p >= s.start) {  // a new token: the KV write goes where the slot mapping says
-        if (batch.slot_mapping.at(row) != slot || batch.token_ids.at(row) != seq.token(p) ||
-            batch.positions.at(row) != p)
+        const int32_t fed = batch.token_ids.at(row);
+        if (token == kPendingToken) token = fed;
+        if (batch.slot_mapping.at(row) != slot || fed != token || fed < 0 || batch.positions.at(row) != p)
           throw std::logic_error("fake model: the batch's row " + std::to_string(row) + " does not describe " +
                                  where(seq, p));
-        cache_[static_cast<size_t>(slot)] = Entry{seq.token(p), p, next_state(prev, seq.token(p), p)};
+        cache_[static_cast<size_t>(slot)] = Entry{token, p, next_state(prev, token, p)};
         ++written_;
         ++row;
       }
       const Entry& e = cache_[static_cast<size_t>(slot)];
-      if (e.token != seq.token(p) || e.position != p || e.state != next_state(prev, seq.token(p), p))
+      if (e.token != token || e.position != p || e.state != next_state(prev, token, p))
         throw std::logic_error("fake model: the cache at KV slot " + std::to_string(slot) + " does not hold " +
                                where(seq, p) + " (it holds token " + std::to_string(e.token) + " at position " +
                                std::to_string(e.position) + ")");
@@ -118,6 +123,39 @@ int64_t run_until_idle(Scheduler& scheduler, FakeModel& model,
     if (on_step) on_step(batch);
     scheduler.postprocess(batch, model.step(batch, scheduler.allocator()));
     ++steps;
+  }
+  return steps;
+}
+
+int64_t run_until_idle_async(Scheduler& scheduler, FakeModel& model,
+                             const std::function<void(const ScheduledBatch&)>& on_step, int64_t max_steps) {
+  int64_t steps = 0;
+  std::optional<ScheduledBatch> in_flight;  // the step "on the GPU": scheduled and run, its ids not read yet
+  std::vector<int32_t> in_flight_ids;
+  while (scheduler.has_work() || in_flight) {
+    if (steps >= max_steps)
+      throw std::logic_error("run_until_idle_async: still busy after " + std::to_string(steps) + " steps");
+    if (in_flight) scheduler.advance(*in_flight);
+    ScheduledBatch batch = scheduler.schedule();
+    if (batch.empty() && !in_flight)
+      throw std::logic_error("run_until_idle_async: the scheduler has work but scheduled nothing (stuck) at step " +
+                             std::to_string(steps));
+    std::vector<int32_t> ids;
+    if (!batch.empty()) {
+      if (on_step) on_step(batch);
+      // "Launch": the model runs the step with the allocator as schedule() left it, BEFORE the ids of the step
+      // in flight are resolved, as the GPU runs step N + 1 while the host has not seen step N's ids.
+      if (!batch.pending_tokens.empty()) batch.fill_pending(in_flight_ids);
+      ids = model.step(batch, scheduler.allocator());
+      ++steps;
+    }
+    if (in_flight) scheduler.resolve(*in_flight, in_flight_ids);
+    if (batch.empty()) {
+      in_flight.reset();
+    } else {
+      in_flight = std::move(batch);
+      in_flight_ids = std::move(ids);
+    }
   }
   return steps;
 }

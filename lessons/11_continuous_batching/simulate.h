@@ -73,4 +73,10 @@ std::vector<SimRequest> make_workload(int n, int64_t min_prompt, int64_t max_pro
 int64_t run_until_idle(Scheduler& scheduler, FakeModel& model,
                        const std::function<void(const ScheduledBatch&)>& on_step = {}, int64_t max_steps = 1000000);
 
+// The same with async scheduling (lesson 14), in the engine's order: advance(step N); schedule step N + 1 (its
+// pending tokens filled from step N's ids) and run it; only then resolve(step N). Returns the steps run.
+int64_t run_until_idle_async(Scheduler& scheduler, FakeModel& model,
+                             const std::function<void(const ScheduledBatch&)>& on_step = {},
+                             int64_t max_steps = 1000000);
+
 }  // namespace tvllm

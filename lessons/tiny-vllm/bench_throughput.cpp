@@ -1,5 +1,6 @@
 // tiny-vllm bench throughput --model DIR [--num-requests 256] [--min-len 100 --max-len 1024] [--seed 0]
 //                            [--device auto|cpu|cuda] [--kv paged|contiguous] [--output table|json]
+//                            [--batch-invariant] [--async-scheduling] [lesson 14's and 16's flags]
 //
 // The throughput workload of COURSE.md "Performance method": --num-requests requests whose prompt and output
 // lengths are uniform in [--min-len, --max-len], random prompt ids, EOS ignored, all submitted at once to lesson
@@ -37,6 +38,7 @@ struct BenchThroughputOptions {
   double kv_fraction = 0.9;
   bool prefix_caching = true;
   bool batch_invariant = false;
+  bool async_scheduling = false;  // lesson 14
   std::string kv_cache_dtype = "auto";  // lesson 16
   int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   FastPathFlags fast;  // lesson 14
@@ -74,6 +76,7 @@ void run(const BenchThroughputOptions& o) {
   config.max_tokens_per_step = o.max_tokens_per_step;
   config.max_context = 2 * o.max_len;
   config.batch_invariant = o.batch_invariant;
+  config.async_scheduling = o.async_scheduling;
   KvFactory kv;
   PagedKvOptions kv_options;
   const std::string kv_note =
@@ -113,6 +116,7 @@ void run(const BenchThroughputOptions& o) {
     j["kv"] = o.kv;
     j["batching"] = o.static_batch > 0 ? "static" : "continuous";
     j["batch_invariant"] = o.batch_invariant;
+    j["async_scheduling"] = o.async_scheduling;
     j["kv_cache_dtype"] = std::string(kv_cache_dtype_name(kv_options.kv_dtype));
     j["seed"] = o.seed;
     j["min_len"] = o.min_len;
@@ -137,9 +141,10 @@ void run(const BenchThroughputOptions& o) {
                          {"other", r.other_s}};
     std::cout << j.dump() << "\n";
   } else {
-    std::printf("tiny-vllm bench throughput: %s on %s, %s batching%s; %s\n", o.model.c_str(),
+    std::printf("tiny-vllm bench throughput: %s on %s, %s batching%s%s; %s\n", o.model.c_str(),
                 std::string(device_name(device)).c_str(), o.static_batch > 0 ? "static" : "continuous",
-                o.batch_invariant ? " (batch-invariant)" : "", engine.kv().describe().c_str());
+                o.batch_invariant ? " (batch-invariant)" : "", o.async_scheduling ? " (async scheduling)" : "",
+                engine.kv().describe().c_str());
     std::printf("  %-16s %14lld\n", "requests", static_cast<long long>(r.requests));
     std::printf("  %-16s %14lld\n", "prompt tokens", static_cast<long long>(r.prompt_tokens));
     std::printf("  %-16s %14lld\n", "output tokens", static_cast<long long>(r.output_tokens));
@@ -154,7 +159,8 @@ void run(const BenchThroughputOptions& o) {
     std::printf("  %-16s %14s\n", "KV memory", gib(r.kv.bytes).c_str());
     // Before the timed run (not in "seconds"): graph captures of the warm-up batches, the first prefills.
     std::printf("  %-16s %11.1f ms\n", "warm-up", warm_up_s * 1e3);
-    // The engine thread's time per step: only `wait` overlaps the GPU's work; the rest is time the GPU idles.
+    // The engine thread's time per step: only `wait` overlaps the GPU's work; the rest is time the GPU idles
+    // (with --async-scheduling, prepare and launch overlap the step before as well).
     const double per_step_ms = r.steps > 0 ? 1e3 / static_cast<double>(r.steps) : 0.0;
     std::printf("  %-16s %11.3f ms  (prepare %.3f, launch %.3f, wait for the GPU %.3f, schedule + deliver %.3f)\n",
                 "host per step", r.step_s * per_step_ms, r.prepare_s * per_step_ms, r.launch_s * per_step_ms,
@@ -197,6 +203,8 @@ void add_bench_throughput_command(CLI::App& bench) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");
+  cmd->add_flag("--async-scheduling", opt->async_scheduling,
+                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14)");
   cmd->add_option("--static-batch", opt->static_batch,
                   "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));

@@ -1,7 +1,7 @@
 // tiny-vllm serve --model DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda] [--served-model-name NAME]
 //                 [--api-key KEY] [--max-waiting N] [--kv paged|contiguous] [--max-model-len N] [--max-num-seqs N]
 //                 [--max-num-batched-tokens N] [--kv-blocks N] [--gpu-memory-utilization F] [--shutdown-timeout S]
-//                 [--read-timeout S] [--max-connections N] [--quiet] [--batch-invariant]
+//                 [--read-timeout S] [--max-connections N] [--quiet] [--batch-invariant] [--async-scheduling]
 //                 [--enforce-eager] [--no-fused] [--no-fast-sampler] [--no-pdl] [--no-fast-attention]
 // tiny-vllm bench serve --url http://127.0.0.1:8000 --concurrency C --num-requests N [--max-tokens M]
 //                       [--prompt-len P] [--duration-limit S] [--model NAME] [--api-key KEY] [--output text|json]
@@ -48,6 +48,7 @@ struct ServeCliOptions {
   int64_t max_connections = 1000;
   bool quiet = false;
   bool batch_invariant = false;
+  bool async_scheduling = false;  // lesson 14: the next step launched before the last one's ids are back
   std::string kv_cache_dtype = "auto";  // lesson 16
   int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   FastPathFlags fast;  // lesson 14
@@ -108,6 +109,7 @@ void run_serve(const ServeCliOptions& o) {
   ec.max_tokens_per_step = o.max_batched_tokens;
   ec.max_context = std::min<int64_t>(o.max_model_len, m->model.config.max_position_embeddings);
   ec.batch_invariant = o.batch_invariant;
+  ec.async_scheduling = o.async_scheduling;
   KvFactory kv;
   PagedKvOptions kv_options;
   const std::string kv_note =
@@ -143,11 +145,12 @@ void run_serve(const ServeCliOptions& o) {
   sc.log = o.quiet ? nullptr : &std::cerr;
   server::OpenAiServer srv(engine, tok, chat, sc);
   const int port = srv.start();
-  std::printf("tiny-vllm serve: %s on %s; KV: %s; context %lld, up to %lld sequences, %lld waiting%s; %s\n",
+  std::printf("tiny-vllm serve: %s on %s; KV: %s; context %lld, up to %lld sequences, %lld waiting%s%s; %s\n",
               m->dir.string().c_str(), std::string(device_name(m->device)).c_str(),
               engine.kv().describe().c_str(), static_cast<long long>(engine.limits().max_context),
               static_cast<long long>(ec.max_sequences), static_cast<long long>(sc.max_waiting),
-              ec.batch_invariant ? "; batch-invariant" : "", o.fast.describe(m->device, &m->model.config, m->fp8, ec.batch_invariant).c_str());
+              ec.batch_invariant ? "; batch-invariant" : "", ec.async_scheduling ? "; async scheduling" : "",
+              o.fast.describe(m->device, &m->model.config, m->fp8, ec.batch_invariant).c_str());
   std::printf("listening on http://%s:%d (model \"%s\"%s); Ctrl-C to stop\n", o.host.c_str(), port,
               sc.model_name.c_str(), o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
@@ -230,6 +233,8 @@ void add_serve_commands(CLI::App& app) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "a request's tokens do not depend on the other requests in flight (slower kernels; lesson 11)");
+  cmd->add_flag("--async-scheduling", opt->async_scheduling,
+                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14)");
   cmd->callback([opt] {
     ServeCliOptions o = *opt;
     if (o.api_key.empty())
