@@ -47,24 +47,24 @@ void Engine::step_async() {
     }
   }
 
-  // 3. The ids of the step in flight: wait for their copy only, then the events.
-  if (in_flight_) {
-    const InFlight done = std::move(*in_flight_);
-    in_flight_.reset();
+  // 3. The ids of the step in flight: wait for their copy only, then the events. The next step is in flight from
+  //    here on, whatever happens below (an exception in resolve() must not lose it).
+  std::optional<InFlight> done = std::move(in_flight_);
+  in_flight_ = std::move(next);
+  if (done) {
     std::vector<int32_t> ids;
     try {
-      ids = wait_ids(done, !next.has_value());
+      ids = wait_ids(*done, !in_flight_.has_value());
     } catch (const std::exception& e) {
       // The stream is shared: a failure seen here may be the next step's as much as this one's.
-      fail_batch(done.batch, e.what());
-      if (next) fail_batch(next->batch, e.what());
-      next.reset();
+      fail_batch(done->batch, e.what());
+      if (in_flight_) fail_batch(in_flight_->batch, e.what());
+      in_flight_.reset();
       update_stats();
       return;
     }
-    deliver_tokens(scheduler_.resolve(done.batch, ids));
+    deliver_tokens(scheduler_.resolve(done->batch, ids));
   }
-  in_flight_ = std::move(next);
   update_stats();
 }
 
