@@ -132,7 +132,7 @@ struct Driver {
           ++steps;
           continue;
         }
-        batch.fill_pending(in_flight_ids);
+        batch.token_ids = batch.token_ids_filled(in_flight_ids);
         ids = model.step(batch, scheduler.allocator());
         ++steps;
       }
@@ -654,9 +654,9 @@ TEST(AsyncScheduling11, TheNextDecodeIsScheduledBeforeItsTokenIsKnown) {
   EXPECT_EQ(ev[1].token, 8);
   EXPECT_EQ(as->output, (std::vector<int32_t>{7}));
   EXPECT_EQ(as->pending_row, -1);
-  decode.fill_pending({7, 8});  // what the engine does on the device
-  EXPECT_EQ(decode.token_ids, (std::vector<int32_t>{7, 8}));
-  EXPECT_THROW(decode.fill_pending({7}), std::logic_error);  // a row the step before did not have
+  const std::vector<int32_t> ids = {7, 8}, short_ids = {7};
+  EXPECT_EQ(decode.token_ids_filled(ids), (std::vector<int32_t>{7, 8}));  // what the engine does on the device
+  EXPECT_THROW(decode.token_ids_filled(short_ids), std::logic_error);    // a row the step before did not have
 }
 
 TEST(AsyncScheduling11, ALastIdStillInFlightIsNotScheduledAgain) {

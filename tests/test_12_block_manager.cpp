@@ -502,7 +502,7 @@ int64_t drive(Scheduler& s, BlockManager& bm, FakeModel& model, const std::funct
       s.postprocess(batch, model.step(batch, bm));
       continue;
     }
-    batch.fill_pending(in_flight_ids);
+    batch.token_ids = batch.token_ids_filled(in_flight_ids);
     std::vector<int32_t> ids = model.step(batch, bm);
     if (in_flight) s.resolve(*in_flight, in_flight_ids);
     in_flight = std::move(batch);

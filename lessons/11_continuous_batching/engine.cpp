@@ -407,19 +407,27 @@ std::vector<int32_t> Engine::fetch_ids(int64_t n) {
   return std::vector<int32_t>(host, host + n);
 }
 
-std::vector<int32_t> Engine::run_batch(const ScheduledBatch& batch) {
-  using Clock = std::chrono::steady_clock;
-  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  const auto t0 = Clock::now();
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+int64_t Engine::prepare_and_launch(const ScheduledBatch& batch) {
+  auto t = std::chrono::steady_clock::now();
   const int64_t rows = prepare_step(batch);
-  const auto t1 = Clock::now();
+  host_time_.prepare_s += seconds_since(t);
+  t = std::chrono::steady_clock::now();
   ctx_.launch(step_, kv_->attention(), [this] { launch_step(); });  // eager, or a graph replay (lesson 14)
-  const auto t2 = Clock::now();
+  host_time_.launch_s += seconds_since(t);
+  return rows;
+}
+
+std::vector<int32_t> Engine::run_batch(const ScheduledBatch& batch) {
+  const int64_t rows = prepare_and_launch(batch);
+  const auto t = std::chrono::steady_clock::now();
   std::vector<int32_t> ids = fetch_ids(rows);  // prefill chunks only (no rows): nothing to wait for
-  const auto t3 = Clock::now();
-  host_time_.prepare_s += seconds(t0, t1);
-  host_time_.launch_s += seconds(t1, t2);
-  host_time_.wait_s += seconds(t2, t3);
+  host_time_.wait_s += seconds_since(t);
   return ids;
 }
 

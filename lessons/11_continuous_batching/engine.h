@@ -295,6 +295,8 @@ class Engine {
 
   // prepare_step + launch_step + fetch_ids: one id per logits row.
   std::vector<int32_t> run_batch(const ScheduledBatch& batch);
+  // prepare_step, then launch_step through the context's launcher; their host time in host_time_. Returns R.
+  int64_t prepare_and_launch(const ScheduledBatch& batch);
   void set_sampling(const std::vector<SamplingRow>& rows);
   // Sends an event to a request's sink; false if the sink threw (the caller aborts the request).
   bool deliver(Request& request, const EngineEvent& event);

@@ -69,12 +69,7 @@ void Engine::step_async() {
 }
 
 Engine::InFlight Engine::launch_async(ScheduledBatch& batch, int half) {
-  using Clock = std::chrono::steady_clock;
-  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  const auto t0 = Clock::now();
-  const int64_t rows = prepare_step(batch);
-  const auto t1 = Clock::now();
-  ctx_.launch(step_, kv_->attention(), [this] { launch_step(); });  // eager, or a graph replay (lesson 14)
+  const int64_t rows = prepare_and_launch(batch);
   // The ids' copy to the host, behind the step on the stream; the next step's sampler overwrites ids_device_
   // only after it. Each step in turn uses its own half of ids_host_: the host reads this one while the next
   // step's copy may already be queued.
@@ -88,9 +83,6 @@ Engine::InFlight Engine::launch_async(ScheduledBatch& batch, int half) {
       std::memcpy(host, ids_device_.data(), static_cast<size_t>(rows) * sizeof(int32_t));
     }
   }
-  const auto t2 = Clock::now();
-  host_time_.prepare_s += seconds(t0, t1);
-  host_time_.launch_s += seconds(t1, t2);
   return InFlight{std::move(batch), rows, half};
 }
 
@@ -110,16 +102,12 @@ std::vector<int32_t> Engine::wait_ids(const InFlight& step, bool last) {
 }
 
 std::vector<int32_t> Engine::token_ids_for(const ScheduledBatch& batch) const {
+  if (weights_.device == Device::CPU)  // the step before ran to its end already: its ids are in ids_device_
+    return batch.token_ids_filled(
+        {ids_device_.view().ptr<const int32_t>(), static_cast<size_t>(limits_.max_logits_rows)});
+  // Any valid id passes StepInputs's host check; fill_pending_on_device writes the real one after the copy.
   std::vector<int32_t> ids = batch.token_ids;
-  if (weights_.device == Device::CUDA) {
-    // Any valid id passes StepInputs's host check; fill_pending_on_device writes the real one after the copy.
-    for (const PendingToken& p : batch.pending_tokens) ids.at(static_cast<size_t>(p.token_row)) = 0;
-  } else {
-    // The CPU ran the step before to the end already: its ids are in ids_device_ (host memory).
-    const int32_t* previous = ids_device_.view().ptr<const int32_t>();
-    for (const PendingToken& p : batch.pending_tokens)
-      ids.at(static_cast<size_t>(p.token_row)) = previous[p.source_row];
-  }
+  for (const PendingToken& p : batch.pending_tokens) ids.at(static_cast<size_t>(p.token_row)) = 0;
   return ids;
 }
 

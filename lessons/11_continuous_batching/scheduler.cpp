@@ -44,13 +44,15 @@ int ScheduledBatch::num_decodes() const {
   return static_cast<int>(std::count_if(seqs.begin(), seqs.end(), [](const auto& s) { return s.is_decode; }));
 }
 
-void ScheduledBatch::fill_pending(const std::vector<int32_t>& previous_ids) {
+std::vector<int32_t> ScheduledBatch::token_ids_filled(std::span<const int32_t> previous_ids) const {
+  std::vector<int32_t> ids = token_ids;
   for (const PendingToken& p : pending_tokens) {
     if (p.source_row < 0 || static_cast<size_t>(p.source_row) >= previous_ids.size())
       throw std::logic_error("scheduler: a pending token reads row " + std::to_string(p.source_row) + " of " +
                              std::to_string(previous_ids.size()) + " ids");
-    token_ids.at(static_cast<size_t>(p.token_row)) = previous_ids[static_cast<size_t>(p.source_row)];
+    ids.at(static_cast<size_t>(p.token_row)) = previous_ids[static_cast<size_t>(p.source_row)];
   }
+  return ids;
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvAllocator& allocator) : config_(config), allocator_(allocator) {

@@ -24,6 +24,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv_allocator.h"
@@ -71,9 +72,10 @@ struct ScheduledBatch {
   std::vector<int64_t> preempted;     // ids preempted while building this step
   std::vector<PendingToken> pending_tokens;  // async scheduling only: rows the previous step's ids fill
 
-  // Writes the previous step's sampled ids (one per logits row of that step) into the pending rows, on the host.
-  // The engine does the same on the device (fill_pending_tokens); the CPU paths and the simulation call this.
-  void fill_pending(const std::vector<int32_t>& previous_ids);
+  // token_ids with the pending rows filled from the previous step's sampled ids (one per logits row of that
+  // step), on the host; std::logic_error for a row the previous step did not have. The engine does the same on
+  // the device (fill_pending_tokens); its CPU path and the simulation call this.
+  std::vector<int32_t> token_ids_filled(std::span<const int32_t> previous_ids) const;
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int num_sequences() const { return static_cast<int>(seqs.size()); }
   bool empty() const { return seqs.empty(); }

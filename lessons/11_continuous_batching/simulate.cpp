@@ -145,7 +145,7 @@ int64_t run_until_idle_async(Scheduler& scheduler, FakeModel& model,
       if (on_step) on_step(batch);
       // "Launch": the model runs the step with the allocator as schedule() left it, BEFORE the ids of the step
       // in flight are resolved, as the GPU runs step N + 1 while the host has not seen step N's ids.
-      if (!batch.pending_tokens.empty()) batch.fill_pending(in_flight_ids);
+      if (!batch.pending_tokens.empty()) batch.token_ids = batch.token_ids_filled(in_flight_ids);
       ids = model.step(batch, scheduler.allocator());
       ++steps;
     }
