@@ -182,6 +182,38 @@ TEST(ServeCli13, BatchInvariantServeEqualsBatchInvariantGenerate) {
   EXPECT_EQ(s.stop(SIGTERM), 0);
 }
 
+// --async-scheduling (lesson 14, section 3): the server says so on its first line; a greedy request answered
+// while others are in flight, whole and streamed, equals `generate` (the CPU path gives every request its alone
+// bits, Engine11's tests check it); and a stream whose client goes away mid-way does not stop the server.
+TEST(ServeCli13, AsyncSchedulingServeEqualsGenerate) {
+  ServeProcess s({"--async-scheduling"});
+  ASSERT_GT(s.port(), 0) << "no 'listening on' line: " << s.output();
+  EXPECT_NE(s.output().find("; async scheduling"), std::string::npos) << s.output();
+  const std::string text = "The capital of Portugal is";
+  const Ran g = run(bin() + " generate --model " + q(model_dir()) + " --device cpu --output json --max-tokens 24 " +
+                    "--prompt " + q(text));
+  ASSERT_EQ(g.status, 0) << g.out;
+  const json want = json::parse(g.out);
+  std::vector<std::thread> others;
+  for (const char* other : {"Give me one tip", "The capital of France", "Once upon a time"})
+    others.emplace_back([&s, other] {
+      post(s.port(), "/v1/completions", {{"model", "tiny-llama3"}, {"prompt", other}, {"max_tokens", 40}});
+    });
+  const Reply r = post(s.port(), "/v1/completions",
+                       {{"model", "tiny-llama3"}, {"prompt", text}, {"max_tokens", 24}, {"temperature", 0},
+                        {"return_token_ids", true}});
+  const Stream st = post_stream(s.port(), "/v1/completions",
+                                {{"model", "tiny-llama3"}, {"prompt", text}, {"max_tokens", 24}, {"temperature", 0}});
+  for (std::thread& t : others) t.join();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["choices"][0]["token_ids"], want["ids"]);
+  EXPECT_EQ(r.j["choices"][0]["text"], want["text"]);
+  EXPECT_EQ(r.j["choices"][0]["finish_reason"], want["finish_reason"]);
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], want["ids"].size());
+  EXPECT_EQ(st.text(), want["text"].get<std::string>());
+  EXPECT_EQ(s.stop(SIGTERM), 0);
+}
+
 TEST(ServeCli13, SigtermWithAStreamInFlightExitsZero) {
   ServeProcess s({"--shutdown-timeout", "0.2"});
   ASSERT_GT(s.port(), 0) << s.output();
@@ -285,17 +317,23 @@ TEST(ServeCli13, BenchServe) {
 }
 
 // `tiny-vllm bench throughput` (lessons 11-12) on a small CPU workload: every request gets all its tokens, the
-// JSON adds up, the same workload gives the same token counts in batch-invariant mode, and bad flags exit 2.
+// JSON adds up, the same workload gives the same token counts in batch-invariant mode and with async scheduling,
+// and bad flags exit 2.
 TEST(ServeCli13, BenchThroughput) {
   const std::string base = bin() + " bench throughput --model " + q(model_dir()) +
                            " --device cpu --num-requests 8 --min-len 4 --max-len 12 --output json";
-  for (const bool invariant : {false, true}) {
-    const Ran b = run(base + (invariant ? " --batch-invariant" : ""));
-    ASSERT_EQ(b.status, 0) << b.out;
+  int64_t output_tokens = -1;
+  for (const char* mode : {"", " --batch-invariant", " --async-scheduling"}) {
+    const Ran b = run(base + mode);
+    ASSERT_EQ(b.status, 0) << mode << "\n" << b.out;
     const json j = json::parse(b.out);
     EXPECT_EQ(j["requests"], 8);
     EXPECT_EQ(j["failed"], 0);
-    EXPECT_EQ(j["batch_invariant"], invariant);
+    EXPECT_EQ(j["batch_invariant"], std::string(mode) == " --batch-invariant");
+    EXPECT_EQ(j["async_scheduling"], std::string(mode) == " --async-scheduling");
+    // The same workload, EOS ignored: the same tokens in every mode (async scheduling drops no real id).
+    if (output_tokens < 0) output_tokens = j["output_tokens"].get<int64_t>();
+    EXPECT_EQ(j["output_tokens"].get<int64_t>(), output_tokens) << mode;
     EXPECT_EQ(j["batching"], "continuous");
     EXPECT_GE(j["output_tokens"].get<int64_t>(), 8 * 4);  // EOS ignored: every request its whole length
     EXPECT_LE(j["output_tokens"].get<int64_t>(), 8 * 12);
@@ -313,6 +351,7 @@ TEST(ServeCli13, BenchThroughput) {
     EXPECT_GE(j["warm_up_seconds"].get<double>(), 0.0);
   }
   EXPECT_EQ(run(base + " --kv nowhere").status, 2);
+  EXPECT_EQ(run(base + " --async-scheduling=maybe").status, 2);  // a flag: true/false at most
   EXPECT_EQ(run(base + " --max-len 100000").status, 2);  // longer than the model's context
   // vLLM's flag names (as serve's); the old names still work, hidden from --help.
   for (const char* flags : {" --max-num-seqs 2 --max-num-batched-tokens 64 --gpu-memory-utilization 0.5",
