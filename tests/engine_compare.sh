@@ -16,8 +16,8 @@ SERVE_SCALE=${SERVE_SCALE:-1}          # 0: 4 requests per server run, 8 tokens 
 status=0
 
 for round in 1 2; do
-  for mode in "" --async-scheduling; do
-    echo "== bench throughput ${mode:-(synchronous)}, round $round"
+  for mode in --no-async-scheduling --async-scheduling; do
+    echo "== bench throughput $mode, round $round"
     "$tvllm" bench throughput --model "$model" --device "$DEVICE" $THROUGHPUT_ARGS $mode 2>/dev/null | tail -16 ||
       status=1
   done
@@ -36,14 +36,14 @@ serve_bench() {
   fi
   local tokens=128
   [ "$SERVE_SCALE" = 0 ] && requests=4 tokens=8
-  echo "== bench serve ${flags:-(synchronous)}, concurrency $concurrency"
+  echo "== bench serve $flags, concurrency $concurrency"
   "$tvllm" bench serve --url "$url" --concurrency "$concurrency" --num-requests "$requests" --max-tokens "$tokens" \
     --prompt-len 128 || status=1
   kill -INT "$pid"
   wait "$pid" || status=1
   rm -f "$log"
 }
-for mode in "" --async-scheduling; do
+for mode in --no-async-scheduling --async-scheduling; do
   serve_bench "$mode" 1 48
   serve_bench "$mode" 32 256
 done

@@ -156,11 +156,13 @@ TEST(ServeCli13, GreedyEqualsGenerate) {
 }
 
 // --batch-invariant (lesson 11, section 11): the server says so on its first line, and a request answered while
-// others are in flight equals `generate --batch-invariant` on the same prompt.
+// others are in flight equals `generate --batch-invariant` on the same prompt. This server also runs the
+// synchronous engine (--no-async-scheduling), whose first line then names no async scheduling.
 TEST(ServeCli13, BatchInvariantServeEqualsBatchInvariantGenerate) {
-  ServeProcess s({"--batch-invariant"});
+  ServeProcess s({"--batch-invariant", "--no-async-scheduling"});
   ASSERT_GT(s.port(), 0) << "no 'listening on' line: " << s.output();
   EXPECT_NE(s.output().find("; batch-invariant"), std::string::npos) << s.output();
+  EXPECT_EQ(s.output().find("async scheduling"), std::string::npos) << s.output();
   const std::string text = "The capital of Portugal is";
   const Ran g = run(bin() + " generate --model " + q(model_dir()) + " --device cpu --output json --max-tokens 24 " +
                     "--batch-invariant --prompt " + q(text));
@@ -182,11 +184,11 @@ TEST(ServeCli13, BatchInvariantServeEqualsBatchInvariantGenerate) {
   EXPECT_EQ(s.stop(SIGTERM), 0);
 }
 
-// --async-scheduling (lesson 14, section 3): the server says so on its first line; a greedy request answered
+// Async scheduling (lesson 14, section 3; serve's default): the server says so on its first line; a greedy request answered
 // while others are in flight, whole and streamed, equals `generate` (the CPU path gives every request its alone
 // bits, Engine11's tests check it); and a stream whose client goes away mid-way does not stop the server.
 TEST(ServeCli13, AsyncSchedulingServeEqualsGenerate) {
-  ServeProcess s({"--async-scheduling"});
+  ServeProcess s;  // the default
   ASSERT_GT(s.port(), 0) << "no 'listening on' line: " << s.output();
   EXPECT_NE(s.output().find("; async scheduling"), std::string::npos) << s.output();
   const std::string text = "The capital of Portugal is";
@@ -323,14 +325,14 @@ TEST(ServeCli13, BenchThroughput) {
   const std::string base = bin() + " bench throughput --model " + q(model_dir()) +
                            " --device cpu --num-requests 8 --min-len 4 --max-len 12 --output json";
   int64_t output_tokens = -1;
-  for (const char* mode : {"", " --batch-invariant", " --async-scheduling"}) {
+  for (const char* mode : {"", " --batch-invariant", " --no-async-scheduling", " --async-scheduling"}) {
     const Ran b = run(base + mode);
     ASSERT_EQ(b.status, 0) << mode << "\n" << b.out;
     const json j = json::parse(b.out);
     EXPECT_EQ(j["requests"], 8);
     EXPECT_EQ(j["failed"], 0);
     EXPECT_EQ(j["batch_invariant"], std::string(mode) == " --batch-invariant");
-    EXPECT_EQ(j["async_scheduling"], std::string(mode) == " --async-scheduling");
+    EXPECT_EQ(j["async_scheduling"], std::string(mode) != " --no-async-scheduling");  // on by default
     // The same workload, EOS ignored: the same tokens in every mode (async scheduling drops no real id).
     if (output_tokens < 0) output_tokens = j["output_tokens"].get<int64_t>();
     EXPECT_EQ(j["output_tokens"].get<int64_t>(), output_tokens) << mode;

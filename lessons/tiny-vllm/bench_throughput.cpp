@@ -1,6 +1,6 @@
 // tiny-vllm bench throughput --model DIR [--num-requests 256] [--min-len 100 --max-len 1024] [--seed 0]
 //                            [--device auto|cpu|cuda] [--kv paged|contiguous] [--output table|json]
-//                            [--batch-invariant] [--async-scheduling] [lesson 14's and 16's flags]
+//                            [--batch-invariant] [--no-async-scheduling] [lesson 14's and 16's flags]
 //
 // The throughput workload of COURSE.md "Performance method": --num-requests requests whose prompt and output
 // lengths are uniform in [--min-len, --max-len], random prompt ids, EOS ignored, all submitted at once to lesson
@@ -38,7 +38,7 @@ struct BenchThroughputOptions {
   double kv_fraction = 0.9;
   bool prefix_caching = true;
   bool batch_invariant = false;
-  bool async_scheduling = false;  // lesson 14
+  bool async_scheduling = true;  // lesson 14 (measured: +6% bench throughput, H200)
   std::string kv_cache_dtype = "auto";  // lesson 16
   int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   FastPathFlags fast;  // lesson 14
@@ -203,8 +203,9 @@ void add_bench_throughput_command(CLI::App& bench) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");
-  cmd->add_flag("--async-scheduling", opt->async_scheduling,
-                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14)");
+  cmd->add_flag("--async-scheduling,!--no-async-scheduling", opt->async_scheduling,
+                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14; the "
+                "default: --no-async-scheduling waits for each step's ids first)");
   cmd->add_option("--static-batch", opt->static_batch,
                   "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));

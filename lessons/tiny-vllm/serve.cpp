@@ -1,7 +1,7 @@
 // tiny-vllm serve --model DIR [--host 127.0.0.1] [--port 8000] [--device auto|cpu|cuda] [--served-model-name NAME]
 //                 [--api-key KEY] [--max-waiting N] [--kv paged|contiguous] [--max-model-len N] [--max-num-seqs N]
 //                 [--max-num-batched-tokens N] [--kv-blocks N] [--gpu-memory-utilization F] [--shutdown-timeout S]
-//                 [--read-timeout S] [--max-connections N] [--quiet] [--batch-invariant] [--async-scheduling]
+//                 [--read-timeout S] [--max-connections N] [--quiet] [--batch-invariant] [--no-async-scheduling]
 //                 [--enforce-eager] [--no-fused] [--no-fast-sampler] [--no-pdl] [--no-fast-attention]
 // tiny-vllm bench serve --url http://127.0.0.1:8000 --concurrency C --num-requests N [--max-tokens M]
 //                       [--prompt-len P] [--duration-limit S] [--model NAME] [--api-key KEY] [--output text|json]
@@ -48,7 +48,7 @@ struct ServeCliOptions {
   int64_t max_connections = 1000;
   bool quiet = false;
   bool batch_invariant = false;
-  bool async_scheduling = false;  // lesson 14: the next step launched before the last one's ids are back
+  bool async_scheduling = true;  // lesson 14: the next step launched before the last one's ids are back
   std::string kv_cache_dtype = "auto";  // lesson 16
   int tensor_parallel_size = 1;          // lesson 17: only 1 runs
   FastPathFlags fast;  // lesson 14
@@ -233,8 +233,9 @@ void add_serve_commands(CLI::App& app) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "a request's tokens do not depend on the other requests in flight (slower kernels; lesson 11)");
-  cmd->add_flag("--async-scheduling", opt->async_scheduling,
-                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14)");
+  cmd->add_flag("--async-scheduling,!--no-async-scheduling", opt->async_scheduling,
+                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14; the "
+                "default: --no-async-scheduling waits for each step's ids first)");
   cmd->callback([opt] {
     ServeCliOptions o = *opt;
     if (o.api_key.empty())
