@@ -556,8 +556,8 @@ void launch_v3(const V3Args& a, cudaStream_t stream, bool pdl, bool eight = fals
   TVLLM_REQUIRE(tiles < (int64_t{1} << 31), "gemv: too many rows for one launch");
   // One block per tile, or (tile streaming, the default) no more blocks than the GPU holds at once.
   const auto go = [&](auto kernel) {
-    const auto grid = static_cast<unsigned>(
-        gemv_tile_streaming() ? std::min(tiles, resident_blocks(kernel, s.threads)) : tiles);
+    const auto grid = static_cast<unsigned>(gemv_tile_streaming() ? std::min(tiles, resident_blocks(kernel, s.threads))
+                                                                  : tiles);
     launch_kernel(kernel, grid, s.threads, stream, pdl, a);
   };
   with_rows(a.M, [&](auto rows) {

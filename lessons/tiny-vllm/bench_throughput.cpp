@@ -203,9 +203,7 @@ void add_bench_throughput_command(CLI::App& bench) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "the engine's batch-invariant kernels (lesson 06 v8, flash decode): what exactness costs");
-  cmd->add_flag("--async-scheduling,!--no-async-scheduling", opt->async_scheduling,
-                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14; the "
-                "default: --no-async-scheduling waits for each step's ids first)");
+  add_async_scheduling_flag(cmd, opt->async_scheduling);
   cmd->add_option("--static-batch", opt->static_batch,
                   "0 (default): continuous batching; B: static batches of B (the next starts when all have finished)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));

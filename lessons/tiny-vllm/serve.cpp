@@ -233,9 +233,7 @@ void add_serve_commands(CLI::App& app) {
   opt->fast.add_to(cmd);
   cmd->add_flag("--batch-invariant", opt->batch_invariant,
                 "a request's tokens do not depend on the other requests in flight (slower kernels; lesson 11)");
-  cmd->add_flag("--async-scheduling,!--no-async-scheduling", opt->async_scheduling,
-                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14; the "
-                "default: --no-async-scheduling waits for each step's ids first)");
+  add_async_scheduling_flag(cmd, opt->async_scheduling);
   cmd->callback([opt] {
     ServeCliOptions o = *opt;
     if (o.api_key.empty())

@@ -172,6 +172,12 @@ void add_kv_cache_dtype_option(CLI::App* cmd, std::string& choice) {
       ->type_name("auto|bf16|fp8");
 }
 
+void add_async_scheduling_flag(CLI::App* cmd, bool& on) {
+  cmd->add_flag("--async-scheduling,!--no-async-scheduling", on,
+                "schedule and launch each step before the last one's ids are back (vLLM's flag; lesson 14; the "
+                "default: --no-async-scheduling waits for each step's ids first)");
+}
+
 void require_generator_kv_cache_dtype(const std::string& choice, const char* command) {
   if (choice == "fp8") {
     throw InputError(std::string("--kv-cache-dtype fp8: ") + command +

@@ -78,6 +78,9 @@ nlohmann::json fp8_gemm_report();
 // dtype. fp8: E4M3 codes with one scale per layer for k and one for v (the checkpoint's k_scale / v_scale, else
 // 1.0), in the engine's paged pool only.
 void add_kv_cache_dtype_option(CLI::App* cmd, std::string& choice);
+// --async-scheduling / --no-async-scheduling (lesson 14, vLLM's flag; on by default for serve and bench throughput):
+// EngineConfig::async_scheduling, the next step launched before the last one's ids are back.
+void add_async_scheduling_flag(CLI::App* cmd, bool& on);
 // generate, chat, bench latency run lesson 10's contiguous cache, which stores the model's dtype: fp8 is an
 // InputError that names the commands that have it (serve, bench throughput); auto and bf16 pass.
 void require_generator_kv_cache_dtype(const std::string& choice, const char* command);
