@@ -225,6 +225,33 @@ TEST(Hopper15Args, GemmRefusesMismatchedShapesAndDtypes) {
             std::string::npos);
 }
 
+// Step 8: the gated MLP's own rules on top of GEMM v2's, each named in its message.
+TEST(Hopper15Args, GatedMlpRefusesWhatItCannotDo) {
+  const auto error_of = [](std::vector<int64_t> act, std::vector<int64_t> x, std::vector<int64_t> w) {
+    return input_error_of([&] {
+      check_gated_mlp_args(fake_cuda(DType::BF16, act), fake_cuda(DType::BF16, x), fake_cuda(DType::BF16, w));
+    });
+  };
+  EXPECT_EQ(error_of({8, 16}, {8, 64}, {32, 64}), "(no InputError)");  // I = 16, K = 64: taken
+  EXPECT_NE(error_of({8, 16}, {8, 64}, {33, 64}).find("2I rows"), std::string::npos);  // not gate + up rows
+  EXPECT_NE(error_of({8, 12}, {8, 64}, {32, 64}).find("16 columns"), std::string::npos);  // act is not [M, I]
+  EXPECT_NE(error_of({7, 16}, {8, 64}, {32, 64}).find("8 rows"), std::string::npos);      // nor [M, ...]
+  EXPECT_NE(error_of({8, 16}, {8, 96}, {32, 96}).find("multiple of 64"), std::string::npos);
+  EXPECT_NE(error_of({8, 16}, {8, 64}, {32, 128}).find("same K"), std::string::npos);
+  EXPECT_NE(error_of({8, 12}, {8, 64}, {24, 64}).find("multiple of 8"), std::string::npos);  // I = 12: no TMA row
+  EXPECT_NE(input_error_of([] {
+              check_gated_mlp_args(fake_cuda(DType::F32, {8, 16}), fake_cuda(DType::BF16, {8, 64}),
+                                   fake_cuda(DType::BF16, {32, 64}));
+            }).find("must be BF16"),
+            std::string::npos);
+  const TensorView x = fake_cuda(DType::BF16, {8, 64});  // act written over x
+  EXPECT_NE(input_error_of([&] {
+              check_gated_mlp_args(TensorView::contiguous(x.data, DType::BF16, Device::CUDA, {8, 16}), x,
+                                   fake_cuda(DType::BF16, {32, 64}));
+            }).find("overlap"),
+            std::string::npos);
+}
+
 TEST(Hopper15Args, TmaAndTileRefuseWhatTheHardwareCannotDo) {
   // The 128-byte swizzle needs a 64-column box.
   EXPECT_NE(input_error_of([] {

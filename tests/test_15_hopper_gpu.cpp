@@ -181,6 +181,45 @@ TEST(Hopper15Gpu, GemmV2IsBatchInvariantBitForBit) {
   EXPECT_EQ(gemm_batch_variant_rows(1, 300, 1000, 2048, rows, 132), 0);
 }
 
+// ---- step 8: the gated MLP in GEMM v2's epilogue --------------------------------------------------------------
+
+// Against the CPU oracle (kGatedMlpVsCpu) and, bit for bit, against GEMM v2 + lesson 08's silu_mul: one tile; one
+// row (the second consumer has nothing to store); I = 8 (the smallest TMA row, a 128-row box mostly past I); I not a
+// multiple of 128 nor 64 (a partial tile and a partial 64-column chunk: its gate box reads TMA's zeros past row I,
+// never the up half); odd M with a long K; more tiles than SMs (the persistent loop wraps, stage counters too).
+TEST(Hopper15Gpu, GatedMlpMatchesTheOracleAndTheUnfusedBits) {
+  TVLLM_REQUIRE_HOPPER();
+  uint64_t seed = 200;
+  for (const GemmShape& s : std::vector<GemmShape>{
+           {128, 128, 64}, {1, 256, 128}, {2, 8, 64}, {100, 200, 320}, {333, 136, 1024}, {4100, 1160, 128}}) {
+    SCOPED_TRACE(std::to_string(s.m) + " x I " + std::to_string(s.n) + " x K " + std::to_string(s.k));
+    EXPECT_PASSES(check_gated_mlp_wgmma(s.m, s.n, s.k, seed++));
+  }
+}
+
+// The 1B model's MLP (I = 8192, K = 2048) at prefill lengths, bit for bit against GEMM v2 + silu_mul (the CPU
+// oracle at 130 rows: 4.4 G double multiply-adds; at 1000 rows the bits alone).
+TEST(Hopper15Gpu, GatedMlpAtThe1BShape) {
+  TVLLM_REQUIRE_HOPPER();
+  EXPECT_PASSES(check_gated_mlp_wgmma(130, 8192, 2048, 210));
+  EXPECT_PASSES(check_gated_mlp_wgmma(1000, 8192, 2048, 211, false));
+}
+
+// A row computed alone equals the same row among 300, in every bit (rows at both consumers' edges and in the last,
+// partial tile): each act element is one fixed-order sum, as in GEMM v2.
+TEST(Hopper15Gpu, GatedMlpIsBatchInvariantBitForBit) {
+  TVLLM_REQUIRE_HOPPER();
+  EXPECT_EQ(gated_mlp_batch_variant_rows(300, 392, 512, {0, 1, 63, 64, 127, 128, 200, 299}, 220), 0);
+}
+
+TEST(Hopper15Gpu, GatedMlpRefusesOnTheGpuToo) {
+  TVLLM_REQUIRE_HOPPER();
+  const Tensor x = Tensor::empty({4, 64}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::empty({24, 64}, DType::BF16, Device::CUDA);
+  const Tensor act = Tensor::empty({4, 12}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(gated_mlp_wgmma(act, x, w), InputError);  // I = 12: not a multiple of 8
+}
+
 TEST(Hopper15Gpu, GemmV2RefusesBadKOnTheGpuToo) {
   TVLLM_REQUIRE_HOPPER();
   const Tensor x = Tensor::empty({4, 96}, DType::BF16, Device::CUDA);

@@ -1,5 +1,5 @@
-// Lesson 15, GPU: flash_wgmma() as the engine's prefill attention and gemm_wgmma_v2() as linear()'s GEMM for large
-// steps (prefill_hook.h). The attention on the bundled model (head_dim 64). A counting wrapper stands in the seam, so each test also proves the kernel ran (a hook that declined every
+// Lesson 15, GPU: flash_wgmma() as the engine's prefill attention, gated_mlp_wgmma() as the forward's gated MLP and
+// gemm_wgmma_v2() as linear()'s GEMM for large steps (prefill_hook.h). The attention on the bundled model (head_dim 64). A counting wrapper stands in the seam, so each test also proves the kernel ran (a hook that declined every
 // step would pass the comparisons with lesson 10/12's own kernels). The tolerances are the engine suites':
 //   - the Generator's teacher-forced logits with and without the hook: both bf16 pipelines that differ only in
 //     the attention kernel's summation order (lesson 07's tolerance per kernel call, about 2^-8 relative), carried
@@ -23,10 +23,14 @@
 #include "common/cublas.h"
 #include "hopper.h"
 #include "matmul.h"
+#include "model_dir.h"
+#include "model_weights.h"
 #include "prefill_hook.h"
 #include "testing/engine_fixture.h"
 #include "testing/hopper_testing.h"
+#include "testing/safetensors_builder.h"
 #include "testing/testing.h"
+#include "transformer.h"
 
 namespace tvllm {
 namespace {
@@ -212,6 +216,66 @@ TEST(HopperGemm15Gpu, LinearTakesTheWgmmaGemmFromMinTokens) {
   TVLLM_CUDA_CHECK(cudaStreamSynchronize(handle.stream()));
   EXPECT_EQ(g_gemm_ran.load(), 1);
   EXPECT_EQ(g_gemm_declined.load(), 1);
+}
+
+// ---- the gated-MLP seam (lesson 08's install_gated_mlp) ------------------------------------------------------
+
+std::atomic<int64_t> g_mlp_ran{0}, g_mlp_declined{0};
+
+bool counting_mlp(const TensorView& act, const TensorView& x, const TensorView& w, cudaStream_t stream) {
+  const bool ran = hopper_gated_mlp(act, x, w, stream);
+  (ran ? g_mlp_ran : g_mlp_declined).fetch_add(1);
+  return ran;
+}
+
+struct CountingMlp {
+  explicit CountingMlp(int64_t min_tokens) {
+    g_mlp_ran = 0;
+    g_mlp_declined = 0;
+    install_gated_mlp(counting_mlp, min_tokens);
+  }
+  ~CountingMlp() { install_gated_mlp(nullptr, 1); }
+};
+
+// The engine with the one-kernel MLP (installed from 64 tokens, so that prefill steps and the larger decode steps
+// take it) against each request alone through the Generator without it: lesson 11's rule, as the attention hook
+// above. A random model the kernel takes (the bundled one's hidden, 336, is not a multiple of 64: declined there):
+// hidden 256, intermediate 520 (a multiple of 8, not of 128: the last tile is partial). Then a batch-invariant
+// engine on the same requests: its GEMM (v8) is never replaced, so the seam is never asked.
+TEST(HopperGatedMlp15Gpu, TheEngineWithTheOneKernelMlpAgreesWithEachRequestAlone) {
+  TVLLM_REQUIRE_HOPPER();
+  testing::SyntheticLlama s;
+  s.vocab = 512, s.hidden = 256, s.intermediate = 520, s.layers = 2, s.heads = 4, s.kv_heads = 2, s.head_dim = 64;
+  testing::TempDir tmp;
+  testing::write_random_llama_as(s, tmp.path(), 77, "BF16", 0.05f);
+  const ModelDir model = ModelDir::open(tmp.path());
+  const ModelWeights w = ModelWeights::bind(model, Device::CUDA);
+  constexpr int64_t kMaxContext = 64;  // SyntheticLlama's max_position_embeddings
+  const auto requests = make_check_requests(64, 8, 40, 1, 16, workload_id_high(w.config), 51);
+  const AloneResults alone = run_alone(w, requests, kMaxContext);  // the seam is not installed yet
+  CountingMlp seam(64);
+  PagedKvOptions o;
+  o.num_blocks = 64 * 4;
+  o.block_size = 16;
+  Engine engine(w, testing::engine_config(1024, 64, kMaxContext), paged_kv(o));
+  const EngineRunResult run = run_requests(engine, requests);
+  EXPECT_TRUE(run.events_ok) << run.events_error;
+  const AloneCheck check = check_against_alone(w, requests, run, alone, kMaxContext);
+  EXPECT_TRUE(check.pass()) << check.summary();
+  std::printf("one-kernel gated MLP: %s; ran %lld times, declined %lld\n", check.summary().c_str(),
+              static_cast<long long>(g_mlp_ran.load()), static_cast<long long>(g_mlp_declined.load()));
+  EXPECT_GT(g_mlp_ran.load(), 0);
+  EXPECT_EQ(g_mlp_declined.load(), 0);
+  const KvUsage u = engine.kv().usage();
+  EXPECT_EQ(u.free_blocks, u.total_blocks);
+
+  const int64_t ran_before = g_mlp_ran.load();
+  EngineConfig invariant = testing::engine_config(1024, 64, kMaxContext);
+  invariant.batch_invariant = true;
+  Engine engine_bi(w, invariant, paged_kv(o));
+  const EngineRunResult run_bi = run_requests(engine_bi, requests);
+  EXPECT_TRUE(run_bi.events_ok) << run_bi.events_error;
+  EXPECT_EQ(g_mlp_ran.load() + g_mlp_declined.load(), ran_before) << "batch invariance never asks the seam";
 }
 
 }  // namespace

@@ -108,6 +108,21 @@ void install_fp8_gemm(Fp8GemmFn fn, int64_t min_tokens) {
 }
 Fp8GemmFn installed_fp8_gemm() { return g_fp8_gemm.load(); }
 
+// ---- the gated-MLP seam (lesson 15) ----------------------------------------------------------------------
+
+namespace {
+std::atomic<GatedMlpFn> g_gated_mlp{nullptr};
+std::atomic<int64_t> g_gated_mlp_min_tokens{0};
+}  // namespace
+
+void install_gated_mlp(GatedMlpFn fn, int64_t min_tokens) {
+  TVLLM_REQUIRE(min_tokens >= 1, "install_gated_mlp: min_tokens must be >= 1, got " + std::to_string(min_tokens));
+  g_gated_mlp_min_tokens.store(min_tokens);
+  g_gated_mlp.store(fn);
+}
+GatedMlpFn installed_gated_mlp() { return g_gated_mlp.load(); }
+int64_t installed_gated_mlp_min_tokens() { return g_gated_mlp_min_tokens.load(); }
+
 namespace {
 std::atomic<CpuActivationTransform> g_cpu_activation_transform{nullptr};
 }  // namespace
@@ -238,6 +253,16 @@ TensorView at_element(const Tensor& buffer, int64_t offset, Shape shape) {
   return {gate, up};
 }
 
+// act = silu(x Wg^T) * (x Wu^T) in one kernel, when lesson 15 installed one (install_gated_mlp) and the step
+// qualifies (transformer.h says when); false: nothing ran, the caller runs project_gate_up and silu_mul.
+[[maybe_unused]] bool gated_mlp_in_one_kernel(ExecContext& ctx, const LayerWeights& L, const TensorView& x,
+                                              const TensorView& act) {
+  const GatedMlpFn fn = installed_gated_mlp();
+  return fn != nullptr && ctx.device() == Device::CUDA && x.shape[0] >= installed_gated_mlp_min_tokens() &&
+         ctx.matmul_kernel() == MatmulKernel::V5Cublas && L.packed() && L.b_gate_up.data == nullptr &&
+         L.w_gate_up.dtype == DType::BF16 && fn(act, x, L.w_gate_up, ctx.stream());
+}
+
 // One decoder layer over the step's T tokens.
 //   On entry: h (workspace.hidden) holds the residual stream WITHOUT the previous layer's MLP output, which
 //   is still in delta (layer > 0): adding it is fused into this layer's first norm (add_rmsnorm).
@@ -302,9 +327,11 @@ void decoder_layer(ExecContext& ctx, const ModelWeights& w, int layer, const Ste
   project(ctx, delta, attn, L.wo, L.bo, L.wo_scale, L.fp8_scratch);
   // 6. h += delta; the MLP's input normed = rmsnorm(h) * w_post.
   add_rmsnorm(h, delta, L.post_norm, normed, eps, {}, stream);
-  // 7. The gated MLP: act = silu(normed Wg^T) * (normed Wu^T).
-  const auto [gate, up] = project_gate_up(ctx, L, normed);
-  silu_mul(act, gate, up, stream);
+  // 7. The gated MLP: act = silu(normed Wg^T) * (normed Wu^T) (in one kernel where lesson 15 installed one).
+  if (!gated_mlp_in_one_kernel(ctx, L, normed, act)) {
+    const auto [gate, up] = project_gate_up(ctx, L, normed);
+    silu_mul(act, gate, up, stream);
+  }
   // 8. delta = act Wd^T (+ b_down: mlp_bias), added to h by the next layer's first norm (or the final norm).
   project(ctx, delta, act, L.w_down, L.b_down, L.w_down_scale, L.fp8_scratch);
   // --- end of exercise 08.4 ---

@@ -241,6 +241,19 @@ void install_fp8_gemm(Fp8GemmFn fn, int64_t min_tokens);  // null uninstalls; pu
 Fp8GemmFn installed_fp8_gemm();
 int64_t installed_fp8_gemm_min_tokens();
 
+// ---- the gated MLP in one kernel: the seam lesson 15 plugs into -----------------------------------------
+// act [T, I] = silu(x Wg^T) * (x Wu^T) from the packed w_gate_up [2I, K] in ONE kernel: a GEMM whose epilogue
+// applies the SiLU·mul, so the [T, 2I] product is never written and read back (lesson 15, step 8). The forward
+// asks it (decoder_layer, step 7) for CUDA steps of at least min_tokens tokens with lesson 06's default kernel
+// (never in batch-invariant mode: v8's promise is about every T), packed BF16 gate|up weights and no MLP bias. It
+// rounds as project_gate_up + silu_mul do and returns false when it declines (a layout rule, another GPU): the
+// two ops then run. Queued on `stream`, no allocation, no synchronisation. Nothing installed: always the two ops.
+using GatedMlpFn = bool (*)(const TensorView& act, const TensorView& x, const TensorView& w_gate_up,
+                            cudaStream_t stream);
+void install_gated_mlp(GatedMlpFn fn, int64_t min_tokens);  // null uninstalls; published atomically
+GatedMlpFn installed_gated_mlp();
+int64_t installed_gated_mlp_min_tokens();
+
 // CPU only: a transform every projection's input goes through before its GEMM (out: x's shape, contiguous F32),
 // for lesson 16's accuracy measurement, which simulates the FP8 GEMM's per-token activation quantization with it
 // (quantize, then decode). Nothing installed (the default): the inputs as they are. Not for CUDA steps.

@@ -19,11 +19,20 @@
 //
 // The phases are v1's, with `step` (every K step this block has consumed, over all its tiles) in place of k:
 // stage step % 4, round step / 4, full waited with parity round & 1, empty with (round & 1) ^ 1.
+//
+// Step 8, the gated MLP (gated_mlp_wgmma, README "The gated MLP in the GEMM's epilogue"): the same kernel with
+// kGated. The MLP's act = silu(x Wg^T) * (x Wu^T) needs, for each output column j, gate column j and up column j,
+// which the packed weight [gate; up] keeps I rows apart. So a gated tile's 256 W rows are TWO TMA boxes of 128
+// rows: gate rows j0 .. j0 + 127 (map_w) into the stage's first half, the same rows of the up half (map_w2) into
+// its second. The MMAs do not change; wgmma's accumulator layout then puts column c and column c + 128 of the
+// tile in the same thread (registers r and r + 64, accumulator_position), so each thread turns its gate and up
+// sums into act in registers, and the tile stores 128 columns of act: the [T, 2I] product is never written.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <string>
 
+#include "common/cuda_utils.cuh"  // bf16_bits_to_f32, f32_to_bf16_bits
 #include "common/errors.h"
 #include "hopper.cuh"
 #include "hopper.h"
@@ -49,12 +58,26 @@ static_assert(kGemm2BlockM == 64 * kConsumers && kGemm2BlockN == 256 && kGemm2Bl
               "the kernel is written for 2 x m64n256k16 per K slice of 16, four slices per stage");
 constexpr int kAccumulators = kGemm2BlockN / 2;  // 128 floats per consumer thread: 64 x 256 over 128 threads
 constexpr int kChunkRegisters = kOutCols / 2;    // 32 of them per 64-column chunk (8 slices of 4)
+constexpr int kGatedCols = kGemm2BlockN / 2;     // a gated tile's act columns: 128 gate + their 128 up rows
+constexpr int kUpRegisters = kAccumulators / 2;  // register r's up partner: r + 64 (column + 128)
 
+// act = silu(gate) * up from the two fp32 sums, rounded where lesson 08's unfused path rounds: the GEMM stores
+// gate and up as bf16, silu_mul (silu_mul.cu) rounds silu(gate) to bf16 and the caller rounds the product.
+__device__ __forceinline__ float silu_times_up(float gate_sum, float up_sum) {
+  const float g = bf16_bits_to_f32(f32_to_bf16_bits(gate_sum));
+  const float u = bf16_bits_to_f32(f32_to_bf16_bits(up_sum));
+  return bf16_bits_to_f32(f32_to_bf16_bits(g / (1.0f + expf(-g)))) * u;
+}
+
+// kGated = false: y [m, n] = x W^T (map_w: W [n, k] in boxes of 256 rows; map_w2 unused).
+// kGated = true:  y [m, n] = act, n = I (map_w: W's gate half [I, k], map_w2: its up half, boxes of 128 rows).
+template <bool kGated>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_wgmma_v2_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                         const __grid_constant__ CUtensorMap map_y, bool tma_store, __nv_bfloat16* y, int m,
-                         int n, int k) {
+                         const __grid_constant__ CUtensorMap map_w2, const __grid_constant__ CUtensorMap map_y,
+                         bool tma_store, __nv_bfloat16* y, int m, int n, int k) {
 #if TVLLM_HOPPER_DEVICE
+  constexpr int kTileCols = kGated ? kGatedCols : kGemm2BlockN;  // output columns per tile
   extern __shared__ unsigned char smem_raw[];
   __shared__ uint64_t full[kGemm2Stages], empty[kGemm2Stages];
   // Every region starts on a 1024-byte boundary (the 128-byte swizzle's period): each size is a multiple.
@@ -66,12 +89,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   const int k_tiles = k / kGemm2BlockK;
   const uint32_t tiles_m = (static_cast<uint32_t>(m) + kGemm2BlockM - 1) / kGemm2BlockM;  // m < 2^31: no
-  const uint32_t tiles_n = (static_cast<uint32_t>(n) + kGemm2BlockN - 1) / kGemm2BlockN;  // overflow
+  const uint32_t tiles_n = (static_cast<uint32_t>(n) + kTileCols - 1) / kTileCols;  // overflow
   const uint32_t tiles = tiles_m * tiles_n;  // < 2^31: the host checks
 
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_x);
     prefetch_tensor_map(&map_w);
+    if (kGated) prefetch_tensor_map(&map_w2);
     if (tma_store) prefetch_tensor_map(&map_y);
     for (int s = 0; s < kGemm2Stages; ++s) {
       mbarrier_init(&full[s], 1);
@@ -88,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t step = 0;
       for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const GemmTile at = grouped_tile(tile, tiles_m, tiles_n, kGemm2GroupM);
-        const int m0 = static_cast<int>(at.m) * kGemm2BlockM, n0 = static_cast<int>(at.n) * kGemm2BlockN;
+        const int m0 = static_cast<int>(at.m) * kGemm2BlockM, n0 = static_cast<int>(at.n) * kTileCols;
         for (int kt = 0; kt < k_tiles; ++kt, ++step) {
           const RingSlot slot = ring_slot(step, kGemm2Stages);
           const uint32_t s = slot.stage;
@@ -96,7 +120,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           // The FULL boxes' bytes, even where a box hangs past M or N: TMA counts the zeros it writes too.
           mbarrier_arrive_expect_tx(&full[s], kStageBytesX + kStageBytesW);
           tma_load_2d(stage_x + s * kStageBytesX, &map_x, kt * kGemm2BlockK, m0, &full[s]);
-          tma_load_2d(stage_w + s * kStageBytesW, &map_w, kt * kGemm2BlockK, n0, &full[s]);
+          if constexpr (kGated) {  // gate rows n0.. into rows 0-127, the same up rows into rows 128-255
+            tma_load_2d(stage_w + s * kStageBytesW, &map_w, kt * kGemm2BlockK, n0, &full[s]);
+            tma_load_2d(stage_w + s * kStageBytesW + kStageBytesW / 2, &map_w2, kt * kGemm2BlockK, n0, &full[s]);
+          } else {
+            tma_load_2d(stage_w + s * kStageBytesW, &map_w, kt * kGemm2BlockK, n0, &full[s]);
+          }
         }
       }
     }
@@ -118,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (uint32_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const GemmTile at = grouped_tile(tile, tiles_m, tiles_n, kGemm2GroupM);
     const int m0 = static_cast<int>(at.m) * kGemm2BlockM + consumer * 64;  // this warpgroup's first row
-    const int n0 = static_cast<int>(at.n) * kGemm2BlockN;
+    const int n0 = static_cast<int>(at.n) * kTileCols;
 
     for (int kt = 0; kt < k_tiles; ++kt, ++step) {
       const RingSlot slot = ring_slot(step, kGemm2Stages);
@@ -146,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tma_store) {
       // ---- epilogue: registers -> swizzled shared chunk -> TMA store, 64 columns at a time ---------------
 #pragma unroll
-      for (int c = 0; c < kGemm2BlockN / kOutCols; ++c) {
+      for (int c = 0; c < kTileCols / kOutCols; ++c) {
         if (n0 + c * kOutCols < n) {  // the same for the whole warpgroup: chunks past N are skipped
           unsigned char* chunk = my_out + (stores % kOutBuffers) * kOutChunkBytes;
           // The store issued two chunks ago read this buffer: wait until it has (only its issuer can ask),
@@ -157,10 +186,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kChunkRegisters; i += 2) {
             const int r = c * kChunkRegisters + i;  // registers r, r + 1: columns col, col + 1 of one row
             const FragmentPosition p = accumulator_position(t, r);
+            // Gated: registers r, r + 1 are gate columns, r + 64, r + 65 the same columns' up sums.
+            const float v0 = kGated ? silu_times_up(acc[r], acc[r + kUpRegisters]) : acc[r];
+            const float v1 = kGated ? silu_times_up(acc[r + 1], acc[r + 1 + kUpRegisters]) : acc[r + 1];
             // A warp's 32 stores of one i: 8 rows x 4 column pairs of one 16-byte chunk; the swizzle sends
             // the 8 rows to 8 different chunks of the 128-byte bank row: all 32 banks, no conflict.
             *reinterpret_cast<__nv_bfloat162*>(chunk + swizzled_offset_bf16(p.row, p.col - c * kOutCols)) =
-                __floats2bfloat162_rn(acc[r], acc[r + 1]);
+                __floats2bfloat162_rn(v0, v1);
           }
           fence_proxy_async_shared();           // my writes, visible to the TMA unit ...
           named_barrier_sync(barrier_id, 128);  // ... once all 128 threads have written theirs
@@ -171,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           ++stores;
         }
       }
-    } else {
+    } else if constexpr (!kGated) {  // (gated_mlp_wgmma requires I % 8 == 0: always the TMA store)
       // ---- epilogue for N % 8 != 0: v1's guarded stores straight from the registers ---------------------
       const bool pairs = n % 2 == 0;
 #pragma unroll
@@ -193,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The block's shared memory lives until its last thread exits: the issuer stays until its stores are done.
   if (tma_store && t == 0) bulk_wait_group<0>();
 #else
-  (void)map_x, (void)map_w, (void)map_y, (void)tma_store, (void)y, (void)m, (void)n, (void)k;
+  (void)map_x, (void)map_w, (void)map_w2, (void)map_y, (void)tma_store, (void)y, (void)m, (void)n, (void)k;
 #endif
 }
 
@@ -204,6 +236,21 @@ int multiprocessors() {
   TVLLM_CUDA_CHECK(cudaGetDevice(&device));
   TVLLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return std::max(sms, 1);
+}
+
+// The launch both entry points share: a persistent grid (one block per SM: the shared memory allows no second),
+// never more blocks than tiles.
+template <bool kGated>
+void launch_v2(const CUtensorMap& map_x, const CUtensorMap& map_w, const CUtensorMap& map_w2, const CUtensorMap& map_y,
+               bool tma_store, const TensorView& y, int64_t m, int64_t n, int64_t k, int64_t tiles,
+               cudaStream_t stream) {
+  TVLLM_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_v2_kernel<kGated>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        kSmemBytes));
+  const int64_t grid = std::min<int64_t>(tiles, multiprocessors());
+  gemm_wgmma_v2_kernel<kGated><<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(
+      map_x, map_w, map_w2, map_y, tma_store, y.ptr<__nv_bfloat16>(), static_cast<int>(m), static_cast<int>(n),
+      static_cast<int>(k));
+  TVLLM_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -226,14 +273,27 @@ void gemm_wgmma_v2(const TensorView& y, const TensorView& x, const TensorView& w
   const CUtensorMap map_y = tma_store
                                 ? make_tensor_map_bf16_2d(y.data, m, n, n * 2, 64, kOutCols, TmaSwizzle::B128)
                                 : CUtensorMap{};
-  TVLLM_CUDA_CHECK(
-      cudaFuncSetAttribute(gemm_wgmma_v2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  // Persistent: one block per SM (the shared memory allows no second), never more blocks than tiles.
-  const int64_t grid = std::min<int64_t>(tiles, multiprocessors());
-  gemm_wgmma_v2_kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(
-      map_x, map_w, map_y, tma_store, y.ptr<__nv_bfloat16>(), static_cast<int>(m), static_cast<int>(n),
-      static_cast<int>(k));
-  TVLLM_CHECK_LAUNCH();
+  launch_v2<false>(map_x, map_w, CUtensorMap{}, map_y, tma_store, y, m, n, k, tiles, stream);
+}
+
+void gated_mlp_wgmma(const TensorView& act, const TensorView& x, const TensorView& w_gate_up, cudaStream_t stream) {
+  check_gated_mlp_args(act, x, w_gate_up);
+  require_hopper("gated_mlp_wgmma");
+  const int64_t m = x.dim(0), k = x.dim(1), i = act.dim(1);
+  const int64_t tiles = ((m + kGemm2BlockM - 1) / kGemm2BlockM) * ((i + kGatedCols - 1) / kGatedCols);
+  TVLLM_REQUIRE(tiles < (int64_t{1} << 31),
+                "gated_mlp_wgmma: " + std::to_string(tiles) + " output tiles, more than 2^31 - 1");
+  const CUtensorMap map_x =
+      make_tensor_map_bf16_2d(x.data, m, k, k * 2, kGemm2BlockM, kGemm2BlockK, TmaSwizzle::B128);
+  // Two views of the packed weight, each [I, K]: its gate rows and its up rows (I * K * 2 bytes further on, a
+  // multiple of 16 since K is). A box that hangs past row I reads TMA's zeros, never the other half.
+  const auto* gate = static_cast<const unsigned char*>(w_gate_up.data);
+  const CUtensorMap map_gate =
+      make_tensor_map_bf16_2d(gate, i, k, k * 2, kGatedCols, kGemm2BlockK, TmaSwizzle::B128);
+  const CUtensorMap map_up =
+      make_tensor_map_bf16_2d(gate + i * k * 2, i, k, k * 2, kGatedCols, kGemm2BlockK, TmaSwizzle::B128);
+  const CUtensorMap map_act = make_tensor_map_bf16_2d(act.data, m, i, i * 2, 64, kOutCols, TmaSwizzle::B128);
+  launch_v2<true>(map_x, map_gate, map_up, map_act, true, act, m, i, k, tiles, stream);
 }
 
 }  // namespace tvllm

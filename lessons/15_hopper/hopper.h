@@ -93,4 +93,17 @@ void gemm_wgmma_v2(const TensorView& y, const TensorView& x, const TensorView& w
 // Checks gemm_wgmma's arguments (shapes, dtypes, K % 64) without a GPU: the CPU tests call it.
 void check_gemm_wgmma_args(const TensorView& y, const TensorView& x, const TensorView& w);
 
+// ---- step 8: the gated MLP in the GEMM's epilogue ----------------------------------------------------------
+// act [M, I] = silu(x Wg^T) * (x Wu^T) for the packed w_gate_up [2I, K] (gate rows, then up rows, as lesson 08
+// packs them): GEMM v2 whose tiles hold 128 gate columns beside the same 128 up columns, so the epilogue writes
+// act and the [M, 2I] product never reaches memory. Rounds as lesson 08's unfused path does (gate and up to
+// bf16, silu(gate) to bf16, the product to bf16), and each sum runs in GEMM v2's order: the same bits as
+// gemm_wgmma_v2 into [M, 2I] followed by silu_mul, and batch-invariant like it. Rules: GEMM v2's (bf16 CUDA
+// matrices, contiguous, 16-byte aligned, K a positive multiple of 64), and I a positive multiple of 8 (act's rows
+// are stored by TMA); act must not overlap x or w_gate_up.
+void gated_mlp_wgmma(const TensorView& act, const TensorView& x, const TensorView& w_gate_up,
+                     cudaStream_t stream = nullptr);
+// Checks gated_mlp_wgmma's arguments without a GPU (InputError naming the rule).
+void check_gated_mlp_args(const TensorView& act, const TensorView& x, const TensorView& w_gate_up);
+
 }  // namespace tvllm

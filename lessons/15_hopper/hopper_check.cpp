@@ -14,6 +14,7 @@
 #include "hopper_layout.h"
 #include "matmul.h"
 #include "matmul_check.h"
+#include "silu_mul.h"  // lesson 08: the unfused kernel step 8 must equal, and silu_f32 for the oracle
 
 namespace tvllm {
 namespace {
@@ -135,6 +136,78 @@ CompareResult check_gemm_wgmma(int64_t m, int64_t n, int64_t k, uint64_t seed, b
       r.error = std::to_string(written) + " element(s) written past row M - 1 (the store guard)";
   }
   return r;
+}
+
+CompareResult check_gated_mlp_wgmma(int64_t m, int64_t i, int64_t k, uint64_t seed, bool cpu_oracle) {
+  const std::vector<float> x = bf16_exact(random_uniform(static_cast<size_t>(m * k), seed));
+  const std::vector<float> w = bf16_exact(
+      random_normal(static_cast<size_t>(2 * i * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
+  const Tensor x_dev = Tensor::from_f32(x, {m, k}, DType::BF16, Device::CUDA);
+  const Tensor w_dev = Tensor::from_f32(w, {2 * i, k}, DType::BF16, Device::CUDA);
+  const Tensor act_buf = poisoned({m + 1, i}, DType::BF16);  // one row past the end: must stay NaN
+  const TensorView act = act_buf.view().rows(0, m);
+  gated_mlp_wgmma(act, x_dev, w_dev);
+  // (b) the unfused path on the GPU: GEMM v2 into [m, 2i], then silu_mul over its two column halves.
+  const Tensor gate_up = poisoned({m, 2 * i}, DType::BF16);
+  const Tensor unfused = poisoned({m, i}, DType::BF16);
+  gemm_wgmma_v2(gate_up, x_dev, w_dev);
+  silu_mul(unfused, gate_up.view().columns(0, i), gate_up.view().columns(i, i));
+  TVLLM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const std::string name = "gated MLP " + dims(m, k) + " . " + dims(k, 2 * i) + " -> " + dims(m, i);
+  CompareResult r;
+  if (cpu_oracle) {  // (a)
+    const Tensor exact = Tensor::empty({m, 2 * i}, DType::F32, Device::CPU);
+    linear(exact, Tensor::from_f32(x, {m, k}, DType::F32, Device::CPU),
+           Tensor::from_f32(w, {2 * i, k}, DType::F32, Device::CPU));
+    std::vector<float> expected(static_cast<size_t>(m * i));
+    const float* sums = exact.view().ptr<const float>();
+    const auto bf16 = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t j = 0; j < i; ++j) {
+        const float g = bf16(sums[t * 2 * i + j]), u = bf16(sums[t * 2 * i + i + j]);
+        expected[static_cast<size_t>(t * i + j)] = bf16(silu_f32(g)) * u;
+      }
+    r = compare_rows(name, act, Tensor::from_f32(expected, {m, i}, DType::F32, Device::CPU), kGatedMlpVsCpu);
+  } else {
+    r.name = name;
+    r.count = m * i;
+  }
+  std::vector<uint16_t> got(static_cast<size_t>(m * i)), want(got.size()), past(static_cast<size_t>(i));
+  TVLLM_CUDA_CHECK(cudaMemcpy(got.data(), act.data, got.size() * 2, cudaMemcpyDeviceToHost));
+  TVLLM_CUDA_CHECK(cudaMemcpy(want.data(), unfused.data(), want.size() * 2, cudaMemcpyDeviceToHost));
+  TVLLM_CUDA_CHECK(cudaMemcpy(past.data(), act_buf.view().rows(m, 1).data, past.size() * 2, cudaMemcpyDeviceToHost));
+  int64_t differ = 0, written = 0;
+  for (size_t e = 0; e < got.size(); ++e) differ += got[e] != want[e];
+  for (uint16_t bits : past) written += bits != 0xFFFF;
+  if (differ > 0 && r.error.empty())
+    r.error = std::to_string(differ) + " element(s) differ in their bits from GEMM v2 + silu_mul";
+  if (written > 0 && r.error.empty())
+    r.error = std::to_string(written) + " element(s) written past row M - 1 (the store guard)";
+  return r;
+}
+
+int64_t gated_mlp_batch_variant_rows(int64_t m, int64_t i, int64_t k, const std::vector<int64_t>& rows,
+                                     uint64_t seed) {
+  const std::vector<float> x = bf16_exact(random_uniform(static_cast<size_t>(m * k), seed));
+  const std::vector<float> w = bf16_exact(
+      random_normal(static_cast<size_t>(2 * i * k), seed + 1, 1.0f / std::sqrt(static_cast<float>(k))));
+  const Tensor x_dev = Tensor::from_f32(x, {m, k}, DType::BF16, Device::CUDA);
+  const Tensor w_dev = Tensor::from_f32(w, {2 * i, k}, DType::BF16, Device::CUDA);
+  const Tensor all_dev = poisoned({m, i}, DType::BF16);
+  const Tensor one_dev = poisoned({1, i}, DType::BF16);
+  gated_mlp_wgmma(all_dev, x_dev, w_dev);
+  std::vector<uint16_t> all(static_cast<size_t>(m * i)), one(static_cast<size_t>(i));
+  TVLLM_CUDA_CHECK(cudaMemcpy(all.data(), all_dev.data(), all.size() * 2, cudaMemcpyDeviceToHost));
+  int64_t differing = 0;
+  for (int64_t r : rows) {
+    TVLLM_REQUIRE(r >= 0 && r < m, "gated_mlp_batch_variant_rows: row " + std::to_string(r) + " outside M = " +
+                                       std::to_string(m));
+    gated_mlp_wgmma(one_dev, x_dev.view().rows(r, 1), w_dev);  // the same row, alone in its batch
+    TVLLM_CUDA_CHECK(cudaMemcpy(one.data(), one_dev.data(), one.size() * 2, cudaMemcpyDeviceToHost));
+    differing += !std::equal(one.begin(), one.end(), all.begin() + r * i);
+  }
+  return differing;
 }
 
 const std::vector<GemmShape>& gemm_check_shapes() {

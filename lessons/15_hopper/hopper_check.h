@@ -19,6 +19,7 @@
 
 #include "common/validate.h"
 #include "hopper.h"
+#include "matmul_check.h"  // LinearTolerance
 
 namespace tvllm {
 
@@ -41,6 +42,22 @@ void run_gemm_wgmma(int version, const TensorView& y, const TensorView& x, const
 // bit (0: the kernel's result for a row does not depend on the rest of the batch). Throws for r outside m.
 int64_t gemm_batch_variant_rows(int version, int64_t m, int64_t n, int64_t k,
                                 const std::vector<int64_t>& rows, uint64_t seed);
+
+// Step 8: gated_mlp_wgmma on random x [m, k] and w_gate_up [2i, k], against
+//   (a) the CPU oracle: the exact gate and up sums (lesson 06's double sums) each rounded to bf16, silu in double
+//       rounded to fp32 then bf16, times up; tolerance kGatedMlpVsCpu (below), rows past M untouched;
+//   (b) with unfused_bits: GEMM v2 into [m, 2i] then lesson 08's silu_mul kernel, which must give the SAME bits
+//       (the same sums in the same order, rounded at the same points): r.error counts the elements that differ.
+// cpu_oracle = false skips (a) (the 1B model's shapes: billions of double multiply-adds on the CPU).
+CompareResult check_gated_mlp_wgmma(int64_t m, int64_t i, int64_t k, uint64_t seed, bool cpu_oracle = true);
+// Against the CPU oracle act differs only where the GPU's fp32 sum of gate or up lands on the other side of a bf16
+// rounding boundary than the exact sum: gate and up each off by one bf16 step (2^-8 relative), silu's slope at
+// most 1.1, two more roundings of 2^-9: |error| <= (1.1 + 1) 2^-8 + 2 2^-9 < 2^-6 relative; plus lesson 06's 2^-12
+// of the row's RMS for values near zero.
+inline constexpr LinearTolerance kGatedMlpVsCpu{1.0 / 4096, 1.0 / 64};
+// Batch invariance of step 8: act for m rows, then each row of `rows` alone; how many rows differ in any bit.
+int64_t gated_mlp_batch_variant_rows(int64_t m, int64_t i, int64_t k, const std::vector<int64_t>& rows,
+                                     uint64_t seed);
 
 // The GEMM shapes the lesson executable and the GPU tests check: tile edges in M and N, odd N (the unpaired
 // stores), K from one stage to several rounds of the ring. For v2 also: N % 8 != 0 but even (the register

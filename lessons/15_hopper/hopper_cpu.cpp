@@ -151,4 +151,34 @@ void check_gemm_wgmma_args(const TensorView& y, const TensorView& x, const Tenso
   }
 }
 
+void check_gated_mlp_args(const TensorView& act, const TensorView& x, const TensorView& w_gate_up) {
+  require_matrix(x, "gated_mlp_wgmma: x", DType::BF16, Device::CUDA);
+  require_matrix(w_gate_up, "gated_mlp_wgmma: w_gate_up", DType::BF16, Device::CUDA);
+  const int64_t m = x.dim(0), k = x.dim(1), two_i = w_gate_up.dim(0);
+  TVLLM_REQUIRE(two_i % 2 == 0, "gated_mlp_wgmma: w_gate_up must hold gate rows then as many up rows (2I rows), got " +
+                                    w_gate_up.describe());
+  const int64_t i = two_i / 2;
+  require_matrix(act, "gated_mlp_wgmma: act", DType::BF16, Device::CUDA, m, i);
+  // GEMM v2's rules (M, K, alignment, overlap), then act's own: I % 8 for its TMA store.
+  TVLLM_REQUIRE(m >= 1 && i >= 1, "gated_mlp_wgmma: M and I must be at least 1, got " + x.describe() + " and " +
+                                      w_gate_up.describe());
+  TVLLM_REQUIRE(w_gate_up.dim(1) == k, "gated_mlp_wgmma: x and w_gate_up must have the same K (columns), got " +
+                                           x.describe() + " and " + w_gate_up.describe());
+  TVLLM_REQUIRE(k >= kGemmBlockK && k % kGemmBlockK == 0,
+                "gated_mlp_wgmma: K must be a positive multiple of " + std::to_string(kGemmBlockK) + ", got K = " +
+                    std::to_string(k) + "; project_gate_up + silu_mul take any K");
+  TVLLM_REQUIRE(i % 8 == 0, "gated_mlp_wgmma: I (act's columns) must be a multiple of 8 (TMA stores act's rows, "
+                            "16-byte pitches), got I = " + std::to_string(i));
+  TVLLM_REQUIRE(m < (int64_t{1} << 31) && i < (int64_t{1} << 31), "gated_mlp_wgmma: M and I must be below 2^31");
+  for (const TensorView* t : {&act, &x, &w_gate_up})
+    TVLLM_REQUIRE(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
+                  "gated_mlp_wgmma: every matrix must start on a 16-byte boundary, got " + t->describe());
+  const auto* a0 = static_cast<const char*>(act.data);
+  const auto* a1 = a0 + act.nbytes();
+  for (const TensorView* t : {&x, &w_gate_up}) {
+    const auto* t0 = static_cast<const char*>(t->data);
+    TVLLM_REQUIRE(a1 <= t0 || t0 + t->nbytes() <= a0, "gated_mlp_wgmma: act must not overlap x or w_gate_up");
+  }
+}
+
 }  // namespace tvllm

@@ -40,6 +40,7 @@
 #include "hopper_layout.h"
 #include "matmul.h"
 #include "paged_kv.h"
+#include "silu_mul.h"
 
 namespace {
 
@@ -88,6 +89,9 @@ int check_cuda() {
   for (const GemmShape& s : gemm_check_shapes()) report.add(check_gemm_wgmma(s.m, s.n, s.k, seed++));
   for (const GemmShape& s : gemm_v2_check_shapes())
     report.add(check_gemm_wgmma(s.m, s.n, s.k, seed++, true, 2));
+  // Step 8: the gated MLP, against the CPU oracle and bit for bit against GEMM v2 + silu_mul (n is I here).
+  for (const GemmShape& s : std::vector<GemmShape>{{100, 200, 320}, {333, 136, 1024}, {130, 8192, 2048}})
+    report.add(check_gated_mlp_wgmma(s.m, s.n, s.k, seed++));
   // v2 is batch-invariant by construction: rows of a 1-row call equal the same rows of a 300-row call.
   report.add_check("wgmma GEMM v2: rows 0, 1, 127, 128, 299 alone == the same rows in a 300-row batch (bits)",
                    gemm_batch_variant_rows(2, 300, 1000, 2048, {0, 1, 127, 128, 299}, seed++) == 0);
@@ -190,6 +194,38 @@ void run_bench(int64_t tokens) {
   std::printf(
       "target (issue 19): wgmma (v2) >= 90%% of cuBLAS on every shape; measured GEMM ceiling %.0f TFLOP/s\n",
       ceilings.bf16_tflops);
+
+  // Step 8: the MLP's first half as the forward runs it, act = silu(x Wg^T) * (x Wu^T): cuBLAS (or v2) into
+  // [T, 2I] then lesson 08's silu_mul, against the one kernel. Bytes: x, W and act, plus [T, 2I] written and
+  // read back for the two-kernel rows.
+  const int64_t i = 8192, k = 2048;
+  Tensor x = Tensor::empty({tokens, k}, DType::BF16, Device::CUDA);
+  Tensor w = Tensor::empty({2 * i, k}, DType::BF16, Device::CUDA);
+  Tensor gate_up = Tensor::empty({tokens, 2 * i}, DType::BF16, Device::CUDA);
+  Tensor act = Tensor::empty({tokens, i}, DType::BF16, Device::CUDA);
+  fill_uniform_bf16(x, 23);
+  fill_uniform_bf16(w, 24);
+  const TensorView gate = gate_up.view().columns(0, i), up = gate_up.view().columns(i, i);
+  const double flops = 2.0 * tokens * 2 * i * k;
+  const double fused_bytes = 2.0 * (tokens * k + 2 * i * k + tokens * i);
+  const double two_kernel_bytes = fused_bytes + 2.0 * 2 * (tokens * 2 * i);
+  const std::vector<BenchRow> mlp{
+      {"gate|up cuBLAS + silu_mul", bench_gpu([&] {
+         linear(gate_up, x, w, MatmulKernel::V5Cublas, &handle);
+         silu_mul(act, gate, up, handle.stream());
+       }),
+       two_kernel_bytes, flops},
+      {"gate|up wgmma v2 + silu_mul", bench_gpu([&] {
+         gemm_wgmma_v2(gate_up, x, w);
+         silu_mul(act, gate, up);
+       }),
+       two_kernel_bytes, flops},
+      {"gated MLP, one kernel (step 8)", bench_gpu([&] { gated_mlp_wgmma(act, x, w); }), fused_bytes, flops}};
+  print_bench_table(std::cout, "act = silu(x Wg^T) * (x Wu^T), the 1B MLP at T = " + std::to_string(tokens), mlp,
+                    ceilings);
+  std::printf("gated MLP: one kernel %.1f us vs cuBLAS + silu_mul %.1f us (%.2fx)\n",
+              mlp[2].result.median_ms * 1e3, mlp[0].result.median_ms * 1e3,
+              mlp[0].result.median_ms / mlp[2].result.median_ms);
 }
 
 // One sequence of n tokens for the attention benchmarks: random bf16 q, k, v on the GPU, an output, the batch,

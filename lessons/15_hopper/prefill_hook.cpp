@@ -8,6 +8,7 @@
 #include "hopper.h"
 #include "matmul.h"
 #include "tensor_map.h"
+#include "transformer.h"
 
 namespace tvllm {
 
@@ -82,6 +83,32 @@ bool hopper_large_gemm(const TensorView& y, const TensorView& x, const TensorVie
 bool install_hopper_large_gemm() {
   if (!hopper_available()) return false;
   install_large_gemm(hopper_large_gemm, kHopperGemmMinTokens);
+  return true;
+}
+
+bool hopper_gated_mlp_accepts(const TensorView& act, const TensorView& x, const TensorView& w_gate_up) {
+  // check_gated_mlp_args' rules as a yes or no (a declined step runs the two ops: no message to give).
+  for (const TensorView* t : {&x, &w_gate_up})
+    if (!tma_matrix_ok(*t) || !t->is_contiguous()) return false;
+  if (act.device != Device::CUDA || act.dtype != DType::BF16 || act.rank() != 2 || !act.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(act.data) % 16 != 0)
+    return false;
+  const int64_t m = x.dim(0), k = x.dim(1), i = act.dim(1);
+  if (m < 1 || i < 8 || i % 8 != 0 || act.dim(0) != m || w_gate_up.dim(0) != 2 * i || w_gate_up.dim(1) != k ||
+      k < kGemmBlockK || k % kGemmBlockK != 0)
+    return false;
+  return hopper_available();
+}
+
+bool hopper_gated_mlp(const TensorView& act, const TensorView& x, const TensorView& w_gate_up, cudaStream_t stream) {
+  if (!hopper_gated_mlp_accepts(act, x, w_gate_up)) return false;
+  gated_mlp_wgmma(act, x, w_gate_up, stream);  // still checks everything, overlap included
+  return true;
+}
+
+bool install_hopper_gated_mlp() {
+  if (!hopper_available()) return false;
+  install_gated_mlp(hopper_gated_mlp, kHopperGatedMlpMinTokens);
   return true;
 }
 

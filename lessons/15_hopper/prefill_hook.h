@@ -63,4 +63,18 @@ bool hopper_large_gemm(const TensorView& y, const TensorView& x, const TensorVie
 // Installs it (min_tokens kHopperGemmMinTokens) when this machine has a Hopper GPU; returns whether it did.
 bool install_hopper_large_gemm();
 
+// ---- the gated MLP: gated_mlp_wgmma() behind lesson 08's gated-MLP seam (transformer.h: install_gated_mlp) ------
+// The forward's step 7 (act = silu(x Wg^T) * (x Wu^T)) as ONE kernel for steps of at least kHopperGatedMlpMinTokens
+// rows: below that its 128 x 128-column tiles leave SMs idle (512 rows of the 1B model's I = 8192: 4 x 64 = 256
+// tiles, two waves on 132 SMs) and cuBLAS + silu_mul is as fast. On by default on Hopper with lesson 15's prefill
+// attention (tiny-vllm --no-hopper-mlp turns it off; batch invariance never asks it).
+inline constexpr int64_t kHopperGatedMlpMinTokens = 512;
+
+// Whether gated_mlp_wgmma() takes these views (check_gated_mlp_args' rules, as a yes or no) on this GPU.
+bool hopper_gated_mlp_accepts(const TensorView& act, const TensorView& x, const TensorView& w_gate_up);
+// The function behind the seam: gated_mlp_wgmma() when hopper_gated_mlp_accepts(), else false (nothing launched).
+bool hopper_gated_mlp(const TensorView& act, const TensorView& x, const TensorView& w_gate_up, cudaStream_t stream);
+// Installs it (min_tokens kHopperGatedMlpMinTokens) when this machine has a Hopper GPU; returns whether it did.
+bool install_hopper_gated_mlp();
+
 }  // namespace tvllm

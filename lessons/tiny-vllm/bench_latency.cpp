@@ -31,6 +31,7 @@
 #ifdef TVLLM_CLI_HOPPER
 #include "matmul.h"
 #include "prefill_hook.h"
+#include "transformer.h"  // install_gated_mlp
 #endif
 
 namespace tvllm::cli {
@@ -55,6 +56,7 @@ struct PrefillKernels {
   const char* name;
   bool attention;  // lesson 15's attention through the fresh-prefill seam (AttentionBackend::set_fast_prefill)
   bool gemm;       // lesson 15's GEMM v2 through lesson 06's large-GEMM seam
+  bool mlp;        // lesson 15's gated MLP in one kernel through lesson 08's seam (what the product runs)
 };
 
 void use_hopper_gemm(bool on) {
@@ -63,6 +65,18 @@ void use_hopper_gemm(bool on) {
     install_hopper_large_gemm();
   } else {
     install_large_gemm(nullptr, 1);
+  }
+#else
+  (void)on;
+#endif
+}
+
+void use_hopper_mlp(bool on) {
+#ifdef TVLLM_CLI_HOPPER
+  if (on) {
+    install_hopper_gated_mlp();
+  } else {
+    install_gated_mlp(nullptr, 1);
   }
 #else
   (void)on;
@@ -123,11 +137,12 @@ void run(const BenchLatencyOptions& o) {
                   copy_gbs, decode_bytes_per_step(weights, 1, 0.0) / (1 << 20),
                   copy_gbs * 1e9 / decode_bytes_per_step(weights, 1, 0.0));
   }
-  std::vector<PrefillKernels> prefill_kernels{{"lessons 10 + 06", false, false}};
+  std::vector<PrefillKernels> prefill_kernels{{"lessons 10 + 06", false, false, false}};
 #ifdef TVLLM_CLI_HOPPER
   if (device == Device::CUDA && !o.no_hopper && install_hopper_prefill_attention()) {
-    prefill_kernels.push_back({"lesson 15 attention", true, false});
-    prefill_kernels.push_back({"lesson 15 attention+GEMM", true, true});
+    prefill_kernels.push_back({"lesson 15 attention", true, false, false});
+    prefill_kernels.push_back({"lesson 15 attention+MLP", true, false, true});  // the product's prefill
+    prefill_kernels.push_back({"lesson 15 attn+MLP+GEMM", true, true, true});
   }
 #endif
   for (const LatencyVariant& v : variants(o, device, c)) {
@@ -150,12 +165,15 @@ void run(const BenchLatencyOptions& o) {
                       d.ms_per_step, d.tok_s, d.gbs, d.pct_copy, (long long)d.graphs);
       }
     // Prefill rows: lessons 10 and 06 (flash over the cache, cuBLAS), and on Hopper + lesson 15's attention over
-    // the step's rows, + lesson 15's GEMM from kHopperGemmMinTokens rows: all in this process, so they compare.
+    // the step's rows, + its gated MLP in one kernel from kHopperGatedMlpMinTokens rows (the product's default),
+    // + its GEMM for the other projections from kHopperGemmMinTokens rows: all in this process, so they compare.
     for (int64_t p : o.prefill_lens)
       for (const PrefillKernels& k : prefill_kernels) {
         use_hopper_gemm(k.gemm);
+        use_hopper_mlp(k.mlp);
         const PrefillLatency r = measure_prefill_latency(weights, v.fast, p, o.iters, k.attention);
         use_hopper_gemm(false);
+        use_hopper_mlp(false);
         run["prefill"].push_back({{"tokens", r.tokens}, {"kernels", k.name}, {"ms", r.ms}, {"tok_s", r.tok_s},
                                   {"tflops", r.tflops}});
         if (o.output == "table")

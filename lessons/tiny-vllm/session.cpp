@@ -225,6 +225,9 @@ void FastPathFlags::add_to(CLI::App* cmd) {
 #ifdef TVLLM_CLI_HOPPER
   cmd->add_flag("--no-hopper-attention", no_hopper_attention,
                 "CUDA: lesson 07/12's prefill attention instead of lesson 15's wgmma kernel (Hopper only)");
+  cmd->add_flag("--no-hopper-mlp", no_hopper_mlp,
+                "CUDA: the gate|up GEMM and SiLU·mul as two kernels instead of lesson 15's one for steps of 512+ tokens "
+                "(Hopper only)");
   cmd->add_flag("--hopper-gemm", hopper_gemm,
                 "CUDA: lesson 15's wgmma GEMM instead of cuBLAS for steps of 1024+ tokens (Hopper only; off by "
                 "default: no faster than cuBLAS in the engine on the H200)");
@@ -276,6 +279,24 @@ void use_hopper_prefill(AttentionBackend& backend) {
 #endif
 }
 
+// Lesson 15's gated MLP in one kernel (step 8) for steps of kHopperGatedMlpMinTokens+ tokens, on a Hopper GPU unless
+// --no-hopper-mlp. Not with batch invariance: its GEMM (v8) is pinned per weight shape for every T, and the seam
+// (which only replaces lesson 06's default kernel) would never be asked anyway.
+bool hopper_mlp_applies(bool no_hopper_mlp, Device device, bool batch_invariant) {
+#ifdef TVLLM_CLI_HOPPER
+  return !no_hopper_mlp && !batch_invariant && device == Device::CUDA && hopper_available();
+#else
+  (void)no_hopper_mlp, (void)device, (void)batch_invariant;
+  return false;
+#endif
+}
+
+void use_hopper_mlp() {
+#ifdef TVLLM_CLI_HOPPER
+  install_hopper_gated_mlp();
+#endif
+}
+
 // Lesson 15's GEMM for the projections of large steps, when asked for (--hopper-gemm): lesson 06's default kernel
 // only (batch invariance runs v8, which never asks it). Off by default: in the engine's prefill on the H200 it was
 // no faster than cuBLAS (chapter 15, section 11).
@@ -301,9 +322,9 @@ void FastPathFlags::apply(Generator& gen) const {
   use_fast_path(gen, options());
 #endif
   // Generator::set_batch_invariant(true) chose the flash decode kernel: that is how the generator says it.
-  if (hopper_prefill_applies(no_hopper_attention, gen.weights().device,
-                             gen.attention().decode_kind() == DecodeAttention::Flash))
-    use_hopper_prefill(gen.attention());
+  const bool invariant = gen.attention().decode_kind() == DecodeAttention::Flash;
+  if (hopper_prefill_applies(no_hopper_attention, gen.weights().device, invariant)) use_hopper_prefill(gen.attention());
+  if (hopper_mlp_applies(no_hopper_mlp, gen.weights().device, invariant)) use_hopper_mlp();
   if (hopper_gemm_applies(hopper_gemm, gen.weights().device)) use_hopper_gemm();
 }
 
@@ -313,6 +334,8 @@ void FastPathFlags::apply(Engine& engine) const {
 #endif
   if (hopper_prefill_applies(no_hopper_attention, engine.weights().device, engine.config().batch_invariant))
     use_hopper_prefill(engine.kv().attention());
+  if (hopper_mlp_applies(no_hopper_mlp, engine.weights().device, engine.config().batch_invariant))
+    use_hopper_mlp();
   if (hopper_gemm_applies(hopper_gemm, engine.weights().device)) use_hopper_gemm();
 }
 
@@ -339,6 +362,8 @@ std::string FastPathFlags::describe(Device device, const ModelConfig* config, Fp
               : ", lesson 12 prefill attention (lesson 15's takes head_dim 64 and 128)";
   }
 #ifdef TVLLM_CLI_HOPPER
+  if (hopper_mlp_applies(no_hopper_mlp, device, batch_invariant))
+    s += ", lesson 15 gated MLP from " + std::to_string(kHopperGatedMlpMinTokens) + " tokens";
   if (hopper_gemm_applies(hopper_gemm, device) && !batch_invariant)
     s += ", lesson 15 GEMM from " + std::to_string(kHopperGemmMinTokens) + " tokens";
 #endif

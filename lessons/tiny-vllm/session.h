@@ -102,6 +102,7 @@ struct FastPathFlags {
        megakernel = false;
   bool no_hopper_attention = false;  // --no-hopper-attention: lesson 15's prefill attention off (sm_90 only)
   bool hopper_gemm = false;          // --hopper-gemm: lesson 15's GEMM for large steps (sm_90; off: no faster)
+  bool no_hopper_mlp = false;        // --no-hopper-mlp: lesson 15's one-kernel gated MLP off (sm_90 only)
   int max_graph_batch = 0;  // --max-graph-batch: 0 every decode batch; 64 the behaviour before padded buckets
   std::string fp8_weights = "auto";  // --fp8-weights (lesson 16)
   std::string fp8_gemm = "auto";     // --fp8-gemm (lesson 16)
