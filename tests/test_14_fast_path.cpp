@@ -33,20 +33,29 @@ namespace {
 
 TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
   const std::vector<LatencyVariant> v = progression_variants();
-  ASSERT_EQ(v.size(), 9u);
+  ASSERT_EQ(v.size(), 10u);
   EXPECT_FALSE(v[0].fast.has_value());  // lesson 10 as it is
   // Each row turns exactly one switch on over the row before it, in the chapter's order (streamed tiles and RoPE
-  // in the qkv GEMV are one row: the GEMV's last step).
+  // in the qkv GEMV are one row: the GEMV's last step). Row 8 is an experiment measured beside the default (row
+  // 7's switches plus the attention as a programmatic dependent): not a step of the progression.
   const auto on = [](const FastPathOptions& o) {
     return std::vector<bool>{o.graphs,         o.fused,        o.fast_sampler,     o.pdl,
                              o.fast_attention, o.stream_tiles, o.kv_write_in_gemv, o.megakernel};
   };
+  constexpr size_t kExperiment = 8;
   for (size_t i = 1; i < v.size(); ++i) {
     ASSERT_TRUE(v[i].fast.has_value()) << v[i].name;
     const std::vector<bool> now = on(*v[i].fast);
-    for (size_t k = 0; k < now.size(); ++k) EXPECT_EQ(now[k], k < i) << v[i].name << ", switch " << k;
+    const size_t step = i > kExperiment ? i - 1 : i;  // the experiment row is not a step
+    if (i == kExperiment) {
+      EXPECT_EQ(now, on(*v[i - 1].fast)) << v[i].name;
+      EXPECT_TRUE(v[i].fast->pdl_attention) << v[i].name;
+      EXPECT_NE(v[i].name.find("experiment"), std::string::npos);
+      continue;
+    }
+    for (size_t k = 0; k < now.size(); ++k) EXPECT_EQ(now[k], k < step) << v[i].name << ", switch " << k;
     EXPECT_EQ(v[i].fast->rope_in_gemv, v[i].fast->stream_tiles) << v[i].name;
-    // The steps measured and not kept (the chapter's ledger) are in no row.
+    // The steps measured and not kept (the chapter's ledger) are in no other row.
     EXPECT_FALSE(v[i].fast->pdl_attention) << v[i].name;
     EXPECT_FALSE(v[i].fast->combine_in_decode) << v[i].name;
   }
@@ -55,11 +64,12 @@ TEST(FastPath14, TheProgressionAddsOneTechniquePerRow) {
   EXPECT_NE(v[6].name.find("streamed tiles"), std::string::npos);
   EXPECT_NE(v[7].name.find("KV write"), std::string::npos);
   EXPECT_NE(v.back().name.find("megakernel"), std::string::npos);
-  // The row before the last is what the product runs by default; the last adds the opt-in megakernel.
+  // Row 7 is what the product runs by default; the last adds the opt-in megakernel.
   const FastPathOptions defaults;
-  EXPECT_EQ(on(*v[v.size() - 2].fast), on(defaults));
+  EXPECT_EQ(on(*v[7].fast), on(defaults));
+  EXPECT_EQ(v[7].fast->pdl_attention, defaults.pdl_attention);
   EXPECT_TRUE(defaults.rope_in_gemv);
-  EXPECT_EQ(v[v.size() - 2].fast->max_graph_batch, defaults.max_graph_batch);
+  EXPECT_EQ(v[7].fast->max_graph_batch, defaults.max_graph_batch);
   EXPECT_FALSE(defaults.megakernel) << "opt-in (--megakernel): slower than the fused path in its first version";
   EXPECT_FALSE(defaults.pdl_attention) << "measured no faster (ledger)";
   EXPECT_FALSE(defaults.combine_in_decode) << "measured slower at context 4096 (ledger)";

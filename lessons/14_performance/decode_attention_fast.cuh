@@ -204,15 +204,27 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
   constexpr int kKeysPerRound = 32 / TPK;        // keys a warp reads per load instruction
   constexpr int kTile = U * kKeysPerRound;       // keys per warp tile (one pipeline stage)
   extern __shared__ __align__(16) float fast_smem[];
-  // Launched as a programmatic dependent (pdl.cuh; launch's `pdl`): every input (q, and the k and v the qkv GEMV
-  // may have stored) comes from the kernels before, so the wait is the first thing, in every block; the trigger
-  // right after it lets the o GEMV behind us be scheduled and load its weights while we attend.
-  pdl_wait_for_previous_kernel();
-  pdl_let_next_kernel_start();
+  // Launched as a programmatic dependent (pdl.cuh; launch's `pdl`), this kernel may start while the kernels
+  // before it still run. What they write this step: q, and the new token's k and v (the qkv GEMV's KV write, or
+  // lesson 10/12's write kernel), i.e. key k_len - 1 of each sequence. What they do not: the step's metadata
+  // (cu_q, cu_k, the slots and block tables: copied in before the step) and every OLDER key and value, written by
+  // earlier steps. So the ring pipeline reads the metadata and starts its first tiles of old keys BEFORE the wait
+  // (kEarlyKeys: they load while the qkv GEMV drains), and everything this step writes after it: q, and the new
+  // key, which the lanes holding it load into registers and put in place of the zeros their early copy left
+  // (new_k, new_v below). The trigger right after the wait lets the o GEMV behind us be scheduled. Without PDL the
+  // wait returns at once and the early loads simply come first: the same values, the same bits.
+  constexpr bool kEarlyKeys = P == Pipeline::Ring;
+  if constexpr (!kEarlyKeys) {
+    pdl_wait_for_previous_kernel();
+    pdl_let_next_kernel_start();
+  }
 
   const int b = blockIdx.z;
   const int q_row = p.cu_q[b];
-  if (p.cu_q[b + 1] - q_row != 1) return;  // no query for this sequence: the whole block leaves
+  if (p.cu_q[b + 1] - q_row != 1) {  // no query for this sequence: the whole block leaves
+    if constexpr (kEarlyKeys) pdl_wait_for_previous_kernel();  // every block of a PDL kernel waits (pdl.cuh)
+    return;
+  }
   const int head_tiles = (p.group + G - 1) / G;
   const int kv_head = static_cast<int>(blockIdx.y) / head_tiles;
   const int h0 = kv_head * p.group + (static_cast<int>(blockIdx.y) % head_tiles) * G;
@@ -233,6 +245,51 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
   const bool active = c * 8 < D;              // TPK * 8 may exceed head_dim (80 -> 16 lanes, 10 active)
   const int col = active ? c * 8 : 0;
 
+  const auto seq = kv.sequence(b, p.cu_k[b], kv_head);
+  const int n_tiles = (key_end - key_begin + kTile - 1) / kTile;
+  // The ring (Pipeline::Ring): this lane's 16-byte pieces of stage s, round u, K (0) or V (1). Lane-private slots,
+  // consecutive lanes at consecutive 16 bytes: no bank conflicts, and no other lane ever reads them.
+  uint4* ring = reinterpret_cast<uint4*>(fast_smem) + warp * (kRingStages * U * 2 * 32);
+  const auto slot = [&](int stage, int u, int kv_half) { return ring + ((stage * U + u) * 2 + kv_half) * 32 + lane; };
+  // cp.async tile t into `stage`, keys below `end` only; a key past it (or a lane past head_dim) reads nothing and
+  // gets zeros (cp.async's src-size 0, from an address that is valid anyway: cu_q).
+  const auto issue = [&](int stage, int t, int end) {
+    const int base = key_begin + t * kTile + kg;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = base + u * kKeysPerRound;
+      const bool valid = active && j < end;
+      cp_async_16(slot(stage, u, 0), valid ? static_cast<const void*>(seq.key(j) + col) : p.cu_q, valid);
+      cp_async_16(slot(stage, u, 1), valid ? static_cast<const void*>(seq.value(j) + col) : p.cu_q, valid);
+    }
+  };
+  // The ring's first kRingStages - 1 tiles of this warp, before the wait: old keys only (below k_len - 1). One
+  // commit group per tile, empty ones included, so that "the group of the tile now computed" is always
+  // kRingStages - 1 groups behind the newest.
+  const int new_key = k_len - 1;  // the key this step's kernels write
+  if constexpr (kEarlyKeys) {
+#pragma unroll
+    for (int i = 0; i < kRingStages - 1; ++i) {
+      if (warp + i * kWarps < n_tiles) issue(i, warp + i * kWarps, min(key_end, new_key));
+      cp_async_commit();
+    }
+    pdl_wait_for_previous_kernel();  // from here on: q, the new key, and every write
+    pdl_let_next_kernel_start();
+  }
+  // The new key, where an early copy left zeros in its place: tile new_tile, round new_round; the lanes of its
+  // key group in warp new_tile % kWarps load it into registers now, after the wait, and swap it in below.
+  const int new_offset = new_key - key_begin;
+  const int new_tile = new_offset >= 0 && new_key < key_end ? new_offset / kTile : -1;
+  const bool new_was_early =
+      kEarlyKeys && new_tile >= 0 && new_tile % kWarps == warp && new_tile / kWarps < kRingStages - 1;
+  const int new_round = new_tile >= 0 ? (new_offset % kTile) / kKeysPerRound : 0;
+  const bool holds_new = new_was_early && active && kg == (new_offset % kTile) % kKeysPerRound;
+  Pack<8> new_k{}, new_v{};
+  if (holds_new) {
+    new_k = load_pack<8>(seq.key(new_key) + col);
+    new_v = load_pack<8>(seq.value(new_key) + col);
+  }
+
   // The block's query heads, scaled so that q.k comes out in base-2 units. Missing heads are zeros.
   float qr[G][8];
 #pragma unroll
@@ -252,7 +309,6 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
   }
-  const auto seq = kv.sequence(b, p.cu_k[b], kv_head);
 
   // Registers: issue the loads of tile t (its K and V rows together); keys past the split's end are zeros.
   const auto fetch = [&](Stage<U>& s, int t) {
@@ -313,7 +369,6 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
 
   // The warp's tiles: t = warp, warp + kWarps, ... (neighbouring warps read neighbouring keys). Every branch
   // below is the same for the whole warp.
-  const int n_tiles = (key_end - key_begin + kTile - 1) / kTile;
   if constexpr (P == Pipeline::Registers) {
     // Two stages in registers, A and B: the loads of the next tile are issued before the current one is
     // computed. (Unrolled by two so that A and B stay in registers without copies.)
@@ -330,34 +385,12 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
       consume(B, t1);
     }
   } else {
-    // The ring: this lane's 16-byte pieces of stage s, round u, K (0) or V (1). Lane-private slots, consecutive
-    // lanes at consecutive 16 bytes: no bank conflicts, and no other lane ever reads them.
-    uint4* ring = reinterpret_cast<uint4*>(fast_smem) + warp * (kRingStages * U * 2 * 32);
-    const auto slot = [&](int stage, int u, int kv_half) { return ring + ((stage * U + u) * 2 + kv_half) * 32 + lane; };
-    // cp.async tile t into `stage`; a key past the end (or a lane past head_dim) reads nothing and gets zeros
-    // (cp.async's src-size 0, from an address that is valid anyway: q).
-    const auto issue = [&](int stage, int t) {
-      const int base = key_begin + t * kTile + kg;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = base + u * kKeysPerRound;
-        const bool valid = active && j < key_end;
-        cp_async_16(slot(stage, u, 0), valid ? static_cast<const void*>(seq.key(j) + col) : p.q, valid);
-        cp_async_16(slot(stage, u, 1), valid ? static_cast<const void*>(seq.value(j) + col) : p.q, valid);
-      }
-    };
-    // One commit group per tile, empty ones included, so that "the group of the tile now computed" is always
-    // kRingStages - 1 groups behind the newest.
-#pragma unroll
-    for (int i = 0; i < kRingStages - 1; ++i) {
-      if (warp + i * kWarps < n_tiles) issue(i, warp + i * kWarps);
-      cp_async_commit();
-    }
+    // The ring's first tiles were issued before the wait (above); the later ones now, the new key included.
     int stage = 0;
     for (int t = warp; t < n_tiles; t += kWarps) {
       // The stage this lane computed last iteration is free again (its reads were used before this point).
       const int ahead = t + (kRingStages - 1) * kWarps;
-      if (ahead < n_tiles) issue((stage + kRingStages - 1) % kRingStages, ahead);
+      if (ahead < n_tiles) issue((stage + kRingStages - 1) % kRingStages, ahead, key_end);
       cp_async_commit();
       cp_async_wait<kRingStages - 1>();  // this lane's copies of tile t have landed
       Stage<U> cur;
@@ -366,6 +399,10 @@ __global__ void __launch_bounds__(kThreads) fast_decode_kernel(const Params p, c
         const uint4 kw = *slot(stage, u, 0), vw = *slot(stage, u, 1);
         cur.k[u].word[0] = kw.x, cur.k[u].word[1] = kw.y, cur.k[u].word[2] = kw.z, cur.k[u].word[3] = kw.w;
         cur.v[u].word[0] = vw.x, cur.v[u].word[1] = vw.y, cur.v[u].word[2] = vw.z, cur.v[u].word[3] = vw.w;
+        if (holds_new && t == new_tile && u == new_round) {  // the early copy's zeros: the new key instead
+          cur.k[u] = new_k;
+          cur.v[u] = new_v;
+        }
       }
       consume(cur, t);
       stage = (stage + 1) % kRingStages;

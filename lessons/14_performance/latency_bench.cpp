@@ -43,6 +43,10 @@ std::vector<LatencyVariant> progression_variants() {
     return o;
   };
   const FastPathOptions all = fast_path_options(true, true, true, true, true);
+  const auto with_pdl_attention = [](FastPathOptions o) {
+    o.pdl_attention = true;
+    return o;
+  };
   return {{"lesson 10 (eager, cuBLAS, lesson 09 sampler)", std::nullopt},
           {"+ CUDA graphs", before_streaming(fast_path_options(false, true, false, false, false))},
           {"+ fused GEMV decode", before_streaming(fast_path_options(true, true, false, false, false))},
@@ -51,6 +55,7 @@ std::vector<LatencyVariant> progression_variants() {
           {"+ fast decode attention", before_streaming(all)},
           {"+ streamed tiles, RoPE in the qkv GEMV", before_kv(all)},
           {"+ KV write in the qkv GEMV", all},
+          {"(experiment) + attention as a programmatic dependent, old keys before its wait", with_pdl_attention(all)},
           {"+ megakernel (--megakernel)", fast_path_options(true, true, true, true, true, true)}};
 }
 
